@@ -1,0 +1,40 @@
+# gpuquota: `make run` sets everything up and starts the product; `make test` runs the tests.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run setup test test-fast lint format bench migrate clean
+
+$(STAMP): requirements.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements.txt
+	touch $(STAMP)
+
+setup: $(STAMP)
+	$(BIN)/python manage.py migrate --noinput
+	$(BIN)/python manage.py seed_demo
+	$(BIN)/python manage.py ensure_admin
+
+# Web, control worker, beat and two simulated GPU hosts on SQLite and the file broker. Ctrl-C stops all.
+run: setup
+	@echo "gpuquota on http://127.0.0.1:8000/  (admin at /admin/)"
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/honcho -f Procfile.dev start
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf var/broker var/cache var/test.sqlite3

@@ -1,0 +1,27 @@
+"""The Celery app: the `control` queue for the central worker, one queue per GPU node (`node.<name>`)."""
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+CONTROL_QUEUE = "control"
+AGENT_TASK_PREFIX = "gpunodes.agent."
+
+
+def node_queue(node_name: str) -> str:
+    return f"node.{node_name}"
+
+
+def route_task(name, args, kwargs, options, task=None, **kw):
+    # Agent tasks run on the host that owns the attempt; everything else on the control worker.
+    if name.startswith(AGENT_TASK_PREFIX) and kwargs and kwargs.get("node"):
+        return {"queue": node_queue(kwargs["node"])}
+    return {"queue": CONTROL_QUEUE}
+
+
+app = Celery("gpuquota")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.task_routes = (route_task,)
+app.autodiscover_tasks()

@@ -1,0 +1,58 @@
+"""Choices of the jobs app, in one place, with the sets of active and terminal states beside them."""
+
+from django.db import models
+
+
+class JobState(models.TextChoices):
+    QUEUED = "QUEUED", "Queued"
+    ADMITTED = "ADMITTED", "Admitted"
+    RUNNING = "RUNNING", "Running"
+    PREEMPTING = "PREEMPTING", "Pre-empting"
+    SUCCEEDED = "SUCCEEDED", "Succeeded"
+    FAILED = "FAILED", "Failed"
+    CANCELLED = "CANCELLED", "Cancelled"
+
+
+# Holding GPUs through a live attempt.
+JOB_ACTIVE_STATES = frozenset({JobState.ADMITTED, JobState.RUNNING, JobState.PREEMPTING})
+JOB_TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+JOB_OPEN_STATES = frozenset({JobState.QUEUED}) | JOB_ACTIVE_STATES
+
+
+class AttemptState(models.TextChoices):
+    ADMITTED = "ADMITTED", "Admitted"  # GPUs claimed, start sent to the agent
+    RUNNING = "RUNNING", "Running"  # the agent reported the process started
+    STOPPING = "STOPPING", "Stopping"  # pre-empted or cancelled, in its grace period
+    ENDED = "ENDED", "Ended"
+
+
+ATTEMPT_ACTIVE_STATES = frozenset({AttemptState.ADMITTED, AttemptState.RUNNING, AttemptState.STOPPING})
+
+
+class Outcome(models.TextChoices):
+    SUCCEEDED = "SUCCEEDED", "Succeeded"
+    FAILED = "FAILED", "Failed"
+    PREEMPTED = "PREEMPTED", "Pre-empted"
+    NODE_LOST = "NODE_LOST", "Node lost"
+    CANCELLED = "CANCELLED", "Cancelled"
+    TIMED_OUT = "TIMED_OUT", "Ran past max_runtime_s"
+
+
+class PreemptionReason(models.TextChoices):
+    RECLAIM = "RECLAIM", "Reclaim of borrowed capacity"
+    PRIORITY = "PRIORITY", "Higher priority in the share"
+
+
+class EventKind(models.TextChoices):
+    SUBMITTED = "SUBMITTED", "Submitted"
+    ADMITTED = "ADMITTED", "Admitted"
+    STARTED = "STARTED", "Started"
+    PREEMPTING = "PREEMPTING", "Pre-empting"
+    PREEMPTED = "PREEMPTED", "Pre-empted"
+    REQUEUED = "REQUEUED", "Re-queued"
+    NODE_LOST = "NODE_LOST", "Node lost"
+    SUCCEEDED = "SUCCEEDED", "Succeeded"
+    FAILED = "FAILED", "Failed"
+    CANCEL_REQUESTED = "CANCEL_REQUESTED", "Cancel requested"
+    CANCELLED = "CANCELLED", "Cancelled"
+    PRIORITY_CHANGED = "PRIORITY_CHANGED", "Priority changed"

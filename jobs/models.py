@@ -1,0 +1,156 @@
+"""Jobs, their attempts, the GPUs an attempt holds, and the event log a user reads."""
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from jobs.choices import (
+    ATTEMPT_ACTIVE_STATES,
+    AttemptState,
+    EventKind,
+    JobState,
+    Outcome,
+    PreemptionReason,
+)
+from quotas.models import gpu_type_validator
+
+MAX_PRIORITY = 9999
+
+
+class Job(models.Model):
+    share = models.ForeignKey("quotas.Share", on_delete=models.PROTECT, related_name="jobs")
+    submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
+    name = models.CharField(max_length=200, blank=True)
+    gpu_type = models.CharField(max_length=32, validators=[gpu_type_validator])
+    gpus = models.PositiveIntegerField()
+    priority = models.IntegerField(default=0)
+    command = models.JSONField(default=list)  # argv list
+    use_shell = models.BooleanField(default=False)  # run command[0] through /bin/sh -c, only if asked
+    env = models.JSONField(default=dict, blank=True)
+    max_runtime_s = models.PositiveIntegerField(null=True, blank=True)
+    preemption_grace_s = models.PositiveIntegerField(default=30)
+    max_preemptions = models.IntegerField(default=-1)
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED)
+    state_reason = models.CharField(max_length=300, blank=True)
+    # Keeps its original value when the job is re-queued: a job never loses its place in line.
+    submitted_at = models.DateTimeField(default=timezone.now)
+    attempt_count = models.PositiveIntegerField(default=0)
+    preemption_count = models.PositiveIntegerField(default=0)
+    # Pre-emptions were decided for this job and it has not been admitted since (rule 7).
+    beneficiary = models.BooleanField(default=False)
+    exit_code = models.IntegerField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-submitted_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(priority__gte=0, priority__lte=MAX_PRIORITY), name="job_priority_range"
+            ),
+            models.CheckConstraint(condition=Q(gpus__gt=0), name="job_gpus_positive"),
+            models.CheckConstraint(condition=Q(max_preemptions__gte=-1), name="job_max_preemptions_gte_-1"),
+            models.CheckConstraint(
+                condition=Q(max_runtime_s__isnull=True) | Q(max_runtime_s__gt=0),
+                name="job_max_runtime_positive",
+            ),
+            models.CheckConstraint(condition=Q(state__in=JobState.values), name="job_state_valid"),
+        ]
+        indexes = [
+            models.Index(fields=["state", "share"], name="job_state_share_idx"),
+            models.Index(fields=["share", "-submitted_at"], name="job_share_submitted_idx"),
+            models.Index(fields=["submitted_by", "state"], name="job_user_state_idx"),
+            models.Index(fields=["-submitted_at", "-id"], name="job_submitted_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.pk} {self.name}".strip()
+
+
+class Attempt(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    state = models.CharField(max_length=16, choices=AttemptState.choices, default=AttemptState.ADMITTED)
+    # [{"node": "g5-1", "gpus": [0, 1]}, ...]: kept after the GPUs are released, for history.
+    placement = models.JSONField(default=list)
+    nodes = models.ManyToManyField("gpunodes.Node", related_name="attempts", blank=True)
+    borrowed = models.BooleanField(default=False)
+    reason = models.CharField(max_length=32, blank=True)  # ADMITTED_OWN / ADMITTED_BORROWED
+    lenders = models.JSONField(default=list, blank=True)
+    admitted_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    stop_deadline = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    preempted_by = models.ForeignKey(Job, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    preemption_reason = models.CharField(max_length=16, choices=PreemptionReason.choices, blank=True)
+    end_reason = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["job", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "number"], name="attempt_unique_number"),
+            models.UniqueConstraint(
+                fields=["job"],
+                condition=Q(state__in=sorted(ATTEMPT_ACTIVE_STATES)),
+                name="attempt_one_active_per_job",
+            ),
+            models.CheckConstraint(condition=Q(number__gte=1), name="attempt_number_positive"),
+            models.CheckConstraint(condition=Q(state__in=AttemptState.values), name="attempt_state_valid"),
+            # An ended attempt says how it ended; a live one does not yet.
+            models.CheckConstraint(
+                condition=(Q(state=AttemptState.ENDED) & ~Q(outcome=""))
+                | (~Q(state=AttemptState.ENDED) & Q(outcome="")),
+                name="attempt_outcome_iff_ended",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["state"],
+                condition=~Q(state=AttemptState.ENDED),
+                name="attempt_active_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.number}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in ATTEMPT_ACTIVE_STATES
+
+
+class GpuClaim(models.Model):
+    """A GPU held by a live attempt. Deleted when the attempt releases it: one row, one holder."""
+
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="claims")
+    gpu = models.OneToOneField("gpunodes.Gpu", on_delete=models.PROTECT, related_name="claim")
+    claimed_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name = "GPU claim"
+
+    def __str__(self) -> str:
+        return f"{self.gpu} held by {self.attempt}"
+
+
+class JobEvent(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    attempt_number = models.PositiveIntegerField(null=True, blank=True)
+    at = models.DateTimeField(default=timezone.now)
+    kind = models.CharField(max_length=24, choices=EventKind.choices)
+    reason = models.CharField(max_length=300, blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+        indexes = [
+            models.Index(fields=["job", "at"], name="jobevent_job_at_idx"),
+            models.Index(fields=["kind", "-at"], name="jobevent_kind_at_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} job {self.job_id} {self.kind} {self.reason}".strip()

@@ -1,0 +1,313 @@
+"""Job verbs: submit, cancel, change priority, and the one compare-and-set transition every state
+change goes through (it checks the old state and the attempt number and writes the event)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.db.models import Count
+from django.utils import timezone
+
+from gpunodes.models import Node
+from jobs.choices import JOB_TERMINAL_STATES, EventKind
+from jobs.models import MAX_PRIORITY, Job, JobEvent
+from quotas.choices import Role
+from quotas.models import GPU_TYPE_RE, Membership, Share
+
+MAX_NAME = 200
+MAX_COMMAND_ARGS = 256
+MAX_COMMAND_BYTES = 16 * 1024
+MAX_ENV_VARS = 128
+MAX_ENV_BYTES = 32 * 1024
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# Set by the agent for every attempt; a job may not override them.
+RESERVED_ENV = frozenset(
+    {"CUDA_VISIBLE_DEVICES", "GPUQUOTA_JOB_ID", "GPUQUOTA_ATTEMPT", "GPUQUOTA_CHECKPOINT_DIR"}
+)
+
+
+class Conflict(Exception):
+    """The request is valid but the job's state does not allow it (HTTP 409)."""
+
+
+def record_event(
+    job_id: int,
+    kind: str,
+    reason: str = "",
+    *,
+    attempt_number: int | None = None,
+    detail: Mapping[str, Any] | None = None,
+    at=None,
+) -> JobEvent:
+    return JobEvent.objects.create(
+        job_id=job_id,
+        kind=kind,
+        reason=reason[:300],
+        attempt_number=attempt_number,
+        detail=dict(detail or {}),
+        at=at or timezone.now(),
+    )
+
+
+def transition(
+    job_id: int,
+    *,
+    from_states: Iterable[str],
+    to_state: str,
+    event: str,
+    reason: str = "",
+    attempt_number: int | None = None,
+    detail: Mapping[str, Any] | None = None,
+    **fields: Any,
+) -> bool:
+    """Move a job from one of `from_states` to `to_state` if (and only if) it is still there and, when
+    given, still on `attempt_number`. Returns whether this call made the change; the loser of a race
+    (or a late, duplicated message) gets False and changes nothing."""
+    now = timezone.now()
+    qs = Job.objects.filter(pk=job_id, state__in=list(from_states))
+    if attempt_number is not None:
+        qs = qs.filter(attempt_count=attempt_number)
+    changed = qs.update(state=to_state, state_reason=reason[:300], updated_at=now, **fields)
+    if changed:
+        record_event(job_id, event, reason, attempt_number=attempt_number, detail=detail, at=now)
+    return bool(changed)
+
+
+# --- permissions ----------------------------------------------------------------------------------
+
+
+def role_in_team(user, team_id: int) -> str | None:
+    if not user.is_authenticated:
+        return None
+    return Membership.objects.filter(user=user, team_id=team_id).values_list("role", flat=True).first()
+
+
+def can_submit(user, share: Share) -> bool:
+    return bool(user.is_authenticated and (user.is_superuser or role_in_team(user, share.team_id)))
+
+
+def can_manage_job(user, job: Job) -> bool:
+    """Owner, a manager of the job's team, or an admin."""
+    if not user.is_authenticated:
+        return False
+    if user.is_superuser or job.submitted_by_id == user.pk:
+        return True
+    return role_in_team(user, job.share.team_id) == Role.MANAGER
+
+
+# --- validation -------------------------------------------------------------------------------------
+
+
+def node_shapes(gpu_type: str | None = None) -> dict[str, dict[int, int]]:
+    """Known node shapes: {gpu_type: {gpus per node: number of nodes}}, over every registered node
+    (READY or not): a request none of them could ever hold is refused at submit time."""
+    qs = Node.objects.annotate(n=Count("gpus")).filter(n__gt=0)
+    if gpu_type is not None:
+        qs = qs.filter(gpu_type=gpu_type)
+    shapes: dict[str, dict[int, int]] = {}
+    for t, n in qs.values_list("gpu_type", "n"):
+        shapes.setdefault(t, {})
+        shapes[t][n] = shapes[t].get(n, 0) + 1
+    return shapes
+
+
+def describe_shapes(shapes: Mapping[str, Mapping[int, int]]) -> str:
+    parts = [
+        f"{count} × {size} {t}"
+        for t, sizes in sorted(shapes.items())
+        for size, count in sorted(sizes.items())
+    ]
+    return ", ".join(parts) or "no GPU nodes are registered"
+
+
+def check_fits(gpu_type: str, gpus: int) -> tuple[str, str] | None:
+    """None if some node shape can hold the request, else (field, message) saying why not."""
+    shapes = node_shapes()
+    if gpu_type not in shapes:
+        return "gpu_type", f'No node has GPU type "{gpu_type}". Known node shapes: {describe_shapes(shapes)}.'
+    sizes = shapes[gpu_type]
+    largest = max(sizes)
+    if gpus <= largest:
+        return None
+    if gpus % largest:
+        return "gpus", (
+            f"{gpus} GPUs do not fit on one {gpu_type} node (largest has {largest}); a larger job must ask "
+            f"for whole nodes, a multiple of {largest}. Known node shapes: {describe_shapes(shapes)}."
+        )
+    if gpus // largest > sizes[largest]:
+        return "gpus", (
+            f"{gpus} GPUs need {gpus // largest} whole {largest}-GPU {gpu_type} nodes but only "
+            f"{sizes[largest]} exist. Known node shapes: {describe_shapes(shapes)}."
+        )
+    return None
+
+
+def _validate_command(command: Any, use_shell: bool) -> list[str]:
+    if not isinstance(command, (list, tuple)) or not command:
+        raise ValidationError({"command": "Give the command as a non-empty list of arguments."})
+    if not all(isinstance(a, str) for a in command):
+        raise ValidationError({"command": "Every argument must be a string."})
+    if len(command) > MAX_COMMAND_ARGS:
+        raise ValidationError({"command": f"At most {MAX_COMMAND_ARGS} arguments."})
+    if sum(len(a.encode()) for a in command) > MAX_COMMAND_BYTES:
+        raise ValidationError({"command": f"The command may be at most {MAX_COMMAND_BYTES} bytes."})
+    if any("\x00" in a for a in command):
+        raise ValidationError({"command": "Arguments may not contain NUL characters."})
+    if use_shell and len(command) != 1:
+        raise ValidationError({"command": "With use_shell, give the shell command line as one string."})
+    return list(command)
+
+
+def _validate_env(env: Any) -> dict[str, str]:
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise ValidationError({"env": "Give env as a map of NAME to string value."})
+    if len(env) > MAX_ENV_VARS:
+        raise ValidationError({"env": f"At most {MAX_ENV_VARS} variables."})
+    for name, value in env.items():
+        if not isinstance(name, str) or not ENV_NAME_RE.match(name):
+            raise ValidationError({"env": f'"{name}" is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*).'})
+        if name in RESERVED_ENV:
+            raise ValidationError({"env": f"{name} is set by gpuquota for every attempt."})
+        if not isinstance(value, str) or "\x00" in value:
+            raise ValidationError({"env": f"The value of {name} must be a string without NUL characters."})
+    if sum(len(k) + len(v.encode()) for k, v in env.items()) > MAX_ENV_BYTES:
+        raise ValidationError({"env": f"env may be at most {MAX_ENV_BYTES} bytes."})
+    return dict(env)
+
+
+# --- verbs ------------------------------------------------------------------------------------------
+
+
+def job_submit(
+    *,
+    user,
+    share: Share,
+    gpus: int,
+    gpu_type: str,
+    command: Sequence[str],
+    name: str = "",
+    priority: int = 0,
+    env: Mapping[str, str] | None = None,
+    max_runtime_s: int | None = None,
+    preemption_grace_s: int | None = None,
+    max_preemptions: int = -1,
+    use_shell: bool = False,
+    submitted_at=None,
+) -> Job:
+    """Validate and queue a job. Raises PermissionDenied or ValidationError({field: message})."""
+    from django.conf import settings
+
+    if not can_submit(user, share):
+        raise PermissionDenied(
+            f'You are not a member of team "{share.team}", which owns share "{share.name}".'
+        )
+    errors: dict[str, str] = {}
+    if not share.is_enabled:
+        errors["share"] = f'Share "{share.name}" is disabled and takes no new jobs.'
+    if not isinstance(gpu_type, str) or not re.match(GPU_TYPE_RE, gpu_type):
+        errors["gpu_type"] = "A GPU type is a lower-case name such as a10g or h100."
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus <= 0:
+        errors["gpus"] = "Ask for at least 1 GPU."
+    if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= MAX_PRIORITY:
+        errors["priority"] = f"Priority is an integer from 0 to {MAX_PRIORITY}."
+    if max_runtime_s is not None and (not isinstance(max_runtime_s, int) or max_runtime_s <= 0):
+        errors["max_runtime_s"] = "max_runtime_s must be a positive number of seconds."
+    if preemption_grace_s is not None and (not isinstance(preemption_grace_s, int) or preemption_grace_s < 0):
+        errors["preemption_grace_s"] = "preemption_grace_s must be 0 or more seconds."
+    if not isinstance(max_preemptions, int) or max_preemptions < -1:
+        errors["max_preemptions"] = "max_preemptions is -1 (unlimited) or 0 or more."
+    if len(name or "") > MAX_NAME:
+        errors["name"] = f"A name may be at most {MAX_NAME} characters."
+    if "gpus" not in errors and "gpu_type" not in errors:
+        problem = check_fits(gpu_type, gpus)
+        if problem:
+            errors[problem[0]] = problem[1]
+    try:
+        command = _validate_command(command, use_shell)
+    except ValidationError as e:
+        errors.update({k: v[0] for k, v in e.message_dict.items()})
+    try:
+        env = _validate_env(env)
+    except ValidationError as e:
+        errors.update({k: v[0] for k, v in e.message_dict.items()})
+    if errors:
+        raise ValidationError(errors)
+
+    with transaction.atomic():
+        job = Job.objects.create(
+            share=share,
+            submitted_by=user,
+            name=name or "",
+            gpu_type=gpu_type,
+            gpus=gpus,
+            priority=priority,
+            command=command,
+            use_shell=use_shell,
+            env=env,
+            max_runtime_s=max_runtime_s,
+            preemption_grace_s=(
+                settings.DEFAULT_PREEMPTION_GRACE_S if preemption_grace_s is None else preemption_grace_s
+            ),
+            max_preemptions=max_preemptions,
+            submitted_at=submitted_at or timezone.now(),
+        )
+        record_event(
+            job.pk,
+            EventKind.SUBMITTED,
+            f"by {user.get_username()} to share {share.name}",
+            detail={"gpus": gpus, "gpu_type": gpu_type, "priority": priority},
+            at=job.submitted_at,
+        )
+        _after_commit_request_pass("submit")
+    return job
+
+
+def job_set_priority(*, user, job: Job, priority: int) -> Job:
+    if not can_manage_job(user, job):
+        raise PermissionDenied("Only the job's owner, a team manager or an admin may change its priority.")
+    if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= MAX_PRIORITY:
+        raise ValidationError({"priority": f"Priority is an integer from 0 to {MAX_PRIORITY}."})
+    with transaction.atomic():
+        old = Job.objects.select_for_update().filter(pk=job.pk).values_list("priority", "state").get()
+        if old[1] in JOB_TERMINAL_STATES:
+            raise Conflict(f"Job {job.pk} has already ended ({old[1]}); its priority no longer matters.")
+        if old[0] != priority:
+            Job.objects.filter(pk=job.pk).update(priority=priority, updated_at=timezone.now())
+            record_event(
+                job.pk,
+                EventKind.PRIORITY_CHANGED,
+                f"{old[0]} → {priority} by {user.get_username()}",
+                detail={"from": old[0], "to": priority},
+            )
+            _after_commit_request_pass("priority")
+    job.refresh_from_db()
+    return job
+
+
+def job_cancel(*, user, job: Job) -> Job:
+    """Cancel a queued job at once; a running one is stopped by its agent (its GPUs stay held until the
+    agent reports it stopped or its grace runs out)."""
+    if not can_manage_job(user, job):
+        raise PermissionDenied("Only the job's owner, a team manager or an admin may cancel it.")
+    from jobs import lifecycle
+
+    if not lifecycle.cancel(job.pk, by=user.get_username()):
+        job.refresh_from_db()
+        raise Conflict(f"Job {job.pk} has already ended ({job.state}); there is nothing to cancel.")
+    job.refresh_from_db()
+    return job
+
+
+def _after_commit_request_pass(why: str) -> None:
+    # Imported late: the trigger lives with the scheduler, which depends on this module.
+    try:
+        from quotas.triggers import request_pass
+    except ImportError:  # pragma: no cover - the scheduler is optional in the foundation
+        return
+    transaction.on_commit(lambda: request_pass(why))

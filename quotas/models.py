@@ -1,0 +1,94 @@
+"""Teams, their members, and the quota shares they own (SEMANTICS.md, "Shares")."""
+
+from django.conf import settings
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import Q
+
+from quotas.choices import Role, ShareState, Strategy
+
+SHARE_NAME_RE = r"^[a-z0-9-]{1,63}$"
+GPU_TYPE_RE = r"^[a-z0-9][a-z0-9-]{0,31}$"
+
+share_name_validator = RegexValidator(SHARE_NAME_RE, "Use 1 to 63 lower-case letters, digits or hyphens.")
+gpu_type_validator = RegexValidator(GPU_TYPE_RE, "A GPU type is a lower-case name such as a10g or h100.")
+
+
+class Team(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    slug = models.SlugField(max_length=63, unique=True)
+    members = models.ManyToManyField(
+        settings.AUTH_USER_MODEL, through="Membership", related_name="teams", blank=True
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["team", "user"], name="membership_unique_team_user"),
+            models.CheckConstraint(condition=Q(role__in=Role.values), name="membership_role_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.team} ({self.role})"
+
+
+class Share(models.Model):
+    name = models.CharField(max_length=63, unique=True, validators=[share_name_validator])
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="shares")
+    description = models.CharField(max_length=200, blank=True)
+    strategy = models.CharField(max_length=16, choices=Strategy.choices, default=Strategy.LEND_AND_BORROW)
+    # Percent of own capacity per type that may be borrowed; -1 = no limit. Only LEND_AND_BORROW.
+    borrow_limit = models.IntegerField(default=-1, validators=[MinValueValidator(-1)])
+    in_share_preemption = models.BooleanField(default=False)
+    state = models.CharField(max_length=16, choices=ShareState.choices, default=ShareState.ENABLED)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=Q(strategy__in=Strategy.values), name="share_strategy_valid"),
+            models.CheckConstraint(condition=Q(state__in=ShareState.values), name="share_state_valid"),
+            models.CheckConstraint(condition=Q(borrow_limit__gte=-1), name="share_borrow_limit_gte_-1"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_enabled(self) -> bool:
+        return self.state == ShareState.ENABLED
+
+    def capacity_map(self) -> dict[str, int]:
+        # Uses the prefetch cache when the caller prefetched `capacities`.
+        return {c.gpu_type: c.max_gpus for c in self.capacities.all()}
+
+
+class ShareCapacity(models.Model):
+    share = models.ForeignKey(Share, on_delete=models.CASCADE, related_name="capacities")
+    gpu_type = models.CharField(max_length=32, validators=[gpu_type_validator])
+    max_gpus = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["share", "gpu_type"]
+        verbose_name_plural = "share capacities"
+        constraints = [
+            models.UniqueConstraint(fields=["share", "gpu_type"], name="sharecapacity_unique_type"),
+            models.CheckConstraint(condition=Q(max_gpus__gte=0), name="sharecapacity_max_gpus_gte_0"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.share}: {self.max_gpus} × {self.gpu_type}"

@@ -1,0 +1,63 @@
+"""Shared fixtures: alice (admin), bob (member of team vision), charlie (member of another team),
+a small cluster of fake a10g nodes, and a share per strategy."""
+
+import pytest
+
+from gpunodes.services import fake_inventory, node_register
+from quotas.choices import Role, Strategy
+from quotas.models import Membership, Share, ShareCapacity, Team
+
+
+@pytest.fixture
+def alice(django_user_model):
+    return django_user_model.objects.create_superuser("alice", "alice@example.com", "alice-pw-123")
+
+
+@pytest.fixture
+def vision(db):
+    return Team.objects.create(name="Vision", slug="vision")
+
+
+@pytest.fixture
+def language(db):
+    return Team.objects.create(name="Language", slug="language")
+
+
+@pytest.fixture
+def bob(django_user_model, vision):
+    user = django_user_model.objects.create_user("bob", "bob@example.com", "bob-pw-123")
+    Membership.objects.create(team=vision, user=user, role=Role.MEMBER)
+    return user
+
+
+@pytest.fixture
+def charlie(django_user_model, language):
+    user = django_user_model.objects.create_user("charlie", "charlie@example.com", "charlie-pw-123")
+    Membership.objects.create(team=language, user=user, role=Role.MEMBER)
+    return user
+
+
+@pytest.fixture
+def nodes(db):
+    """Two READY 4-GPU a10g nodes."""
+    return [
+        node_register(name=name, gpu_type="a10g", gpus=fake_inventory(name, 4))[0]
+        for name in ("node-1", "node-2")
+    ]
+
+
+def make_share(team, name, *, capacity=None, strategy=Strategy.LEND_AND_BORROW, **kwargs) -> Share:
+    share = Share.objects.create(team=team, name=name, strategy=strategy, **kwargs)
+    for gpu_type, n in (capacity or {}).items():
+        ShareCapacity.objects.create(share=share, gpu_type=gpu_type, max_gpus=n)
+    return share
+
+
+@pytest.fixture
+def vision_share(vision):
+    return make_share(vision, "vision-main", capacity={"a10g": 4})
+
+
+@pytest.fixture
+def language_share(language):
+    return make_share(language, "language-main", capacity={"a10g": 2}, strategy=Strategy.LEND)
