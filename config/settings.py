@@ -240,9 +240,5 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(SCHEDULER_INTERVAL_S),
         "options": {"expires": float(SCHEDULER_INTERVAL_S) * 2},
     },
-    "check-node-liveness": {
-        "task": "gpunodes.tasks.check_liveness",
-        "schedule": 5.0,
-        "options": {"expires": 10.0},
-    },
+    "prune-pass-records": {"task": "quotas.tasks.prune_pass_records", "schedule": 3600.0},
 }

@@ -20,6 +20,8 @@ class Node(models.Model):
     hostname = models.CharField(max_length=255, blank=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     agent_version = models.CharField(max_length=32, blank=True)
+    # Changes every time the agent process starts: a new boot means the host forgot what it ran.
+    boot_id = models.CharField(max_length=64, blank=True)
     labels = models.JSONField(default=dict, blank=True)
     registered_at = models.DateTimeField(auto_now_add=True)
     state_changed_at = models.DateTimeField(auto_now_add=True)

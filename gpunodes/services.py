@@ -84,3 +84,72 @@ def node_register(
     if gone:
         node.gpus.filter(index__in=gone, claim__isnull=True).delete()
     return node, created
+
+
+def node_heartbeat(
+    *,
+    name: str,
+    gpu_type: str,
+    inventory: Sequence[GpuInfo],
+    running: Sequence[tuple[int, int]],
+    boot_id: str,
+    agent_version: str = "",
+    hostname: str = "",
+    labels: dict | None = None,
+    sent_at: float | None = None,
+) -> dict:
+    """Register or refresh a node from its agent's heartbeat, and reconcile what it runs:
+
+    - a LOST (or new) node that heartbeats again is READY; cordoned/draining nodes stay so;
+    - after an agent restart (a new boot id), attempts the host no longer reports are lost;
+    - attempts the host runs that are over (or unknown) are to be stopped: returned in "stop" and sent.
+    """
+    from jobs import lifecycle
+    from jobs.choices import ATTEMPT_ACTIVE_STATES, AttemptState, Outcome
+    from jobs.models import Attempt
+    from quotas.triggers import request_pass
+
+    from .dispatch import preempt_attempt
+
+    now = timezone.now()
+    with transaction.atomic():
+        node, created = node_register(
+            name=name,
+            gpu_type=gpu_type,
+            gpus=inventory,
+            hostname=hostname,
+            agent_version=agent_version,
+            labels=labels,
+        )
+        previous_boot = node.boot_id
+        came_back = created or node.state == NodeState.LOST
+        fields = {"last_heartbeat": now, "boot_id": boot_id}
+        if came_back:
+            fields.update(state=NodeState.READY, state_changed_at=now)
+        Node.objects.filter(pk=node.pk).update(**fields)
+
+        reported = dict(running)
+        live = {
+            a_id: (number, state)
+            for a_id, number, state in Attempt.objects.filter(
+                state__in=list(ATTEMPT_ACTIVE_STATES), nodes=node.pk
+            ).values_list("pk", "number", "state")
+        }
+        lost = []
+        if previous_boot and previous_boot != boot_id:
+            for a_id, (number, state) in live.items():
+                # ADMITTED ones are left alone: their start may still be waiting in the queue.
+                forgotten = state != AttemptState.ADMITTED and reported.get(a_id) != number
+                if forgotten and lifecycle.end_attempt(
+                    a_id,
+                    number,
+                    outcome=Outcome.NODE_LOST,
+                    reason=f"the agent on {name} restarted and no longer runs it",
+                ):
+                    lost.append(a_id)
+        stop = [(a_id, n) for a_id, n in reported.items() if live.get(a_id, (None,))[0] != n]
+        for a_id, n in stop:
+            transaction.on_commit(lambda a_id=a_id, n=n: preempt_attempt(name, a_id, n, 0))
+        if came_back or lost:
+            transaction.on_commit(lambda: request_pass("node ready" if came_back else "node restarted"))
+    return {"state": NodeState.READY if came_back else node.state, "lost": lost, "stop": stop}

@@ -154,3 +154,22 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} job {self.job_id} {self.kind} {self.reason}".strip()
+
+
+class LogChunk(models.Model):
+    """A piece of an attempt's output as its host shipped it. (attempt, node, offset) is unique, so a
+    duplicated delivery is stored once."""
+
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="log_chunks")
+    node = models.CharField(max_length=63)
+    offset = models.BigIntegerField()
+    text = models.TextField()
+
+    class Meta:
+        ordering = ["attempt", "node", "offset"]
+        constraints = [
+            models.UniqueConstraint(fields=["attempt", "node", "offset"], name="logchunk_unique_offset"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.attempt} on {self.node} @{self.offset}"

@@ -92,3 +92,23 @@ class ShareCapacity(models.Model):
 
     def __str__(self) -> str:
         return f"{self.share}: {self.max_gpus} × {self.gpu_type}"
+
+
+class SchedulerPass(models.Model):
+    """What one scheduling pass saw and did, for operators and the metrics (the last few thousand)."""
+
+    started_at = models.DateTimeField(db_index=True)
+    duration_ms = models.FloatField(default=0)
+    plan_ms = models.FloatField(default=0)
+    trigger = models.CharField(max_length=64, blank=True)
+    queued = models.PositiveIntegerField(default=0)
+    running = models.PositiveIntegerField(default=0)
+    admitted = models.PositiveIntegerField(default=0)
+    preempted = models.PositiveIntegerField(default=0)
+    ended = models.PositiveIntegerField(default=0)  # attempts ended by the pass (lost nodes, stop timeouts)
+
+    class Meta:
+        ordering = ["-started_at"]
+
+    def __str__(self) -> str:
+        return f"pass at {self.started_at:%H:%M:%S}: +{self.admitted} admitted, {self.preempted} pre-empted"

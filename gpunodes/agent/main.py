@@ -1,0 +1,133 @@
+"""The agent process: inventory, a heartbeat thread, a reaper thread, and a Celery worker (threads
+pool) bound to the queue `node.<name>`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from django.conf import settings
+
+from config.celery import CONTROL_QUEUE, app, node_queue
+from gpunodes.agent import AGENT_VERSION, inventory
+from gpunodes.agent import tasks as agent_tasks
+from gpunodes.agent.runner import Runner
+
+log = logging.getLogger("gpunodes.agent")
+HEARTBEAT = "gpunodes.tasks.node_heartbeat"
+
+
+def send_report(name: str, kwargs: dict) -> None:
+    try:
+        app.send_task(name, kwargs=kwargs, queue=CONTROL_QUEUE)
+    except Exception:
+        log.exception("could not send %s", name)
+
+
+class Agent:
+    def __init__(
+        self,
+        *,
+        name: str,
+        gpu_type: str | None,
+        fake_gpus: int | None,
+        run_as: str | None = None,
+        workdir: Path | None = None,
+        labels: dict | None = None,
+    ):
+        self.name = name
+        if fake_gpus is not None:
+            if not gpu_type:
+                raise ValueError("--fake-gpus needs --gpu-type")
+            self.gpus = inventory.fake_inventory(name, fake_gpus)
+        else:
+            self.gpus = inventory.discover()
+        if not self.gpus:
+            raise ValueError("this host has no GPUs; use --fake-gpus N --gpu-type T for a simulated host")
+        self.gpu_type = gpu_type or inventory.gpu_type_from_model(self.gpus[0].model)
+        self.labels = labels or {}
+        self.boot_id = uuid.uuid4().hex
+        state_dir = Path(settings.VAR_DIR) / "agent" / name
+        self.runner = Runner(
+            node=name,
+            log_dir=settings.JOB_LOG_DIR,
+            checkpoint_root=settings.CHECKPOINT_ROOT,
+            report=send_report,
+            state_path=state_dir / "running.json",
+            workdir=workdir,
+            run_as=run_as,
+        )
+        self._stop = threading.Event()
+
+    def heartbeat(self) -> None:
+        send_report(
+            HEARTBEAT,
+            {
+                "name": self.name,
+                "gpu_type": self.gpu_type,
+                "inventory": [g.__dict__ for g in self.gpus],
+                "running": [list(r) for r in self.runner.running()],
+                "boot_id": self.boot_id,
+                "agent_version": AGENT_VERSION,
+                "hostname": socket.gethostname(),
+                "labels": self.labels,
+                "sent_at": time.time(),
+            },
+        )
+
+    def _loop(self, every: float, fn) -> None:
+        while not self._stop.wait(every):
+            try:
+                fn()
+            except Exception:
+                log.exception("agent loop %s failed", fn.__name__)
+
+    def run(self, concurrency: int = 4) -> None:
+        self.runner.kill_orphans()
+        agent_tasks.RUNNER = self.runner
+        self.heartbeat()  # register before taking work
+        threads = [
+            threading.Thread(
+                target=self._loop,
+                args=(settings.HEARTBEAT_INTERVAL_S, self.heartbeat),
+                name="heartbeat",
+                daemon=True,
+            ),
+            threading.Thread(target=self._loop, args=(0.2, self.runner.poll), name="reaper", daemon=True),
+        ]
+        for t in threads:
+            t.start()
+        log.info(
+            "agent %s: %d × %s, queue %s, pid %d",
+            self.name,
+            len(self.gpus),
+            self.gpu_type,
+            node_queue(self.name),
+            os.getpid(),
+        )
+        try:
+            app.worker_main(
+                [
+                    "worker",
+                    "-Q",
+                    node_queue(self.name),
+                    "-P",
+                    "threads",
+                    "-c",
+                    str(concurrency),
+                    "-n",
+                    f"agent.{self.name}@%h",
+                    "--without-gossip",
+                    "--without-mingle",
+                    "-l",
+                    "INFO",
+                ]
+            )
+        finally:
+            self._stop.set()
+            self.runner.shutdown()

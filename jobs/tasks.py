@@ -1,0 +1,82 @@
+"""Control-side tasks: what the GPU hosts report about attempts. Idempotent: a duplicate or an old
+attempt number changes nothing, and a host running an attempt that is over is told to stop it."""
+
+import logging
+
+from celery import shared_task
+
+from gpunodes.dispatch import preempt_attempt
+from jobs import lifecycle
+from jobs.choices import AttemptState, Outcome
+from jobs.models import Attempt
+
+log = logging.getLogger(__name__)
+
+# What the agent says about a process that ended, and the outcome it means for a running attempt.
+HOST_OUTCOMES = {
+    "exited": None,
+    "timed_out": Outcome.TIMED_OUT,
+    "stopped": Outcome.PREEMPTED,
+    "unknown": Outcome.PREEMPTED,
+    "failed_to_start": Outcome.FAILED,
+}
+
+
+def _is_current(attempt_id: int, number: int) -> bool:
+    return Attempt.objects.filter(pk=attempt_id, number=number).exclude(state=AttemptState.ENDED).exists()
+
+
+@shared_task(name="jobs.tasks.attempt_started", ignore_result=True)
+def attempt_started(attempt_id: int, number: int, node: str) -> bool:
+    changed = lifecycle.mark_started(attempt_id, number, node)
+    if not changed and not _is_current(attempt_id, number):
+        # A start that arrived after the attempt was over: the host must not keep it running.
+        log.info("host %s runs attempt %s/%s which is over; stopping it", node, attempt_id, number)
+        preempt_attempt(node, attempt_id, number, 0)
+    return changed
+
+
+@shared_task(name="jobs.tasks.attempt_finished", ignore_result=True)
+def attempt_finished(
+    attempt_id: int,
+    number: int,
+    node: str,
+    how: str = "exited",
+    exit_code: int | None = None,
+    detail: str = "",
+) -> bool:
+    attempt = Attempt.objects.filter(pk=attempt_id, number=number).first()
+    if attempt is None or attempt.state == AttemptState.ENDED:
+        return False
+    if how == "exited":
+        outcome = Outcome.SUCCEEDED if exit_code == 0 else Outcome.FAILED
+    else:
+        outcome = HOST_OUTCOMES.get(how, Outcome.FAILED)
+    if attempt.state != AttemptState.STOPPING and how in ("stopped", "unknown"):
+        # The host lost or stopped it without being asked: the job is re-queued.
+        outcome = Outcome.NODE_LOST
+    reason = detail or {
+        Outcome.SUCCEEDED: "exit code 0",
+        Outcome.FAILED: f"exit code {exit_code}",
+        Outcome.TIMED_OUT: "ran past max_runtime_s",
+        Outcome.NODE_LOST: f"host {node} no longer runs it",
+    }.get(outcome, f"stopped on {node}")
+    ended = lifecycle.end_attempt(attempt_id, number, outcome=outcome, exit_code=exit_code, reason=reason)
+    if ended and len(attempt.placement) > 1:
+        # A gang ends with its first rank to end: stop the others.
+        for p in attempt.placement:
+            if p["node"] != node:
+                preempt_attempt(p["node"], attempt_id, number, 0)
+    return ended
+
+
+@shared_task(name="jobs.tasks.attempt_log", ignore_result=True)
+def attempt_log(attempt_id: int, number: int, node: str, offset: int, text: str) -> bool:
+    from jobs.models import LogChunk
+
+    if not Attempt.objects.filter(pk=attempt_id, number=number).exists():
+        return False
+    _, created = LogChunk.objects.get_or_create(
+        attempt_id=attempt_id, node=node, offset=offset, defaults={"text": text}
+    )
+    return created

@@ -1,0 +1,431 @@
+"""The scheduling pass: lock → housekeeping → snapshot → policy.plan() → apply → dispatch after commit.
+
+One pass at a time: a PostgreSQL advisory transaction lock, and on SQLite the IMMEDIATE transaction
+(config/settings.py) that takes the database's write lock up front. The snapshot is read in a constant
+number of queries whatever the number of jobs; the plan is applied with compare-and-set updates in the
+same transaction, and the messages to the GPU hosts are sent only once it has committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from gpunodes.choices import HOLDING_STATES, NodeState
+from gpunodes.dispatch import start_attempt
+from gpunodes.models import Gpu, Node
+from jobs import lifecycle
+from jobs.choices import ATTEMPT_ACTIVE_STATES, AttemptState, EventKind, JobState, Outcome
+from jobs.models import Attempt, GpuClaim, Job, JobEvent
+from jobs.services import transition
+from quotas import policy
+from quotas.models import SchedulerPass, Share, ShareCapacity
+from quotas.triggers import clear_pending
+
+log = logging.getLogger(__name__)
+
+PASS_LOCK_KEY = 0x6770_7571  # "gpuq": the advisory lock id of the pass
+KEEP_PASS_RECORDS = 2000
+
+
+@dataclass
+class PassResult:
+    admitted: list[int] = field(default_factory=list)  # job ids
+    preempted: list[int] = field(default_factory=list)  # attempt ids
+    ended: list[int] = field(default_factory=list)  # attempt ids ended by housekeeping
+    lost_nodes: list[str] = field(default_factory=list)
+    queued: int = 0
+    running: int = 0
+    duration_ms: float = 0.0
+    plan_ms: float = 0.0
+
+
+def _lock() -> None:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [PASS_LOCK_KEY])
+    # SQLite: the atomic block began with BEGIN IMMEDIATE, which already holds the write lock.
+
+
+def _ts(dt: datetime | None) -> float:
+    return dt.timestamp() if dt else 0.0
+
+
+# --- housekeeping --------------------------------------------------------------------------------
+
+
+def mark_lost_nodes(now: datetime) -> tuple[list[str], list[int]]:
+    """Nodes without a heartbeat for NODE_LOST_AFTER_S become LOST; their attempts end as NODE_LOST
+    and their jobs go back to the queue with their original submit time."""
+    cutoff = now - timedelta(seconds=settings.NODE_LOST_AFTER_S)
+    stale = list(
+        Node.objects.filter(state__in=list(HOLDING_STATES), last_heartbeat__lt=cutoff).values_list(
+            "pk", "name"
+        )
+    )
+    ended: list[int] = []
+    for pk, name in stale:
+        if not Node.objects.filter(pk=pk, state__in=list(HOLDING_STATES)).update(
+            state=NodeState.LOST, state_changed_at=now
+        ):
+            continue
+        log.warning("node %s is LOST (no heartbeat since %s)", name, cutoff)
+        ended += end_attempts_on_node(pk, name, f"node {name} stopped heartbeating", now)
+    return [name for _, name in stale], ended
+
+
+def end_attempts_on_node(node_pk: int, node_name: str, reason: str, now: datetime) -> list[int]:
+    ended = []
+    for attempt_id, number in Attempt.objects.filter(
+        state__in=list(ATTEMPT_ACTIVE_STATES), nodes=node_pk
+    ).values_list("pk", "number"):
+        if lifecycle.end_attempt(attempt_id, number, outcome=Outcome.NODE_LOST, reason=reason, at=now):
+            ended.append(attempt_id)
+    return ended
+
+
+def expire_stops(now: datetime) -> list[int]:
+    """A stopping attempt whose host has not confirmed within grace + PREEMPT_ACK_TIMEOUT_S frees its
+    GPUs anyway, so that a dead host cannot hold a beneficiary back forever."""
+    cutoff = now - timedelta(seconds=settings.PREEMPT_ACK_TIMEOUT_S)
+    ended = []
+    for attempt_id, number in Attempt.objects.filter(
+        state=AttemptState.STOPPING, stop_deadline__lt=cutoff
+    ).values_list("pk", "number"):
+        if lifecycle.end_attempt(
+            attempt_id,
+            number,
+            outcome=Outcome.PREEMPTED,
+            reason="the host did not confirm the stop within grace + PREEMPT_ACK_TIMEOUT_S",
+            at=now,
+        ):
+            ended.append(attempt_id)
+    return ended
+
+
+def finish_drains(now: datetime) -> int:
+    """A draining node with nothing left running is marked CORDONED (drained)."""
+    return (
+        Node.objects.filter(state=NodeState.DRAINING)
+        .exclude(attempts__state__in=list(ATTEMPT_ACTIVE_STATES))
+        .update(state=NodeState.CORDONED, state_changed_at=now)
+    )
+
+
+# --- snapshot ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Loaded:
+    snapshot: policy.Snapshot
+    gpu_ids: dict[tuple[str, int], int]  # (node name, index) -> Gpu pk
+    node_ids: dict[str, int]
+    attempt_numbers: dict[int, tuple[int, int]]  # attempt id -> (number, job's preemption grace)
+
+
+def load_snapshot(now: datetime | None = None) -> Loaded:
+    """Everything the policy needs, in six queries, whatever the number of jobs."""
+    now = now or timezone.now()
+    node_rows = list(
+        Node.objects.filter(state__in=list(HOLDING_STATES)).values_list("pk", "name", "gpu_type", "state")
+    )
+    node_ids = {name: pk for pk, name, _, _ in node_rows}
+    gpu_ids: dict[tuple[str, int], int] = {}
+    indexes: dict[str, list[int]] = {}
+    for pk, node_name, index in Gpu.objects.filter(node_id__in=list(node_ids.values())).values_list(
+        "pk", "node__name", "index"
+    ):
+        gpu_ids[(node_name, index)] = pk
+        indexes.setdefault(node_name, []).append(index)
+    nodes = tuple(
+        policy.NodeView(
+            name=name,
+            gpu_type=gpu_type,
+            gpus=len(indexes.get(name, ())),
+            schedulable=state == NodeState.READY,
+        )
+        for _, name, gpu_type, state in node_rows
+        if indexes.get(name)
+    )
+
+    capacities: dict[int, dict[str, int]] = {}
+    shares_rows = list(
+        Share.objects.values_list("pk", "name", "strategy", "borrow_limit", "in_share_preemption")
+    )
+    for share_id, gpu_type, max_gpus in ShareCapacity.objects.values_list("share_id", "gpu_type", "max_gpus"):
+        capacities.setdefault(share_id, {})[gpu_type] = max_gpus
+    shares = tuple(
+        policy.ShareView(
+            name=name,
+            capacity=capacities.get(pk, {}),
+            strategy=strategy,
+            borrow_limit=limit,
+            in_share_preemption=isp,
+        )
+        for pk, name, strategy, limit, isp in shares_rows
+    )
+
+    running = []
+    attempt_numbers = {}
+    for row in Attempt.objects.filter(state__in=list(ATTEMPT_ACTIVE_STATES)).values_list(
+        "pk",
+        "number",
+        "job_id",
+        "job__share__name",
+        "job__gpu_type",
+        "job__priority",
+        "job__submitted_at",
+        "admitted_at",
+        "started_at",
+        "placement",
+        "borrowed",
+        "state",
+        "preempted_by_id",
+        "job__preemption_grace_s",
+    ):
+        (
+            pk,
+            number,
+            job_id,
+            share,
+            gpu_type,
+            prio,
+            submitted,
+            admitted,
+            started,
+            placement,
+            borrowed,
+            state,
+            beneficiary,
+            grace,
+        ) = row
+        attempt_numbers[pk] = (number, grace)
+        running.append(
+            policy.RunningView(
+                attempt_id=pk,
+                job_id=job_id,
+                share=share,
+                gpu_type=gpu_type,
+                priority=prio,
+                submitted_at=_ts(submitted),
+                started_at=_ts(started or admitted),
+                placement=tuple((p["node"], tuple(p["gpus"])) for p in placement),
+                borrowed=borrowed,
+                preempting=state == AttemptState.STOPPING,
+                beneficiary_job_id=beneficiary if state == AttemptState.STOPPING else None,
+            )
+        )
+
+    queued = tuple(
+        policy.QueuedView(
+            job_id=pk,
+            share=share,
+            gpu_type=gpu_type,
+            gpus=gpus,
+            priority=prio,
+            submitted_at=_ts(submitted),
+            beneficiary=beneficiary,
+        )
+        for pk, share, gpu_type, gpus, prio, submitted, beneficiary in Job.objects.filter(
+            state=JobState.QUEUED
+        ).values_list("pk", "share__name", "gpu_type", "gpus", "priority", "submitted_at", "beneficiary")
+    )
+    snapshot = policy.Snapshot(
+        now=now.timestamp(),
+        nodes=nodes,
+        shares=shares,
+        running=tuple(running),
+        queued=queued,
+        starvation_s=settings.STARVATION_S,
+    )
+    return Loaded(snapshot, gpu_ids, node_ids, attempt_numbers)
+
+
+# --- apply ---------------------------------------------------------------------------------------
+
+
+def _admission_reason(adm: policy.Admission) -> str:
+    where = "; ".join(f"{node} GPUs {','.join(map(str, idx))}" for node, idx in adm.placement)
+    if adm.borrowed:
+        lenders = ", ".join(adm.lenders) or "idle capacity"
+        return f"{policy.ADMITTED_BORROWED} from {lenders} on {where}"
+    return f"{policy.ADMITTED_OWN} on {where}"
+
+
+def apply_admissions(loaded: Loaded, admissions: tuple[policy.Admission, ...], now: datetime) -> list[dict]:
+    """Claim the GPUs and create the attempts, in bulk. Returns the start messages to send."""
+    if not admissions:
+        return []
+    by_job = {a.job_id: a for a in admissions}
+    # Lock the rows and re-check their state: a job cancelled since the snapshot is not admitted.
+    rows = list(
+        Job.objects.select_for_update()
+        .filter(pk__in=list(by_job), state=JobState.QUEUED)
+        .values_list(
+            "pk", "attempt_count", "command", "env", "use_shell", "max_runtime_s", "preemption_grace_s"
+        )
+    )
+    if not rows:
+        return []
+    ok = [r[0] for r in rows]
+    Job.objects.filter(pk__in=ok, state=JobState.QUEUED).update(
+        state=JobState.ADMITTED,
+        attempt_count=F("attempt_count") + 1,
+        beneficiary=False,
+        state_reason="admitted",
+        updated_at=now,
+    )
+    attempts = Attempt.objects.bulk_create(
+        [
+            Attempt(
+                job_id=pk,
+                number=count + 1,
+                state=AttemptState.ADMITTED,
+                placement=[{"node": n, "gpus": list(idx)} for n, idx in by_job[pk].placement],
+                borrowed=by_job[pk].borrowed,
+                reason=by_job[pk].reason,
+                lenders=list(by_job[pk].lenders),
+                admitted_at=now,
+            )
+            for pk, count, *_ in rows
+        ]
+    )
+    claims, through, events, messages = [], [], [], []
+    for attempt, (pk, count, command, env, use_shell, max_runtime, grace) in zip(attempts, rows, strict=True):
+        adm = by_job[pk]
+        world = [n for n, _ in adm.placement]
+        for rank, (node, idx) in enumerate(adm.placement):
+            through.append(Attempt.nodes.through(attempt_id=attempt.pk, node_id=loaded.node_ids[node]))
+            claims += [
+                GpuClaim(attempt=attempt, gpu_id=loaded.gpu_ids[(node, i)], claimed_at=now) for i in idx
+            ]
+            messages.append(
+                {
+                    "node": node,
+                    "payload": {
+                        "attempt_id": attempt.pk,
+                        "number": count + 1,
+                        "job_id": pk,
+                        "command": command,
+                        "env": env,
+                        "use_shell": use_shell,
+                        "gpus": list(idx),
+                        "max_runtime_s": max_runtime,
+                        "grace_s": grace,
+                        "rank": rank,
+                        "world": world,
+                    },
+                }
+            )
+        events.append(
+            JobEvent(
+                job_id=pk,
+                attempt_number=count + 1,
+                at=now,
+                kind=EventKind.ADMITTED,
+                reason=_admission_reason(adm)[:300],
+                detail={
+                    "borrowed": adm.borrowed,
+                    "lenders": list(adm.lenders),
+                    "placement": [{"node": n, "gpus": list(i)} for n, i in adm.placement],
+                },
+            )
+        )
+    GpuClaim.objects.bulk_create(claims)  # a GPU claimed twice violates the unique index: rollback
+    Attempt.nodes.through.objects.bulk_create(through)
+    JobEvent.objects.bulk_create(events)
+    return messages
+
+
+def apply_preemptions(loaded: Loaded, preemptions: tuple[policy.Preemption, ...], now: datetime) -> list[int]:
+    done = []
+    for p in preemptions:
+        number, grace = loaded.attempt_numbers[p.attempt_id]
+        attempt = Attempt(pk=p.attempt_id, number=number)
+        why = (
+            f"PREEMPTED_RECLAIM by job {p.beneficiary_job_id} of share {p.beneficiary_share}"
+            if p.reason == policy.RECLAIM
+            else f"PREEMPTED_PRIORITY by job {p.beneficiary_job_id}"
+        )
+        if not lifecycle.request_stop(
+            attempt, grace_s=grace, preempted_by=p.beneficiary_job_id, preemption_reason=p.reason, reason=why
+        ):
+            continue
+        transition(
+            p.job_id,
+            from_states=[JobState.ADMITTED, JobState.RUNNING],
+            to_state=JobState.PREEMPTING,
+            event=EventKind.PREEMPTING,
+            reason=why,
+            attempt_number=number,
+            detail={"reason": p.reason, "beneficiary": p.beneficiary_job_id, "grace_s": grace},
+            preemption_count=F("preemption_count") + 1,
+        )
+        done.append(p.attempt_id)
+    beneficiaries = {p.beneficiary_job_id for p in preemptions}
+    if done and beneficiaries:
+        Job.objects.filter(pk__in=list(beneficiaries), state=JobState.QUEUED).update(beneficiary=True)
+    return done
+
+
+def run_pass(trigger: str = "") -> PassResult:
+    started = time.perf_counter()
+    result = PassResult()
+    messages: list[dict] = []
+    clear_pending()  # before the snapshot: a change after this point asks for another pass
+    with transaction.atomic():
+        _lock()
+        now = timezone.now()
+        result.lost_nodes, ended = mark_lost_nodes(now)
+        result.ended = ended + expire_stops(now)
+        finish_drains(now)
+        loaded = load_snapshot(now)
+        result.queued, result.running = len(loaded.snapshot.queued), len(loaded.snapshot.running)
+        t0 = time.perf_counter()
+        decided = policy.plan(loaded.snapshot)
+        result.plan_ms = (time.perf_counter() - t0) * 1000
+        messages = apply_admissions(loaded, decided.admissions, now)
+        result.admitted = sorted({m["payload"]["job_id"] for m in messages})
+        result.preempted = apply_preemptions(loaded, decided.preemptions, now)
+        result.duration_ms = (time.perf_counter() - started) * 1000
+        SchedulerPass.objects.create(
+            started_at=now,
+            duration_ms=result.duration_ms,
+            plan_ms=result.plan_ms,
+            trigger=trigger[:64],
+            queued=result.queued,
+            running=result.running,
+            admitted=len(result.admitted),
+            preempted=len(result.preempted),
+            ended=len(result.ended),
+        )
+        transaction.on_commit(lambda: [start_attempt(m["node"], m["payload"]) for m in messages])
+    if result.admitted or result.preempted or result.ended:
+        log.info(
+            "pass (%s): %d admitted, %d pre-empted, %d ended, %d queued, %.1f ms (plan %.1f ms)",
+            trigger or "beat",
+            len(result.admitted),
+            len(result.preempted),
+            len(result.ended),
+            result.queued,
+            result.duration_ms,
+            result.plan_ms,
+        )
+    return result
+
+
+def prune_pass_records() -> int:
+    cutoff = SchedulerPass.objects.order_by("-started_at").values_list("started_at", flat=True)[
+        KEEP_PASS_RECORDS : KEEP_PASS_RECORDS + 1
+    ]
+    cutoff = list(cutoff)
+    if not cutoff:
+        return 0
+    return SchedulerPass.objects.filter(started_at__lte=cutoff[0]).delete()[0]

@@ -1,0 +1,167 @@
+"""The host runner: real child process groups, graceful stops, timeouts, logs, orphans."""
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpunodes.agent.runner import FINISHED, LOG, STARTED, Runner
+
+TRAIN = str(Path(__file__).resolve().parents[2] / "examples" / "train.py")
+
+
+class Reports(list):
+    def __call__(self, name, kwargs):
+        self.append((name, kwargs))
+
+    def of(self, name):
+        return [k for n, k in self if n == name]
+
+
+@pytest.fixture
+def reports():
+    return Reports()
+
+
+@pytest.fixture
+def runner(tmp_path, reports):
+    r = Runner(
+        node="n1",
+        log_dir=tmp_path / "logs",
+        checkpoint_root=tmp_path / "ckpt",
+        report=reports,
+        state_path=tmp_path / "state" / "running.json",
+    )
+    yield r
+    r.shutdown(grace_s=1)
+
+
+def wait_finished(runner, reports, timeout=15):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        runner.poll()
+        if reports.of(FINISHED):
+            return reports.of(FINISHED)[-1]
+        time.sleep(0.05)
+    raise AssertionError("attempt did not finish")
+
+
+def start(runner, command, **kw):
+    return runner.start(
+        attempt_id=kw.pop("attempt_id", 1),
+        number=kw.pop("number", 1),
+        job_id=7,
+        command=command,
+        gpus=kw.pop("gpus", [0, 2]),
+        **kw,
+    )
+
+
+def test_it_runs_the_command_with_gpu_environment(runner, reports):
+    code = (
+        "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['GPUQUOTA_JOB_ID'], "
+        "os.environ['GPUQUOTA_ATTEMPT'], os.environ['GPUQUOTA_CHECKPOINT_DIR'].endswith('job-7'))"
+    )
+    assert start(runner, [sys.executable, "-c", code]) == "started"
+    assert reports.of(STARTED) == [{"attempt_id": 1, "number": 1, "node": "n1"}]
+    finished = wait_finished(runner, reports)
+    assert finished["how"] == "exited" and finished["exit_code"] == 0
+    text = "".join(k["text"] for k in reports.of(LOG))
+    assert text.strip() == "0,2 7 1 True"
+
+
+def test_it_reports_a_failing_exit_code(runner, reports):
+    start(runner, [sys.executable, "-c", "raise SystemExit(3)"])
+    assert wait_finished(runner, reports)["exit_code"] == 3
+
+
+def test_a_duplicate_start_changes_nothing(runner, reports):
+    start(runner, [sys.executable, "-c", "import time; time.sleep(5)"])
+    assert start(runner, [sys.executable, "-c", "print('again')"]) == "duplicate"
+    assert len(reports.of(STARTED)) == 1
+
+
+def test_stop_sends_sigterm_and_the_job_saves_its_checkpoint(runner, reports, tmp_path):
+    start(runner, [sys.executable, TRAIN, "--steps", "100", "--step-seconds", "0.05"], grace_s=5)
+    time.sleep(0.8)
+    assert runner.stop(attempt_id=1, number=1, grace_s=5) == "stopping"
+    finished = wait_finished(runner, reports)
+    assert finished["how"] == "stopped" and finished["exit_code"] == 143
+    assert (tmp_path / "ckpt" / "job-7" / "train.json").exists()
+    assert "saved checkpoint" in "".join(k["text"] for k in reports.of(LOG))
+
+
+def test_the_next_attempt_resumes_from_the_checkpoint(runner, reports, tmp_path):
+    start(runner, [sys.executable, TRAIN, "--steps", "100", "--step-seconds", "0.05"], grace_s=5)
+    time.sleep(0.8)
+    runner.stop(attempt_id=1, number=1, grace_s=5)
+    wait_finished(runner, reports)
+    reports.clear()
+    start(runner, [sys.executable, TRAIN, "--steps", "3", "--step-seconds", "0.01"], attempt_id=2, number=2)
+    wait_finished(runner, reports)
+    assert "resuming from step" in "".join(k["text"] for k in reports.of(LOG))
+
+
+def test_stop_kills_after_the_grace_when_sigterm_is_ignored(runner, reports):
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    start(runner, [sys.executable, "-c", code])
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    runner.stop(attempt_id=1, number=1, grace_s=1)
+    finished = wait_finished(runner, reports)
+    assert finished["exit_code"] == -signal.SIGKILL
+    assert 0.9 <= time.monotonic() - t0 < 5
+
+
+def test_stop_of_an_old_attempt_number_is_ignored(runner, reports):
+    start(runner, [sys.executable, "-c", "import time; time.sleep(5)"], number=2)
+    assert runner.stop(attempt_id=1, number=1, grace_s=0) == "unknown"
+    assert runner.running() == [(1, 2)]
+
+
+def test_a_start_after_its_stop_is_refused(runner, reports):
+    assert runner.stop(attempt_id=5, number=1, grace_s=0) == "unknown"
+    assert reports.of(FINISHED)[0]["how"] == "unknown"
+    assert start(runner, [sys.executable, "-c", "print(1)"], attempt_id=5) == "refused"
+
+
+def test_max_runtime_is_enforced(runner, reports):
+    start(runner, [sys.executable, "-c", "import time; time.sleep(30)"], max_runtime_s=1, grace_s=1)
+    assert wait_finished(runner, reports)["how"] == "timed_out"
+
+
+def test_commands_run_as_argv_not_through_a_shell(runner, reports):
+    start(runner, ["echo", "$HOME; echo injected"])
+    wait_finished(runner, reports)
+    assert "".join(k["text"] for k in reports.of(LOG)).strip() == "$HOME; echo injected"
+
+
+def test_a_shell_is_used_only_when_asked(runner, reports):
+    start(runner, ["echo a && echo b"], use_shell=True)
+    wait_finished(runner, reports)
+    assert "".join(k["text"] for k in reports.of(LOG)).split() == ["a", "b"]
+
+
+def test_a_missing_program_fails_cleanly(runner, reports):
+    assert start(runner, ["/nonexistent/program"]) == "failed"
+    assert reports.of(FINISHED)[0]["how"] == "failed_to_start"
+
+
+def test_a_restarted_agent_kills_the_orphans_of_the_previous_one(tmp_path, reports):
+    state = tmp_path / "state" / "running.json"
+    first = Runner(
+        node="n1", log_dir=tmp_path / "l", checkpoint_root=tmp_path / "c", report=reports, state_path=state
+    )
+    start(first, [sys.executable, "-c", "import time; time.sleep(60)"])
+    pid = first._procs[1].popen.pid
+    # The first agent dies without cleaning up (kill -9): its child lives on.
+    second = Runner(
+        node="n1", log_dir=tmp_path / "l", checkpoint_root=tmp_path / "c", report=reports, state_path=state
+    )
+    assert second.kill_orphans() == [pid]
+    first._procs[1].popen.wait(timeout=5)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)
