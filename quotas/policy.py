@@ -6,12 +6,32 @@ ETAs and the what-if preview all call `plan()` and the accounting helpers here. 
 
 Identifiers (job ids, attempt ids) are opaque hashable, orderable values: ints in production, strings
 in the simulator. Times are seconds (epoch in production, virtual in the simulator).
+
+Where SEMANTICS leaves room, this module decides:
+- Borrowed attempts (`borrowed_attempts`): per share and type the over-capacity part is filled by
+  attempts admitted as borrowed first, then the most recently started (ties: later in queue order).
+  An attempt with any GPU in that part is borrowed as a whole.
+- Reclaim victims: for the cover, rule 3's order (share with most borrowed, lowest priority, most
+  recently started); for a node, the victims on it that free the job's GPUs losing the fewest GPUs.
+  When both are needed, both orders are tried and the one pre-empting fewer GPUs wins (a tie keeps
+  rule 3's order). A share's victims may leave it below its own capacity only by less than its
+  largest victim (a 4-GPU attempt of a share borrowing 2 may go; nothing of that share after it).
+- Over-commit: idle-lendable GPUs are clamped to what the hardware can hold (schedulable capacity -
+  own use - RESERVE idle), so a guarantee that exceeds the hardware is never lent out twice.
+- Gangs: whole free nodes of the largest node size of the type, lowest names first.
+- In-share pre-emption is skipped when the job can borrow right now (its victim would only borrow
+  the same GPUs back); it sheds lowest priority first until the job fits its own capacity.
+- Beneficiaries of earlier pre-emptions go first, and may borrow ahead of everyone; while a job
+  waits for GPUs held for it, jobs behind it in its share do not borrow in that pass.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+import heapq
+from bisect import bisect_left
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 RESERVE = "RESERVE"
 LEND = "LEND"
@@ -123,7 +143,1406 @@ class Plan:
     # job_id -> a sentence saying why a queued job still waits ("share at capacity, nothing idle to
     # borrow", "waiting for reclaim from share X", "needs 8 free GPUs on one node").
     waiting: Mapping[Hashable, str] = field(default_factory=dict)
+    # job_id -> ((node, GPUs), ...) held back for a waiting job during this pass: the GPUs being freed
+    # for a beneficiary (rule 7) and the node(s) a starving head job reserves (rule 6). Informational:
+    # the next pass recomputes it from the snapshot.
+    reserved: Mapping[Hashable, tuple[tuple[str, int], ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ShareUsage:
+    """One share's (or the unassigned pool's) accounting for one GPU type at one instant."""
+
+    capacity: int  # own (guaranteed) GPUs; for UNASSIGNED the pool size
+    used: int  # GPUs held by its attempts
+    own: int  # min(used, capacity)
+    borrowed: int  # used - own
+    idle: int  # capacity - own (a RESERVE share's idle GPUs are idle but not lendable)
+    lent: float  # proportional share of all borrowed GPUs (SEMANTICS "Lent"); 0 for RESERVE
+
+
+# --------------------------------------------------------------------------------------------------
+# Accounting shared by plan() and the helpers
+
+
+def _lends(strategy: str) -> bool:
+    return strategy in (LEND, LEND_AND_BORROW)
+
+
+def _neg_priority(job: QueuedView) -> int:
+    return -job.priority
+
+
+def _borrowed_order_key(run: RunningView) -> tuple:
+    # Sorted descending: attempts admitted as borrowed first, then the most recently started, then
+    # later in queue order (rule 8). So a lowered capacity makes the newest work borrowed and an own
+    # job ending turns the oldest borrowed attempt back into own.
+    return (run.borrowed, run.started_at, run.submitted_at, run.job_id, run.attempt_id)
+
+
+def _victim_key(run: RunningView) -> tuple:
+    # Sorted descending: lowest priority first, then most recently started, then later in queue order.
+    return (-run.priority, run.started_at, run.submitted_at, run.job_id, run.attempt_id)
+
+
+def _borrowed_part(runs: list[RunningView], capacity: int) -> list[RunningView]:
+    """The attempts of one share and type that lie (wholly or partly) in its over-capacity part.
+
+    An attempt counts as borrowed if any of its GPUs is over capacity: a 4-GPU attempt in a share that
+    borrows 2 is borrowed as a whole, because jobs are indivisible.
+    """
+    over = sum(r.gpus for r in runs) - max(0, capacity)
+    if over <= 0:
+        return []
+    out: list[RunningView] = []
+    for run in sorted(runs, key=_borrowed_order_key, reverse=True):
+        if over <= 0:
+            break
+        out.append(run)
+        over -= run.gpus
+    return out
+
+
+def _all_shares(snapshot: Snapshot) -> dict[str, ShareView]:
+    """Shares by name; a share referenced by work but missing from the snapshot owns nothing and may
+    borrow nothing, so its attempts are all borrowed (reclaimable) and its jobs wait."""
+    shares = {s.name: s for s in snapshot.shares}
+    named = {r.share for r in snapshot.running} | {q.share for q in snapshot.queued}
+    for name in sorted(named - shares.keys()):
+        shares[name] = ShareView(name=name, capacity={}, strategy=LEND_AND_BORROW, borrow_limit=0)
+    return shares
+
+
+def _borrow_cap(share: ShareView, capacity: int) -> int | None:
+    """GPUs of one type the share may borrow on top of its capacity; None = no limit."""
+    if share.strategy != LEND_AND_BORROW:
+        return 0
+    if share.borrow_limit == UNLIMITED:
+        return None
+    return max(0, capacity) * max(0, share.borrow_limit) // 100
+
+
+def borrowed_attempts(snapshot: Snapshot) -> frozenset:
+    """Attempt ids that count as borrowed now (SEMANTICS: borrowed = usage - min(usage, capacity)).
+
+    Usage includes attempts in their grace period, as SEMANTICS defines it. plan() chooses reclaim
+    victims only among the attempts that are in this set and not already pre-empting.
+    """
+    shares = _all_shares(snapshot)
+    groups: dict[tuple[str, str], list[RunningView]] = {}
+    for run in snapshot.running:
+        groups.setdefault((run.share, run.gpu_type), []).append(run)
+    out: set = set()
+    for (name, gpu_type), runs in groups.items():
+        cap = shares[name].capacity.get(gpu_type, 0)
+        out.update(r.attempt_id for r in _borrowed_part(runs, cap))
+    return frozenset(out)
+
+
+def _schedulable_capacity(snapshot: Snapshot) -> dict[str, int]:
+    cluster: dict[str, int] = {}
+    for node in snapshot.nodes:
+        if node.schedulable:
+            cluster[node.gpu_type] = cluster.get(node.gpu_type, 0) + max(0, node.gpus)
+    return cluster
+
+
+def usage(snapshot: Snapshot, *, count_preempting: bool = True) -> dict[str, dict[str, ShareUsage]]:
+    """share -> gpu_type -> ShareUsage, plus UNASSIGNED -> gpu_type for the unassigned pool.
+
+    `count_preempting=False` counts GPUs in a grace period as already freed (the view the cover of
+    rule 3 takes); the default follows SEMANTICS' definition of usage. Lent follows SEMANTICS: with B
+    borrowed and L idle-lendable GPUs of a type, a lender with `idle` lendable GPUs lends
+    idle * B / L. If the cover is broken (B > L) each lender lends all its idle GPUs and the rest of
+    the borrowed GPUs are attributed to nobody.
+    """
+    shares = _all_shares(snapshot)
+    used: dict[tuple[str, str], int] = {}
+    for run in snapshot.running:
+        if run.preempting and not count_preempting:
+            continue
+        key = (run.share, run.gpu_type)
+        used[key] = used.get(key, 0) + run.gpus
+    cluster = _schedulable_capacity(snapshot)
+    gpu_types = set(cluster) | {t for _, t in used}
+    for share in shares.values():
+        gpu_types.update(share.capacity)
+    out: dict[str, dict[str, ShareUsage]] = {name: {} for name in sorted(shares)}
+    for gpu_type in sorted(gpu_types):
+        rows = []
+        assigned = borrowed = lendable = 0
+        for name in sorted(shares):
+            share = shares[name]
+            cap = max(0, share.capacity.get(gpu_type, 0))
+            assigned += cap
+            use = used.get((name, gpu_type), 0)
+            if not cap and not use:
+                continue
+            own = min(use, cap)
+            lend = cap - own if _lends(share.strategy) else 0
+            rows.append((name, cap, use, own, lend))
+            borrowed += use - own
+            lendable += lend
+        pool = max(0, cluster.get(gpu_type, 0) - assigned)
+        lendable += pool
+        factor = min(1.0, borrowed / lendable) if lendable else 0.0
+        for name, cap, use, own, lend in rows:
+            out[name][gpu_type] = ShareUsage(cap, use, own, use - own, cap - own, lend * factor)
+        if pool:
+            out.setdefault(UNASSIGNED, {})[gpu_type] = ShareUsage(pool, 0, 0, 0, pool, pool * factor)
+    return out
+
+
+def lending(snapshot: Snapshot, *, count_preempting: bool = True) -> dict[str, dict[tuple[str, str], float]]:
+    """gpu_type -> (lender, borrower) -> GPUs: each borrower draws from each lender in proportion to
+    what the lender lends (SEMANTICS "Lent"). UNASSIGNED appears as a lender."""
+    per_type: dict[str, tuple[dict[str, float], dict[str, int]]] = {}
+    for name, by_type in usage(snapshot, count_preempting=count_preempting).items():
+        for gpu_type, u in by_type.items():
+            lenders, borrowers = per_type.setdefault(gpu_type, ({}, {}))
+            if u.lent > 0:
+                lenders[name] = u.lent
+            if u.borrowed > 0:
+                borrowers[name] = u.borrowed
+    out: dict[str, dict[tuple[str, str], float]] = {}
+    for gpu_type in sorted(per_type):
+        lenders, borrowers = per_type[gpu_type]
+        total = sum(borrowers.values())
+        pairs: dict[tuple[str, str], float] = {}
+        for borrower, b in sorted(borrowers.items()):
+            for lender, lent in sorted(lenders.items()):
+                pairs[(lender, borrower)] = lent * b / total
+        if pairs:
+            out[gpu_type] = pairs
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# plan()
+
+# Status of a queued job inside one pass.
+_TODO, _ADMITTED, _EARMARKED, _BLOCKED, _DEFER, _RESERVED = range(6)
+_NO_LIMIT = 1 << 62
+
+
+class _Att:
+    """A running attempt as the pass sees it (mutable: it may become a victim)."""
+
+    __slots__ = ("view", "s", "gpus", "prio", "on", "victim", "bnow", "vrank", "irank")
+
+    def __init__(self, view: RunningView, s: int, on: list[tuple[int, int]]) -> None:
+        self.view = view
+        self.s = s
+        self.gpus = view.gpus
+        self.prio = view.priority
+        self.on = on  # [(node index, GPUs on it)] for the nodes of this type that it holds
+        self.victim = False
+        self.bnow = False  # in borrowed_attempts()
+        self.vrank = 0  # position in its share's reclaim victim order
+        self.irank = 0  # position in its share's in-share victim order
+
+
+class _Out:
+    __slots__ = ("admissions", "preemptions", "waiting", "reserved")
+
+    def __init__(self) -> None:
+        self.admissions: list[Admission] = []
+        self.preemptions: list[Preemption] = []
+        self.waiting: dict[Hashable, str] = {}
+        self.reserved: dict[Hashable, tuple[tuple[str, int], ...]] = {}
+
+
+class _Context:
+    """The snapshot regrouped once: shares indexed by name order, everything else by GPU type."""
+
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
+        shares = _all_shares(snap)
+        self.known = {s.name for s in snap.shares}
+        self.names = sorted(shares)
+        self.views = [shares[n] for n in self.names]
+        self.sidx = {n: i for i, n in enumerate(self.names)}
+        self.nodes: dict[str, list[NodeView]] = {}
+        for node in snap.nodes:
+            self.nodes.setdefault(node.gpu_type, []).append(node)
+        self.running: dict[str, list[RunningView]] = {}
+        for run in snap.running:
+            self.running.setdefault(run.gpu_type, []).append(run)
+        # One sort of all queued jobs gives both each share's queue and the global queue order (rule 1:
+        # priority desc, submit time asc, job id asc; rule 8 makes the earlier win a tie). Three stable
+        # passes on single keys equal one sort on that tuple, about three times faster.
+        order = sorted(snap.queued, key=attrgetter("job_id"))
+        order.sort(key=attrgetter("submitted_at"))
+        order.sort(key=_neg_priority)
+        self.queued: dict[str, list[QueuedView]] = {}
+        for job in order:
+            self.queued.setdefault(job.gpu_type, []).append(job)
+        self.beneficiaries = {
+            r.beneficiary_job_id for r in snap.running if r.preempting and r.beneficiary_job_id is not None
+        }
+        self.types = sorted(set(self.nodes) | set(self.running) | set(self.queued))
 
 
 def plan(snapshot: Snapshot) -> Plan:
-    raise NotImplementedError
+    """One scheduling pass (SEMANTICS "One scheduling pass", rules 1-8). Pure and deterministic.
+
+    GPU types are independent (capacity, cover, limits and nodes are all per type), so the pass runs
+    once per type, in type-name order. Within a type:
+      A. beneficiaries of earlier pre-emptions, then starving queue heads, go first (rules 6, 7);
+      B. own capacity, shares by lowest own-use ratio, each share's queue in order; a job that fits
+         its remaining own capacity is admitted own, waits for GPUs being freed, or reclaims
+         (rules 2, 3); one that does not may pre-empt lower-priority work of its share (rule 4);
+      C. borrowing, shares by fewest borrowed GPUs relative to capacity (rule 5).
+    Backfill (rule 6) is natural: a blocked job never stops the jobs behind it, except that a
+    starving head job holds the node(s) it needs next.
+    """
+    ctx = _Context(snapshot)
+    out = _Out()
+    for gpu_type in ctx.types:
+        _TypePass(ctx, gpu_type, out).run()
+    return Plan(
+        admissions=tuple(out.admissions),
+        preemptions=tuple(out.preemptions),
+        waiting=out.waiting,
+        reserved=out.reserved,
+    )
+
+
+class _TypePass:
+    """The pass for one GPU type.
+
+    Accounting per share uses three numbers: `held` (non-pre-empting attempts and admissions of this
+    pass), `grace` (attempts in their grace period) and `pend` (jobs earmarked this pass: GPUs being
+    freed for them). The cover of rule 3 looks at the future, held + pend, so GPUs in grace count as
+    freed and the GPUs earmarked for a beneficiary count as its. Share limits must hold both now
+    (held + grace) and in the future (held + pend).
+
+    Nodes: `free_u` free GPUs not reserved for anyone, `pend_u` GPUs of pre-empting attempts not
+    reserved for anyone, kept in buckets by free count so best fit is O(node size), not O(nodes).
+    """
+
+    def __init__(self, ctx: _Context, gpu_type: str, out: _Out) -> None:
+        self.ctx = ctx
+        self.t = gpu_type
+        self.out = out
+        self.now = ctx.snap.now
+        self.starvation_s = ctx.snap.starvation_s
+
+        # -- nodes
+        nodes: list[NodeView] = []
+        seen: set[str] = set()
+        for node in sorted(ctx.nodes.get(gpu_type, ()), key=lambda n: n.name):
+            if node.name not in seen:
+                seen.add(node.name)
+                nodes.append(node)
+        n_nodes = len(nodes)
+        self.node_names = [n.name for n in nodes]
+        self.size = size = [max(0, n.gpus) for n in nodes]
+        self.sched = sched = [n.schedulable and n.gpus > 0 for n in nodes]
+        self.C = sum(sz for sz, ok in zip(size, sched, strict=True) if ok)
+        self.M = max(size, default=0)  # the node size that decides single node vs gang
+        self.maxk = max((sz for sz, ok in zip(size, sched, strict=True) if ok), default=0)
+        self.m_nodes = [i for i in range(n_nodes) if sched[i] and size[i] == self.M]
+        node_index = {name: i for i, name in enumerate(self.node_names)}
+
+        # -- shares
+        views = ctx.views
+        n_shares = len(views)
+        self.cap = cap = [max(0, v.capacity.get(gpu_type, 0)) for v in views]
+        self.lender = [_lends(v.strategy) for v in views]
+        self.reserve = [v.strategy == RESERVE for v in views]
+        self.lab = [v.strategy == LEND_AND_BORROW for v in views]
+        self.in_share = [v.in_share_preemption for v in views]
+        limits = [_borrow_cap(v, c) for v, c in zip(views, cap, strict=True)]
+        self.bcap = [_NO_LIMIT if b is None else b for b in limits]
+        self.held = held = [0] * n_shares
+        self.grace = grace = [0] * n_shares
+        self.pend = [0] * n_shares
+
+        # -- running attempts
+        used: list[set[int]] = [set() for _ in range(n_nodes)]
+        pend_count = [0] * n_nodes
+        self.atts_on: list[list[tuple[_Att, int]]] = [[] for _ in range(n_nodes)]
+        by_share: list[list[_Att]] = [[] for _ in range(n_shares)]
+        self.ben_nodes: dict[Hashable, set[int]] = {}
+        for run in ctx.running.get(gpu_type, ()):
+            s = ctx.sidx[run.share]
+            per_node: dict[int, int] = {}
+            for name, idxs in run.placement:
+                i = node_index.get(name)
+                if i is None:
+                    continue  # a node gone from the snapshot: the GPUs still count as usage
+                taken = used[i]
+                for x in idxs:
+                    if 0 <= x < size[i] and x not in taken:
+                        taken.add(x)
+                        per_node[i] = per_node.get(i, 0) + 1
+            on = sorted(per_node.items())
+            if run.preempting:
+                grace[s] += run.gpus
+                for i, c in on:
+                    pend_count[i] += c
+                if run.beneficiary_job_id is not None:
+                    self.ben_nodes.setdefault(run.beneficiary_job_id, set()).update(i for i, _ in on)
+                continue
+            att = _Att(run, s, on)
+            held[s] += run.gpus
+            by_share[s].append(att)
+            for i, c in on:
+                self.atts_on[i].append((att, c))
+        # Deterministic whatever the input order.
+        for lst in self.atts_on:
+            lst.sort(key=lambda ac: ac[0].view.attempt_id)
+
+        self.free_idx = [
+            [x for x in range(size[i]) if x not in used[i]] if sched[i] else [] for i in range(n_nodes)
+        ]
+        self.free_u = [len(f) for f in self.free_idx]
+        self.pend_u = [pend_count[i] if sched[i] else 0 for i in range(n_nodes)]
+        self.pend_nodes = {i for i in range(n_nodes) if self.pend_u[i]}
+        self.bk: list[list[int]] = [[] for _ in range(self.maxk + 1)]
+        for i in range(n_nodes):
+            if self.free_u[i]:
+                self.bk[self.free_u[i]].append(i)  # ascending: already a heap
+        self._mf = -1  # cached largest free count; -1 = stale
+        self._taken: dict[int, list] = {}  # reclaim victims of the current decision: share -> [b0, atts]
+
+        # -- borrowed classification and victim orders
+        self.vlist: list[list[_Att]] = [[] for _ in range(n_shares)]
+        self.vptr = [0] * n_shares
+        self.ilist: list[list[_Att]] = [[] for _ in range(n_shares)]
+        self.iprio: list[list[int]] = [[] for _ in range(n_shares)]
+        for s, atts in enumerate(by_share):
+            if not atts:
+                continue
+            by_id = {a.view.attempt_id: a for a in atts}
+            part = _borrowed_part([a.view for a in atts], cap[s])
+            for view in part:
+                by_id[view.attempt_id].bnow = True
+            if part:
+                vl = sorted(
+                    (by_id[v.attempt_id] for v in part), key=lambda a: _victim_key(a.view), reverse=True
+                )
+                for r, a in enumerate(vl):
+                    a.vrank = r
+                self.vlist[s] = vl
+            if self.in_share[s]:
+                il = sorted(atts, key=lambda a: _victim_key(a.view), reverse=True)
+                for r, a in enumerate(il):
+                    a.irank = r
+                self.ilist[s] = il
+                self.iprio[s] = [a.prio for a in il]
+        self.vshares = [s for s in range(n_shares) if self.vlist[s]]
+        self.iptr = [0] * n_shares
+        # Reclaimable GPUs per node (borrowed attempts not yet victims): a quick bound for gangs.
+        self.rec = [0] * n_nodes
+        for lst in self.vlist:
+            for a in lst:
+                for i, c in a.on:
+                    self.rec[i] += c
+
+        # -- cover aggregates (rule 3), kept incrementally
+        self.own_total = self.B = self.lidle = self.ridle = 0
+        for s in range(n_shares):
+            self._contrib(s, 1)
+        self.pool = max(0, self.C - sum(cap))
+        self.overcommitted = sum(cap) > self.C
+        self.lender_shares = [s for s in range(n_shares) if self.lender[s] and cap[s] > 0]
+        self.room0 = [cap[s] - held[s] - grace[s] for s in range(n_shares)]
+
+        # -- memos: a shape that could not be placed even with reclaim stays so until GPUs being freed
+        # are added to the unreserved pool (epoch), since free GPUs and candidates only shrink.
+        self.epoch = 0
+        self.fail_single = (_NO_LIMIT, 0)
+        self.fail_gang = (_NO_LIMIT, 0)
+        self.in_fail: dict[int, tuple[int, int, int]] = {}  # share -> (gpus, priority, epoch)
+        self._reasons: dict[tuple, str] = {}
+
+        # -- queues
+        self.q: list[list[QueuedView]] = [[] for _ in range(n_shares)]
+        self.gpos: list[list[int]] = [[] for _ in range(n_shares)]
+        self.bens: list[tuple[int, int, int]] = []  # (queue position, share, index), in queue order
+        waiting = out.waiting
+        shape_checked: dict[int, str | None] = {}
+        known = ctx.known
+        for pos, job in enumerate(ctx.queued.get(gpu_type, ())):
+            g = job.gpus
+            why = shape_checked[g] if g in shape_checked else shape_checked.setdefault(g, self._invalid(g))
+            if why is None and job.share not in known:
+                why = f"unknown share {job.share}"
+            if why is not None:
+                waiting[job.job_id] = why
+                continue
+            s = ctx.sidx[job.share]
+            if job.beneficiary or job.job_id in ctx.beneficiaries:
+                self.bens.append((pos, s, len(self.q[s])))
+            self.q[s].append(job)
+            self.gpos[s].append(pos)
+        self.status = [[_TODO] * len(qs) for qs in self.q]
+        # Queue position of the share's first job that waits for GPUs held for it: nothing behind it
+        # may borrow in this pass, or the borrowed job would count as own in the next pass and take
+        # the room it waits for (pre-emption ping-pong at one instant).
+        self.held_for = [_NO_LIMIT] * n_shares
+        self.hptr = [0] * n_shares
+        self.bptr = [0] * n_shares
+        self.sufmin: list[list[int]] = []
+        for qs in self.q:
+            suf = [0] * len(qs)
+            m = _NO_LIMIT
+            for k in range(len(qs) - 1, -1, -1):
+                g = qs[k].gpus
+                if g < m:
+                    m = g
+                suf[k] = m
+            self.sufmin.append(suf)
+
+    # -- accounting ----------------------------------------------------------------------------------
+
+    def _contrib(self, s: int, sign: int) -> None:
+        u = self.held[s] + self.pend[s]
+        c = self.cap[s]
+        own = u if u < c else c
+        self.own_total += sign * own
+        self.B += sign * (u - own)
+        if self.lender[s]:
+            self.lidle += sign * (c - own)
+        elif self.reserve[s]:
+            self.ridle += sign * (c - own)
+
+    def _chg(self, s: int, dh: int = 0, dp: int = 0, dg: int = 0) -> None:
+        self._contrib(s, -1)
+        self.held[s] += dh
+        self.pend[s] += dp
+        self.grace[s] += dg
+        self._contrib(s, 1)
+
+    def _deficit(self) -> int:
+        """Borrowed minus idle-lendable GPUs (> 0: the cover of rule 3 is broken).
+
+        Idle lendable = lenders' idle capacity + the unassigned pool, clamped under over-commit (or
+        usage on unschedulable nodes) to what the hardware can hold: C - own use - RESERVE idle, so
+        that lent capacity is never promised twice.
+        """
+        lendable = self.lidle + self.pool
+        hw = self.C - self.own_total - self.ridle
+        if hw < lendable:
+            lendable = hw if hw > 0 else 0
+        return self.B - lendable
+
+    def _deficit_if(self, s: int, more: int) -> int:
+        """_deficit() if share s held `more` GPUs more, without changing anything."""
+        u = self.held[s] + self.pend[s]
+        c = self.cap[s]
+        own0 = u if u < c else c
+        u1 = u + more
+        own1 = u1 if u1 < c else c
+        d_own = own1 - own0
+        lidle, ridle = self.lidle, self.ridle
+        if self.lender[s]:
+            lidle -= d_own
+        elif self.reserve[s]:
+            ridle -= d_own
+        lendable = lidle + self.pool
+        hw = self.C - self.own_total - d_own - ridle
+        if hw < lendable:
+            lendable = hw if hw > 0 else 0
+        return self.B + (u1 - own1) - (u - own0) - lendable
+
+    def _borrowed(self, s: int) -> int:
+        b = self.held[s] + self.pend[s] - self.cap[s]
+        return b if b > 0 else 0
+
+    def _mark(self, a: _Att, reclaim: bool) -> None:
+        if reclaim:
+            self._taken.setdefault(a.s, [self._borrowed(a.s), []])[1].append(a)
+        a.victim = True
+        self._chg(a.s, dh=-a.gpus, dg=a.gpus)
+        if a.bnow:
+            for i, c in a.on:
+                self.rec[i] -= c
+
+    def _unmark(self, a: _Att) -> None:
+        a.victim = False
+        self._chg(a.s, dh=a.gpus, dg=-a.gpus)
+        if a.bnow:
+            for i, c in a.on:
+                self.rec[i] += c
+        st = self._taken.get(a.s)
+        if st is not None and a in st[1]:
+            st[1].remove(a)
+
+    def _undo(self, *victim_lists: list[tuple[_Att, str]]) -> None:
+        for lst in reversed(victim_lists):
+            for a, _ in reversed(lst):
+                self._unmark(a)
+
+    def _fits_budget(self, s: int, more: list[int]) -> bool:
+        """May reclaim take victims of these sizes from share s, on top of those this decision took?
+
+        A set of victims of one share is allowed while the share is still borrowing before its largest
+        victim goes: sum - max < borrowed (as it was before this decision). So reclaim never takes own
+        capacity except the unavoidable overshoot of one indivisible job: a 4-GPU attempt of a share
+        borrowing 2 may go (the share ends 2 below its capacity), a second victim after it may not.
+        """
+        st = self._taken.get(s)
+        if st is None:
+            b0, sizes = self._borrowed(s), list(more)
+        else:
+            b0, sizes = st[0], [a.gpus for a in st[1]] + more
+        return sum(sizes) - max(sizes) < b0
+
+    # -- nodes -----------------------------------------------------------------------------------------
+
+    def _set_free(self, i: int, v: int) -> None:
+        self.free_u[i] = v
+        if v:
+            heapq.heappush(self.bk[v], i)
+        self._mf = -1
+
+    def _best_free(self, g: int) -> int | None:
+        """Best fit on free GPUs: the node left with the fewest free GPUs, ties by name."""
+        fu = self.free_u
+        bk = self.bk
+        for v in range(g, self.maxk + 1):
+            h = bk[v]
+            while h and fu[h[0]] != v:
+                heapq.heappop(h)
+            if h:
+                return h[0]
+        return None
+
+    def _max_free(self) -> int:
+        if self._mf < 0:
+            fu = self.free_u
+            self._mf = 0
+            for v in range(self.maxk, 0, -1):
+                h = self.bk[v]
+                while h and fu[h[0]] != v:
+                    heapq.heappop(h)
+                if h:
+                    self._mf = v
+                    break
+        return self._mf
+
+    def _extra(self, *victim_lists: list[tuple[_Att, str]]) -> dict[int, int]:
+        """GPUs that the given victims will free, per schedulable node."""
+        extra: dict[int, int] = {}
+        for lst in victim_lists:
+            for a, _ in lst:
+                for i, c in a.on:
+                    if self.sched[i]:
+                        extra[i] = extra.get(i, 0) + c
+        return extra
+
+    def _place(
+        self,
+        g: int,
+        extra: dict[int, int] | None = None,
+        use_pend: bool = False,
+        prefer: set[int] | None = None,
+    ) -> list[tuple[int, int]] | None:
+        """Where g GPUs would go: on free GPUs, and if asked on GPUs being freed (`pend_u`, and
+        `extra` from victims chosen for this job). Single node: best fit; gang: whole nodes."""
+        if g > self.M:
+            return self._place_gang(g // self.M, extra, use_pend)
+        fu = self.free_u
+        best = None
+        i = self._best_free(g)
+        if i is not None:
+            best = (0 if prefer is None or i in prefer else 1, fu[i] - g, 0, i)
+        if use_pend or extra:
+            cand = set(self.pend_nodes) if use_pend else set()
+            if extra:
+                cand.update(extra)
+            for i in cand:
+                nf = (self.pend_u[i] if use_pend else 0) + (extra.get(i, 0) if extra else 0)
+                avail = fu[i] + nf
+                if not nf or avail < g or not self.sched[i]:
+                    continue
+                # Best fit counting GPUs being freed; prefer them over GPUs that are free now.
+                key = (0 if prefer is None or i in prefer else 1, avail - g, -min(nf, g), i)
+                if best is None or key < best:
+                    best = key
+        return None if best is None else [(best[3], g)]
+
+    def _place_gang(
+        self, k: int, extra: dict[int, int] | None, use_pend: bool
+    ) -> list[tuple[int, int]] | None:
+        M = self.M
+        fu = self.free_u
+        chosen: list[int] = []
+        if use_pend or extra:
+            cand = set(self.pend_nodes) if use_pend else set()
+            if extra:
+                cand.update(extra)
+            pref = []
+            for i in cand:
+                if self.size[i] != M or not self.sched[i]:
+                    continue
+                nf = (self.pend_u[i] if use_pend else 0) + (extra.get(i, 0) if extra else 0)
+                if nf and fu[i] + nf == M:
+                    pref.append((-nf, i))
+            pref.sort()
+            chosen = [i for _, i in pref[:k]]
+        if len(chosen) < k and self.maxk >= M:
+            h = self.bk[M]
+            popped: list[int] = []
+            taken = set(chosen)
+            while h and len(chosen) < k:
+                i = heapq.heappop(h)
+                if fu[i] != M or i in taken:
+                    continue
+                popped.append(i)
+                taken.add(i)
+                chosen.append(i)
+            for i in popped:
+                heapq.heappush(h, i)  # only a proposal: the commit changes free_u
+        if len(chosen) < k:
+            return None
+        return [(i, M) for i in sorted(chosen)]
+
+    # -- victims ---------------------------------------------------------------------------------------
+
+    def _next_reclaim_victim(self) -> _Att | None:
+        """Rule 3's order: the share with the most borrowed GPUs, inside it lowest priority, then
+        most recently started; equal candidates of two shares: the later in queue order (rule 8)."""
+        best = None
+        best_key = None
+        for s in self.vshares:
+            lst = self.vlist[s]
+            for i in range(self.vptr[s], len(lst)):
+                a = lst[i]
+                if not a.victim and self._fits_budget(s, [a.gpus]):
+                    key = (self._borrowed(s), *_victim_key(a.view))
+                    if best_key is None or key > best_key:
+                        best, best_key = a, key
+                    break
+        return best
+
+    def _cover(self, tol: int, victims: list[tuple[_Att, str]]) -> bool:
+        """Reclaim borrowed attempts until the deficit is at most `tol`; False if that is impossible."""
+        while self._deficit() > tol:
+            a = self._next_reclaim_victim()
+            if a is None:
+                return False
+            self._mark(a, True)
+            victims.append((a, RECLAIM))
+        return True
+
+    def _pick(
+        self, cands: list[tuple[_Att, int]], need: int, rank: Callable[[_Att], object], budget: bool
+    ) -> tuple[tuple, list[_Att]] | None:
+        """The victims on one node (with their GPUs there) that free `need` GPUs with the least loss
+        (GPUs pre-empted), then the fewest, then earliest in victim order. (key, victims) or None.
+        `budget`: reclaim, so _fits_budget() applies."""
+        options = []
+        used: dict[int, list[int]] = {}
+        chosen: list[tuple[_Att, int]] = []
+        freed = 0
+        for x, c in cands:
+            if freed >= need:
+                break
+            if budget:
+                sizes = used.get(x.s, []) + [x.gpus]
+                if not self._fits_budget(x.s, sizes):
+                    continue
+                used[x.s] = sizes
+            chosen.append((x, c))
+            freed += c
+        if freed >= need:
+            for xc in reversed(chosen[:-1]):  # drop what later, larger victims made unnecessary
+                if freed - xc[1] >= need:
+                    chosen.remove(xc)
+                    freed -= xc[1]
+            options.append([x for x, _ in chosen])
+        smallest = None  # cands are in victim order, so the first of the smallest wins a tie
+        for x, c in cands:
+            fits = c >= need and (not budget or self._fits_budget(x.s, [x.gpus]))
+            if fits and (smallest is None or x.gpus < smallest.gpus):
+                smallest = x
+        if smallest is not None:
+            options.append([smallest])
+        if not options:
+            return None
+        keyed = [((sum(x.gpus for x in o), len(o), tuple(rank(x) for x in o)), o) for o in options]
+        return min(keyed, key=lambda ko: ko[0])
+
+    def _node_search(
+        self,
+        g: int,
+        extra: dict[int, int],
+        victims: list[tuple[_Att, str]],
+        in_share: tuple[int, int] | None,
+    ) -> list[tuple[int, int]] | None:
+        """Choose (and mark) more victims so that g GPUs can be placed; the placement, or None.
+
+        Reclaim (in_share None): borrowed attempts of shares still borrowing. In-share (share, n): the
+        first n attempts of that share's in-share victim order (those of strictly lower priority).
+        Prefer the node whose freeing loses the fewest GPUs; nodes are examined in the order of their
+        best victim, so among equal losses the node of the earliest victim wins.
+        """
+        if in_share is None:
+            order = sorted(
+                (s for s in self.vshares if self._fits_budget(s, [1])), key=lambda s: (-self._borrowed(s), s)
+            )
+            pos = {s: n for n, s in enumerate(order)}
+            budget = True
+            reason = RECLAIM
+
+            def gen() -> Iterator[_Att]:
+                for s in order:
+                    lst = self.vlist[s]
+                    for idx in range(self.vptr[s], len(lst)):
+                        if not lst[idx].victim:
+                            yield lst[idx]
+
+            def ok(x: _Att) -> bool:
+                return x.bnow and not x.victim and x.s in pos
+
+            def rank(x: _Att) -> object:
+                return (pos[x.s], x.vrank)
+
+            upper = self.rec
+        else:
+            s0, n0 = in_share
+            budget = False
+            reason = PRIORITY
+            head = [a for a in self.ilist[s0][self.iptr[s0] : n0] if not a.victim]
+            upper = [0] * len(self.size)
+            for a in head:
+                for i, c in a.on:
+                    upper[i] += c
+
+            def gen() -> Iterator[_Att]:
+                return (a for a in head if not a.victim)
+
+            def ok(x: _Att) -> bool:
+                return x.s == s0 and x.irank < n0 and not x.victim
+
+            def rank(x: _Att) -> object:
+                return x.irank
+
+        if g > self.M:
+            return self._gang_search(g // self.M, extra, victims, ok, rank, budget, reason, upper)
+
+        fu, pu, sched, size = self.free_u, self.pend_u, self.sched, self.size
+        best = None
+
+        def consider(i: int, need: int) -> None:
+            nonlocal best
+            if need <= 0 or upper[i] < need or not sched[i] or size[i] < g:
+                return
+            cands = sorted((xc for xc in self.atts_on[i] if ok(xc[0])), key=lambda xc: rank(xc[0]))
+            found = self._pick(cands, need, rank, budget)
+            if found is not None and (best is None or found[0] < best[0]):
+                best = (found[0], i, found[1])
+
+        # A node loses at least what it lacks (g - free - being freed). Nodes with something free or
+        # being freed lack less than g: look at them first, fewest lacking first. Every other node
+        # lacks exactly g; among those the node of the earliest victim wins.
+        special = set(self.pend_nodes) | extra.keys()
+        for v in range(1, min(g, self.maxk + 1)):
+            special.update(i for i in self.bk[v] if fu[i] == v)
+        for lack, i in sorted((g - fu[i] - pu[i] - extra.get(i, 0), i) for i in special):
+            if best is not None and best[0][0] <= lack:
+                break
+            consider(i, lack)
+        seen = special
+        if best is None or best[0][0] > g:
+            for a in gen():
+                for i, _ in a.on:
+                    if i not in seen:
+                        seen.add(i)
+                        consider(i, g)
+                if best is not None and best[0][0] <= g:
+                    break  # no node can lose less
+        if best is None:
+            return None
+        for x in best[2]:
+            self._mark(x, budget)
+            victims.append((x, reason))
+        return [(best[1], g)]
+
+    def _gang_search(
+        self,
+        k: int,
+        extra: dict[int, int],
+        victims: list[tuple[_Att, str]],
+        ok: Callable[[_Att], bool],
+        rank: Callable[[_Att], object],
+        budget: bool,
+        reason: str,
+        upper: list[int],
+    ) -> list[tuple[int, int]] | None:
+        """k whole nodes freed by victims, the cheapest nodes first (loss, then name). `upper[i]`
+        bounds the candidates' GPUs on node i, so most nodes are ruled out without a look."""
+        M = self.M
+        fu, pu = self.free_u, self.pend_u
+        feasible = []
+        for i in self.m_nodes:
+            rest = M - fu[i] - pu[i]
+            if extra:
+                rest -= extra.get(i, 0)
+            if rest <= 0:
+                feasible.append(((0, 0, ()), i, []))
+                continue
+            if upper[i] < rest:
+                continue
+            pairs = [xc for xc in self.atts_on[i] if ok(xc[0])]
+            if sum(c for _, c in pairs) != rest:
+                continue  # something else holds GPUs there (own work, a reservation)
+            cands = sorted((x for x, _ in pairs), key=rank)
+            feasible.append(
+                ((sum(x.gpus for x in cands), len(cands), tuple(rank(x) for x in cands)), i, cands)
+            )
+        feasible.sort(key=lambda f: (f[0], f[1]))
+        used: dict[int, list[int]] = {}
+        picked: set[int] = set()  # a gang victim spans several nodes: count and mark it once
+        chosen = []
+        for _, i, cands in feasible:
+            new = [x for x in cands if id(x) not in picked]
+            if budget:
+                trial = {s: list(v) for s, v in used.items()}
+                for x in new:
+                    trial.setdefault(x.s, []).append(x.gpus)
+                if not all(self._fits_budget(s, v) for s, v in trial.items()):
+                    continue
+                used = trial
+            picked.update(id(x) for x in new)
+            chosen.append((i, new))
+            if len(chosen) == k:
+                break
+        if len(chosen) < k:
+            return None
+        for _, cands in chosen:
+            for x in cands:
+                self._mark(x, budget)
+                victims.append((x, reason))
+        return [(i, M) for i, _ in sorted(chosen, key=lambda c: c[0])]
+
+    def _prune(self, cover: list[tuple[_Att, str]], placement: list[tuple[int, int]], tol: int) -> None:
+        """Give back cover victims that later placement victims made unnecessary."""
+        on_placement = {i for i, _ in placement}
+        for entry in list(reversed(cover)):
+            a = entry[0]
+            if any(i in on_placement for i, _ in a.on):
+                continue
+            self._unmark(a)
+            if self._deficit() > tol:
+                self._mark(a, True)
+            else:
+                cover.remove(entry)
+
+    # -- decisions -------------------------------------------------------------------------------------
+
+    def _commit_victims(self, victims: list[tuple[_Att, str]], job: QueuedView) -> int:
+        """Record the pre-emptions; their GPUs join the pool being freed. Returns GPUs added there."""
+        added = 0
+        for a, reason in victims:
+            v = a.view
+            self.out.preemptions.append(
+                Preemption(v.attempt_id, v.job_id, v.share, reason, job.job_id, job.share)
+            )
+            for i, c in a.on:
+                if self.sched[i]:
+                    self.pend_u[i] += c
+                    self.pend_nodes.add(i)
+                    added += c
+        for s in {a.s for a, _ in victims}:
+            for lst, ptr in ((self.vlist[s], self.vptr), (self.ilist[s], self.iptr)):
+                p = ptr[s]
+                while p < len(lst) and lst[p].victim:
+                    p += 1
+                ptr[s] = p
+        return added
+
+    def _admit(
+        self,
+        s: int,
+        k: int,
+        placement: list[tuple[int, int]],
+        borrowed: bool,
+        victims: list[tuple[_Att, str]],
+    ) -> int:
+        """Admit q[s][k], whose GPUs are already in `pend[s]` (moved to `held` here)."""
+        job = self.q[s][k]
+        self._chg(s, dh=job.gpus, dp=-job.gpus)
+        where = []
+        for i, c in placement:
+            idx = self.free_idx[i]
+            where.append((self.node_names[i], tuple(idx[:c])))
+            del idx[:c]
+            self._set_free(i, self.free_u[i] - c)
+        lenders = self._lenders() if borrowed else ()
+        self.out.admissions.append(
+            Admission(
+                job_id=job.job_id,
+                share=job.share,
+                placement=tuple(where),
+                borrowed=borrowed,
+                reason=ADMITTED_BORROWED if borrowed else ADMITTED_OWN,
+                lenders=lenders,
+            )
+        )
+        if victims and self._commit_victims(victims, job):
+            self.epoch += 1
+        self.status[s][k] = _ADMITTED
+        return _ADMITTED
+
+    def _hold(self, placement: list[tuple[int, int]]) -> tuple[tuple[tuple[str, int], ...], int]:
+        """Reserve GPUs on these nodes for one waiting job: GPUs being freed first, then free ones.
+        Returns what was held and how many of those GPUs were being freed."""
+        held = []
+        from_pend = 0
+        for i, c in placement:
+            take = min(c, self.pend_u[i])
+            from_pend += take
+            self.pend_u[i] -= take
+            if not self.pend_u[i]:
+                self.pend_nodes.discard(i)
+            if c > take:
+                self._set_free(i, self.free_u[i] - (c - take))
+            held.append((self.node_names[i], c))
+        return tuple(held), from_pend
+
+    def _earmark(
+        self, s: int, k: int, placement: list[tuple[int, int]], victims: list[tuple[_Att, str]]
+    ) -> int:
+        """q[s][k] (already in `pend[s]`) waits for the GPUs being freed on `placement`."""
+        job = self.q[s][k]
+        added = self._commit_victims(victims, job) if victims else 0
+        self.out.reserved[job.job_id], from_pend = self._hold(placement)
+        if added > from_pend:
+            self.epoch += 1  # more GPUs being freed than this job takes: others may now fit
+        reclaim = sorted({a.view.share for a, r in victims if r == RECLAIM})
+        if any(r == PRIORITY for _, r in victims):
+            why = "waiting for lower-priority jobs of its share to stop"
+            if reclaim:
+                why += " and for reclaim from share " + ", ".join(reclaim)
+        elif reclaim:
+            why = "waiting for reclaim from share " + ", ".join(reclaim)
+        else:
+            why = "waiting for pre-empted jobs to stop"
+        self.out.waiting[job.job_id] = why
+        self.status[s][k] = _EARMARKED
+        self.held_for[s] = min(self.held_for[s], self.gpos[s][k])
+        return _EARMARKED
+
+    def _lenders(self) -> tuple[str, ...]:
+        """Who a borrowed admission draws from: every lender with idle lendable GPUs (proportional
+        accounting), the largest first."""
+        names = self.ctx.names
+        items = []
+        for s in self.lender_shares:
+            u = self.held[s] + self.pend[s]
+            idle = self.cap[s] - u
+            if idle > 0:
+                items.append((-idle, names[s]))
+        if self.pool:
+            items.append((-self.pool, UNASSIGNED))
+        items.sort()
+        return tuple(n for _, n in items)
+
+    # -- reasons ---------------------------------------------------------------------------------------
+
+    def _invalid(self, g: int) -> str | None:
+        """Why a job of g GPUs can never be placed on this type's nodes as they are, or None."""
+        if g <= 0:
+            return "asks for no GPUs"
+        if not self.size:
+            return f"no {self.t} nodes in the cluster"
+        M = self.M
+        if g > M:
+            if g % M:
+                return f"{g} GPUs is more than one {M}-GPU node and not a multiple of it"
+            if g // M > len(self.m_nodes):
+                return f"needs {g // M} whole {M}-GPU nodes; only {len(self.m_nodes)} are schedulable"
+            return None
+        if g > self.maxk:
+            if not self.maxk:
+                return f"no schedulable {self.t} nodes"
+            return f"needs {g} GPUs on one node; no schedulable {self.t} node has that many"
+        return None
+
+    def _reason(self, key: tuple) -> str:
+        why = self._reasons.get(key)
+        if why is None:
+            kind = key[0]
+            if kind == "place":
+                g = key[1]
+                if g > self.M:
+                    why = f"needs {g // self.M} whole free {self.M}-GPU nodes"
+                else:
+                    why = f"needs {g} free GPUs on one node"
+            elif kind == "cover":
+                why = (
+                    "cluster over-committed: no capacity left to honour the share's guarantee"
+                    if self.overcommitted
+                    else "waiting for borrowed capacity to be returned"
+                )
+            elif kind == "behind":
+                why = "behind higher-priority jobs of its share"
+            elif kind == "strategy":
+                why = f"share at capacity; a {key[1]} share may not borrow"
+            elif kind == "limit":
+                why = (
+                    "share at capacity; its borrow limit allows no borrowing"
+                    if key[1] == 0
+                    else f"share at capacity and at its borrow limit ({key[1]} GPUs)"
+                )
+            elif kind == "slack":
+                why = (
+                    "share at capacity, nothing idle to borrow"
+                    if key[1] <= 0
+                    else f"share at capacity; only {key[1]} idle GPUs to borrow"
+                )
+            else:  # pragma: no cover - every key kind is listed above
+                why = "waiting"
+            self._reasons[key] = why
+        return why
+
+    def _wait(self, s: int, k: int, key: tuple) -> int:
+        self.out.waiting[self.q[s][k].job_id] = self._reason(key)
+        self.status[s][k] = _BLOCKED
+        return _BLOCKED
+
+    # -- starvation guard (rule 6) ---------------------------------------------------------------------
+
+    def _is_head(self, s: int, k: int) -> bool:
+        st = self.status[s]
+        p = self.hptr[s]
+        while p < len(st) and st[p] in (_ADMITTED, _EARMARKED):
+            p += 1
+        self.hptr[s] = p
+        return p == k
+
+    def _starving(self, job: QueuedView) -> bool:
+        return self.now - job.submitted_at > self.starvation_s
+
+    def _reserve_starving(self, s: int, k: int, tol: int) -> int:
+        """The share's head has waited too long: hold the node(s) it needs next (those closest to
+        fitting it) so backfill cannot take them, and its GPUs in the share's accounting if the cover
+        allows. q[s][k] is not in `pend[s]` when this is called."""
+        job = self.q[s][k]
+        g = job.gpus
+        fu, pu = self.free_u, self.pend_u
+        if g > self.M:
+            ranked = sorted(self.m_nodes, key=lambda i: (-(fu[i] + pu[i]), i))[: g // self.M]
+            placement = [(i, self.M) for i in sorted(ranked)]
+        else:
+            best = None
+            for i in range(len(self.size)):
+                if self.sched[i] and self.size[i] >= g:
+                    key = (-(fu[i] + pu[i]), i)
+                    if best is None or key < best:
+                        best = key
+            placement = [(best[1], g)]
+        self._chg(s, dp=g)
+        if self._deficit() > tol:
+            self._chg(s, dp=-g)
+        hold = []
+        for i, c in placement:
+            hold.append((i, min(c, fu[i] + pu[i])))
+        self.out.reserved[job.job_id] = self._hold([(i, c) for i, c in hold if c])[0]
+        nodes = ", ".join(self.node_names[i] for i, _ in placement)
+        self.out.waiting[job.job_id] = (
+            f"{self._reason(('place', g))}; holding {nodes} for it (waited over {self.starvation_s:g}s)"
+        )
+        self.status[s][k] = _RESERVED
+        self.held_for[s] = min(self.held_for[s], self.gpos[s][k])
+        return _RESERVED
+
+    def _blocked_on_placement(self, s: int, k: int, tol: int) -> int:
+        job = self.q[s][k]
+        if self._starving(job) and self._is_head(s, k):
+            return self._reserve_starving(s, k, tol)
+        return self._wait(s, k, ("place", job.gpus))
+
+    # -- rules 2-4: own capacity ---------------------------------------------------------------------
+
+    def _place_failed(self, g: int) -> bool:
+        if g > self.M:
+            v, e = self.fail_gang
+            return e == self.epoch and g // self.M >= v
+        v, e = self.fail_single
+        return e == self.epoch and g >= v
+
+    def _own_phase(self, s: int, k: int) -> int:
+        job = self.q[s][k]
+        g = job.gpus
+        c = self.cap[s]
+        if self.held[s] + self.pend[s] + g <= c:
+            return self._own(s, k, self.held[s] + self.grace[s] + g <= c)
+        # Rule 4 "may" pre-empt: not when the job can borrow right now, or its victim would only
+        # borrow the same idle GPUs back in the next pass (pre-emption churn for nothing).
+        if self.in_share[s] and g <= c and not self._can_borrow_now(s, k) and self._in_share(s, k):
+            return _EARMARKED
+        self.status[s][k] = _DEFER
+        return _DEFER
+
+    def _can_borrow_now(self, s: int, k: int) -> bool:
+        g = self.q[s][k].gpus
+        return (
+            self.lab[s]
+            and self.gpos[s][k] <= self.held_for[s]
+            and self.held[s] + max(self.grace[s], self.pend[s]) + g <= self.cap[s] + self.bcap[s]
+            and self._deficit_if(s, g) <= 0
+            and (g > self.M or self._max_free() >= g)
+            and self._place(g) is not None
+        )
+
+    def _own(self, s: int, k: int, can_now: bool) -> int:
+        """Rules 2-3 for a job that fits its share's remaining own capacity."""
+        job = self.q[s][k]
+        g = job.gpus
+        d = self._deficit()
+        tol = d if d > 0 else 0  # never make the cover worse; restore it if it held
+        if self._place_failed(g):
+            return self._blocked_on_placement(s, k, tol)
+        self._taken = {}
+        self._chg(s, dp=g)
+        needs_cover = self._deficit() > tol
+        if can_now:
+            cover: list[tuple[_Att, str]] = []
+            if needs_cover and not self._cover(tol, cover):
+                self._undo(cover)
+                self._chg(s, dp=-g)
+                return self._wait(s, k, ("cover",))
+            placement = self._place(g)
+            if placement is not None:
+                # GPUs in grace count as freed: the job may start now while the victims stop.
+                return self._admit(s, k, placement, False, cover)
+            self._undo(cover)
+        # No free node: wait for GPUs being freed, or reclaim. When the cover needs victims too, try
+        # both orders (cover in victim order first, or the cheapest fitting node first) and keep the
+        # one that pre-empts fewer GPUs; a tie keeps rule 3's victim order.
+        prefer = self.ben_nodes.get(job.job_id)
+        best = None
+        for first_cover in (True, False) if needs_cover else (False,):
+            found = self._reclaim_for(g, tol, first_cover, prefer)
+            if isinstance(found, tuple):
+                placement, cover, more = found
+                loss = sum(a.gpus for a, _ in cover + more)
+                self._undo(cover, more)
+                if best is None or loss < best[0]:
+                    best = (loss, first_cover)
+            elif not first_cover:
+                why = found  # "place" or "cover"
+        if best is None:
+            self._chg(s, dp=-g)
+            if why == "cover":
+                return self._wait(s, k, ("cover",))
+            memo = (g // self.M if g > self.M else g, self.epoch)
+            if g > self.M:
+                self.fail_gang = memo
+            else:
+                self.fail_single = memo
+            return self._blocked_on_placement(s, k, tol)
+        placement, cover, more = self._reclaim_for(g, tol, best[1], prefer)
+        return self._earmark(s, k, placement, cover + more)
+
+    def _reclaim_for(
+        self, g: int, tol: int, first_cover: bool, prefer: set[int] | None
+    ) -> tuple[list[tuple[int, int]], list[tuple[_Att, str]], list[tuple[_Att, str]]] | str:
+        """Mark victims so that g GPUs can go on a node (free, being freed, or freed by reclaim) with
+        the cover held: (placement, cover victims, placement victims), or why not ("place"/"cover")."""
+        cover: list[tuple[_Att, str]] = []
+        more: list[tuple[_Att, str]] = []
+        if first_cover:
+            if not self._cover(tol, cover):
+                self._undo(cover)
+                return "cover"
+            extra = self._extra(cover)
+            placement = self._place(g, extra, True, prefer)
+            if placement is None:
+                placement = self._node_search(g, extra, more, None)
+            if placement is None:
+                self._undo(cover)
+                return "place"
+            if more:
+                self._prune(cover, placement, tol)
+            return placement, cover, more
+        placement = self._place(g, None, True, prefer)
+        if placement is None:
+            placement = self._node_search(g, {}, more, None)
+        if placement is None:
+            return "place"
+        if not self._cover(tol, cover):
+            self._undo(more, cover)
+            return "cover"
+        return placement, cover, more
+
+    def _in_share(self, s: int, k: int) -> bool:
+        """Rule 4: pre-empt strictly lower-priority work of the share, only if that makes the job fit
+        (own capacity, cover, and a node)."""
+        job = self.q[s][k]
+        g, p = job.gpus, job.priority
+        memo = self.in_fail.get(s)
+        if memo is not None and memo[2] == self.epoch and g >= memo[0] and p <= memo[1]:
+            return False
+        n = bisect_left(self.iprio[s], p)  # the victim order starts with the lowest priorities
+        if self._try_in_share(s, k, n):
+            return True
+        self.in_fail[s] = (g, p, self.epoch)
+        return False
+
+    def _try_in_share(self, s: int, k: int, n: int) -> bool:
+        if not n:
+            return False
+        job = self.q[s][k]
+        g = job.gpus
+        d = self._deficit()
+        tol = d if d > 0 else 0
+        self._taken = {}
+
+        own: list[tuple[_Att, str]] = []
+        ilist = self.ilist[s]
+        need = self.held[s] + self.pend[s] + g - self.cap[s]  # GPUs to shed to fit own capacity
+        for r in range(self.iptr[s], n):
+            if need <= 0:
+                break
+            a = ilist[r]
+            if not a.victim:
+                self._mark(a, False)
+                own.append((a, PRIORITY))
+                need -= a.gpus
+        if need > 0:
+            self._undo(own)
+            return False
+        self._chg(s, dp=g)
+        cover: list[tuple[_Att, str]] = []
+        if self._deficit() > tol and not self._cover(tol, cover):
+            self._undo(own, cover)
+            self._chg(s, dp=-g)
+            return False
+        extra = self._extra(own, cover)
+        placement = self._place(g, extra, True)
+        more: list[tuple[_Att, str]] = []
+        if placement is None:
+            placement = self._node_search(g, extra, more, (s, n))
+        if placement is None:
+            self._undo(own, cover)
+            self._chg(s, dp=-g)
+            return False
+        if more:
+            self._prune(cover, placement, tol)
+        self._earmark(s, k, placement, own + cover + more)
+        return True
+
+    # -- rule 5: borrowing ---------------------------------------------------------------------------
+
+    def _borrow(self, s: int, k: int) -> int:
+        job = self.q[s][k]
+        g = job.gpus
+        if not self.lab[s]:
+            if g <= self.room0[s]:
+                return self._wait(s, k, ("behind",))
+            return self._wait(s, k, ("strategy", self.ctx.views[s].strategy))
+        if self.gpos[s][k] > self.held_for[s]:
+            return self._wait(s, k, ("behind",))
+        # A borrower that lost its own room to earlier jobs of its share hears why it cannot borrow.
+        limit = self.cap[s] + self.bcap[s]
+        if self.held[s] + max(self.grace[s], self.pend[s]) + g > limit:
+            return self._wait(s, k, ("limit", self.bcap[s]))
+        if self._deficit_if(s, g) > 0:
+            return self._wait(s, k, ("slack", -self._deficit()))
+        placement = None if g <= self.M and self._max_free() < g else self._place(g)
+        if placement is None:
+            return self._blocked_on_placement(s, k, 0)
+        self._chg(s, dp=g)
+        return self._admit(s, k, placement, True, [])
+
+    # -- the pass ----------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        q, status, gpos = self.q, self.status, self.gpos
+        shares = [s for s in range(len(q)) if q[s]]
+        if not shares:
+            return
+        ctx = self.ctx
+        later: list[tuple[int, int, int]] = []  # (queue position, share, index): first in line to borrow
+
+        # A. Rule 7: beneficiaries of earlier pre-emptions, ahead of everything else.
+        # Rule 6: a starving head goes next, before backfill and other shares can take its node.
+        heads = []
+        for s in shares:
+            for k, job in enumerate(q[s]):
+                if job.beneficiary or job.job_id in ctx.beneficiaries:
+                    continue
+                if self._starving(job):
+                    heads.append((gpos[s][k], s, k))
+                break
+        for _, s, k in self.bens:
+            # Ahead of everything else, borrowing included: its victims have made room for it.
+            if status[s][k] == _TODO and self._own_phase(s, k) == _DEFER:
+                self._borrow(s, k)
+        for pos, s, k in sorted(heads):
+            if status[s][k] == _TODO and self._own_phase(s, k) == _DEFER:
+                later.append((pos, s, k))
+
+        # B. Rules 2-4, shares by lowest own-use ratio (ties: name), recomputed as they admit.
+        heap = [(self._own_ratio(s), s) for s in shares if self.cap[s]]
+        heapq.heapify(heap)
+        while heap:
+            _, s = heapq.heappop(heap)
+            self._own_share(s, heap)
+
+        # C. Rule 5: borrowers by fewest borrowed GPUs relative to capacity (ties: name).
+        for _, s, k in sorted(later):
+            if status[s][k] == _DEFER:
+                self._borrow(s, k)
+        pending: dict[int, list[int]] = {}
+        for s in shares:
+            ks = [k for k, st in enumerate(status[s]) if st in (_TODO, _DEFER)]
+            if ks:
+                pending[s] = ks
+        heap = []
+        for s, ks in pending.items():
+            if self.lab[s]:
+                heap.append((self._borrow_ratio(s), s))
+            else:
+                for k in ks:
+                    self._borrow(s, k)  # only says why it waits
+        heapq.heapify(heap)
+        ptr = dict.fromkeys(pending, 0)
+        while heap:
+            _, s = heapq.heappop(heap)
+            ks = pending[s]
+            i = ptr[s]
+            while i < len(ks):
+                k = ks[i]
+                i += 1
+                if self._borrow(s, k) == _ADMITTED and heap:
+                    key = (self._borrow_ratio(s), s)
+                    if key > heap[0]:
+                        heapq.heappush(heap, key)
+                        break
+            ptr[s] = i
+
+    def _own_ratio(self, s: int) -> float:
+        u = self.held[s] + self.pend[s]
+        return min(u, self.cap[s]) / self.cap[s]
+
+    def _borrow_ratio(self, s: int) -> float:
+        return self._borrowed(s) / max(1, self.cap[s])
+
+    def _own_share(self, s: int, heap: list[tuple[float, int]]) -> None:
+        """Walk share s's queue for rules 2-4 until its own-use ratio passes the next share's."""
+        qs, st, suf = self.q[s], self.status[s], self.sufmin[s]
+        k = self.bptr[s]
+        n = len(qs)
+        while k < n:
+            if st[k] != _TODO:
+                k += 1
+                continue
+            if not self.in_share[s] and self.cap[s] - self.held[s] - self.pend[s] < suf[k]:
+                break  # nothing left in this queue fits its own capacity: all of it is for rule 5
+            before = self._own_ratio(s)
+            outcome = self._own_phase(s, k)
+            k += 1
+            if outcome in (_ADMITTED, _EARMARKED) and heap:
+                key = (self._own_ratio(s), s)
+                if key[0] != before and key > heap[0]:
+                    heapq.heappush(heap, key)
+                    break
+        self.bptr[s] = k
