@@ -1,0 +1,93 @@
+"""The trace generator: deterministic, valid, and shaped like the published traces it cites."""
+
+import json
+import statistics
+
+import pytest
+
+from quotas import policy, tracegen
+from quotas import scenario as sc
+from quotas.simulate import simulate
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return tracegen.generate(teams=6, gpus=512, jobs=20000, seed=1)
+
+
+def test_it_is_deterministic_for_a_seed(capsys):
+    args = ["--teams", "4", "--gpus", "64", "--jobs", "300", "--seed", "7"]
+    assert tracegen.main(args) == 0
+    first = capsys.readouterr().out
+    assert tracegen.main(args) == 0
+    assert capsys.readouterr().out == first
+    assert tracegen.main([*args[:-1], "8"]) == 0
+    assert capsys.readouterr().out != first
+
+
+def test_it_writes_a_valid_scenario(trace):
+    scenario = sc.parse(json.loads(json.dumps(trace)))
+    assert len(scenario.jobs) == 20000
+    assert {n.gpus for n in scenario.nodes} == {8}
+    assert sum(n.gpus for n in scenario.nodes) == 512
+    assert len({n.gpu_type for n in scenario.nodes}) == 1
+    caps = [s.capacity["v100"] for s in scenario.shares]
+    assert len(caps) == 6 and sum(caps) == 512 and all(c % 8 == 0 and c > 0 for c in caps)
+    assert policy.LEND_AND_BORROW in {s.strategy for s in scenario.shares}
+    assert "Helios" in scenario.description
+
+
+def test_job_shapes_are_in_the_published_neighbourhood(trace):
+    gpus = [j["gpus"] for j in trace["jobs"]]
+    runs = [j["duration_s"] for j in trace["jobs"]]
+    # Helios 3.72 GPUs per job (Venus 6.74, Philly 1.93), median 1 GPU (Philly).
+    assert 3.0 <= statistics.mean(gpus) <= 4.5
+    assert statistics.median(gpus) == 1
+    assert 0.6 <= gpus.count(1) / len(gpus) <= 0.8
+    assert max(gpus) >= 64
+    assert all(g & (g - 1) == 0 for g in gpus)  # powers of two
+    assert all(g % 8 == 0 for g in gpus if g > 8)  # gangs of whole nodes
+    # Median run a few minutes (Helios 206 s, Venus 204 s, Philly 874 s); heavy tail to days.
+    assert 150 <= statistics.median(runs) <= 600
+    assert 1500 <= statistics.mean(runs) <= 18006
+    assert sum(r > 86400 for r in runs) >= 10
+
+
+def test_arrivals_are_bursty(trace):
+    times = [j["submit_at"] for j in trace["jobs"]]
+    assert times == sorted(times)
+    per_hour = [0] * (times[-1] // 3600 + 1)
+    for t in times:
+        per_hour[t // 3600] += 1
+    mean = statistics.mean(per_hour)
+    # A Poisson process has variance = mean; the MMPP's bursts make it much larger.
+    assert statistics.pvariance(per_hour) > 3 * mean
+
+
+def test_no_job_is_larger_than_its_share_could_ever_hold(trace):
+    shares = {s["name"]: s for s in trace["shares"]}
+    for job in trace["jobs"]:
+        share = shares[job["share"]]
+        if share["strategy"] != policy.LEND_AND_BORROW:
+            assert job["gpus"] <= share["capacity"]["v100"]
+
+
+def test_the_built_in_vc_table_is_the_csv_row():
+    if not tracegen.VENUS_CSV.exists():
+        pytest.skip("shared/data is not there")
+    assert tracegen.venus_vc_sizes() == tracegen.VENUS_VC_GPUS
+
+
+def test_it_works_without_the_csv(tmp_path):
+    assert tracegen.venus_vc_sizes(csv_path=tmp_path / "missing.csv") == tracegen.VENUS_VC_GPUS
+
+
+def test_bad_arguments_exit_2(capsys):
+    assert tracegen.main(["--gpus", "100"]) == 2
+    assert "multiple of 8" in capsys.readouterr().err
+
+
+def test_a_small_trace_simulates_to_the_end():
+    result = simulate(tracegen.generate(teams=3, gpus=32, jobs=150, seed=2))
+    finals = {job.final for job in result.jobs.values()}
+    assert finals <= {"SUCCEEDED", "FAILED"}
