@@ -161,13 +161,15 @@ if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 else:
-    for sub in ("queue", "processed"):
+    for sub in ("queue", "processed", "control"):
         (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_URL = "filesystem://"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(BROKER_DIR / "queue"),
         "data_folder_out": str(BROKER_DIR / "queue"),
         "processed_folder": str(BROKER_DIR / "processed"),
+        # Exchange tables for broadcast/fanout; kombu's default is ./control in the working directory.
+        "control_folder": str(BROKER_DIR / "control"),
         "store_processed": False,
     }
 CELERY_TASK_IGNORE_RESULT = True
@@ -200,6 +202,11 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 100,
+    # Submits per user and login attempts per client address; a throttled call gets 429 + Retry-After.
+    "DEFAULT_THROTTLE_RATES": {
+        "submit": os.environ.get("SUBMIT_RATE", "120/min"),
+        "login": os.environ.get("LOGIN_RATE", "30/min"),
+    },
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "gpuquota API",
@@ -209,6 +216,13 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Stable enum names in the schema (the generated client and docs refer to them).
+    "ENUM_NAME_OVERRIDES": {
+        "JobStateEnum": "jobs.choices.JobState",
+        "NodeStateEnum": "gpunodes.choices.NodeState",
+        "ShareStateEnum": "quotas.choices.ShareState",
+        "AttemptStateEnum": "jobs.choices.AttemptState",
+    },
 }
 
 LOGGING = {

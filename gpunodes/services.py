@@ -153,3 +153,60 @@ def node_heartbeat(
         if came_back or lost:
             transaction.on_commit(lambda: request_pass("node ready" if came_back else "node restarted"))
     return {"state": NodeState.READY if came_back else node.state, "lost": lost, "stop": stop}
+
+
+# --- admin actions: cordon, uncordon, drain --------------------------------------------------------
+
+
+def _node_conflict(message: str) -> Exception:
+    from jobs.services import Conflict
+
+    return Conflict(message)
+
+
+def _set_node_state(node: Node, to_state: str, from_states: Sequence[str], why: str) -> Node:
+    """Compare-and-set the node's state; a node already in `to_state` is left as it is (idempotent)."""
+    with transaction.atomic():
+        changed = Node.objects.filter(pk=node.pk, state__in=list(from_states)).update(
+            state=to_state, state_changed_at=timezone.now()
+        )
+        if changed:
+            from quotas.triggers import request_pass
+
+            transaction.on_commit(lambda: request_pass(why))
+    node.refresh_from_db()
+    return node
+
+
+def node_cordon(*, node: Node) -> Node:
+    """No new work on the node; what runs there goes on. A LOST node stays cordoned when it comes back."""
+    if node.state == NodeState.CORDONED:
+        return node
+    return _set_node_state(
+        node, NodeState.CORDONED, [NodeState.READY, NodeState.DRAINING, NodeState.LOST], "node cordoned"
+    )
+
+
+def node_uncordon(*, node: Node) -> Node:
+    """A cordoned or draining node takes work again. A LOST node becomes READY by heartbeating."""
+    if node.state == NodeState.READY:
+        return node
+    if node.state == NodeState.LOST:
+        raise _node_conflict(f"Node {node.name} is LOST; it becomes READY when its agent heartbeats again.")
+    node = _set_node_state(node, NodeState.READY, [NodeState.CORDONED, NodeState.DRAINING], "node uncordoned")
+    if node.state != NodeState.READY:
+        raise _node_conflict(f"Node {node.name} is {node.state} and cannot be uncordoned now.")
+    return node
+
+
+def node_drain(*, node: Node) -> Node:
+    """No new work; the jobs running there finish (or reach max_runtime_s), then the pass marks the node
+    CORDONED (drained) and it can be taken down."""
+    if node.state == NodeState.DRAINING:
+        return node
+    if node.state == NodeState.LOST:
+        raise _node_conflict(f"Node {node.name} is LOST; there is nothing running there to drain.")
+    node = _set_node_state(node, NodeState.DRAINING, [NodeState.READY, NodeState.CORDONED], "node draining")
+    if node.state != NodeState.DRAINING:
+        raise _node_conflict(f"Node {node.name} is {node.state} and cannot be drained now.")
+    return node

@@ -311,3 +311,112 @@ def _after_commit_request_pass(why: str) -> None:
     except ImportError:  # pragma: no cover - the scheduler is optional in the foundation
         return
     transaction.on_commit(lambda: request_pass(why))
+
+
+# --- read-outs: who sees which jobs, and their logs -------------------------------------------------
+
+LOG_PAGE_BYTES = 1024 * 1024  # the most log text one read returns
+MAX_TAIL_LINES = 10_000
+
+
+def team_ids_of(user) -> list[int]:
+    if not user.is_authenticated:
+        return []
+    return list(Membership.objects.filter(user=user).values_list("team_id", flat=True))
+
+
+def visible_jobs(user, queryset=None):
+    """The jobs a user may see with their command, env and logs: every job for an admin, the jobs of
+    their teams' shares for anyone else (other teams' jobs show only as anonymous queue entries)."""
+    qs = Job.objects.all() if queryset is None else queryset
+    if not user.is_authenticated:
+        return qs.none()
+    if user.is_superuser:
+        return qs
+    return qs.filter(share__team__memberships__user=user)
+
+
+def can_see_job(user, job: Job) -> bool:
+    return bool(user.is_authenticated and (user.is_superuser or role_in_team(user, job.share.team_id)))
+
+
+def job_logs(
+    *,
+    job: Job,
+    attempt: int | None = None,
+    node: str | None = None,
+    after: int | None = None,
+    tail: int | None = None,
+) -> dict[str, Any]:
+    """Log text of one attempt (default: the latest) on one node (default: its first, rank 0) as the
+    host shipped it. `after` is a cursor from an earlier read: only chunks after it are returned.
+    `tail` keeps the last N lines. Returns {attempt, node, nodes, text, cursor, more, finished}."""
+    from jobs.choices import AttemptState
+    from jobs.models import Attempt, LogChunk
+
+    errors = {}
+    if tail is not None and not 0 < tail <= MAX_TAIL_LINES:
+        errors["tail"] = f"tail is a number of lines from 1 to {MAX_TAIL_LINES}."
+    if after is not None and after < -1:
+        errors["after"] = "after is a cursor from an earlier read (-1 or more)."
+    if errors:
+        raise ValidationError(errors)
+    attempts = list(Attempt.objects.filter(job=job).values_list("number", "placement", "state"))
+    numbers = [a[0] for a in attempts]
+    empty = {
+        "attempt": None,
+        "attempts": numbers,
+        "node": None,
+        "nodes": [],
+        "text": "",
+        "cursor": -1,
+        "more": False,
+        "finished": job.state in JOB_TERMINAL_STATES,
+    }
+    if attempt is None:
+        if not attempts:
+            return empty
+        attempt = max(numbers)
+    match = [a for a in attempts if a[0] == attempt]
+    if not match:
+        have = f"it has attempts {min(numbers)} to {max(numbers)}" if numbers else "it has not started yet"
+        raise ValidationError({"attempt": f"Job {job.pk} has no attempt {attempt}; {have}."})
+    number, placement, state = match[0]
+    nodes = [p["node"] for p in placement]
+    if node is None:
+        node = nodes[0] if nodes else None
+    elif node not in nodes:
+        raise ValidationError(
+            {"node": f"Attempt {number} ran on {', '.join(nodes) or 'no node'}, not on {node}."}
+        )
+    result = dict(empty, attempt=number, node=node, nodes=nodes, finished=state == AttemptState.ENDED)
+    chunks = LogChunk.objects.filter(attempt__job=job, attempt__number=number, node=node)
+    if after is not None:
+        chunks = chunks.filter(offset__gt=after)
+    if tail is not None:
+        # Newest first until enough lines are in hand: a long log is not read whole for its tail.
+        picked, lines, size = [], 0, 0
+        for offset, text in chunks.order_by("-offset").values_list("offset", "text").iterator():
+            picked.append((offset, text))
+            lines += text.count("\n")
+            size += len(text)
+            if lines > tail or size >= LOG_PAGE_BYTES:
+                break
+        picked.reverse()
+        text = "".join(t for _, t in picked)
+        kept = text.splitlines(keepends=True)[-tail:]
+        result.update(text="".join(kept)[-LOG_PAGE_BYTES:], cursor=picked[-1][0] if picked else (after or -1))
+        return result
+    picked, size, more = [], 0, False
+    for offset, text in chunks.order_by("offset").values_list("offset", "text").iterator():
+        if picked and size + len(text) > LOG_PAGE_BYTES:
+            more = True
+            break
+        picked.append((offset, text))
+        size += len(text)
+    result.update(
+        text="".join(t for _, t in picked),
+        cursor=picked[-1][0] if picked else (-1 if after is None else after),
+        more=more,
+    )
+    return result

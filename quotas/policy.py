@@ -173,6 +173,12 @@ def _neg_priority(job: QueuedView) -> int:
     return -job.priority
 
 
+def queue_key(job: QueuedView) -> tuple:
+    """A share's queue order as plan() considers it: beneficiaries of pre-emptions first (rule 7), then
+    priority desc, submit time asc, job id asc (rule 1). For callers that list a queue (forecast, pages)."""
+    return (not job.beneficiary, -job.priority, job.submitted_at, job.job_id)
+
+
 def _borrowed_order_key(run: RunningView) -> tuple:
     # Sorted descending: attempts admitted as borrowed first, then the most recently started, then
     # later in queue order (rule 8). So a lowered capacity makes the newest work borrowed and an own

@@ -1,0 +1,3 @@
+from gpuquota_client.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,439 @@
+"""The `gpuquota` command: log in, look at shares and the queue, submit, watch and cancel jobs.
+
+Human tables by default, `--json` for scripts. Exit codes: 0 done; 2 the server refused the request
+(its message is printed) or the command line is wrong; 1 the server could not be reached or failed;
+`wait` exits 1 when the job did not succeed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import re
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gpuquota_client import config
+from gpuquota_client.client import OPEN_STATES, ApiError, Client, ClientError
+
+DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?$")
+
+
+def parse_duration(text: str) -> int:
+    """'90', '90s', '30m', '2h', '1d', '1h30m' -> seconds."""
+    match = DURATION_RE.match(text.strip().lower())
+    if not text.strip() or not match or not any(match.groups()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 90s, 30m, 2h, 1h30m)")
+    d, h, m, s = (int(g or 0) for g in match.groups())
+    seconds = ((d * 24 + h) * 60 + m) * 60 + s
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError("a duration must be more than 0 seconds")
+    return seconds
+
+
+def parse_env(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    return name, value
+
+
+# --- output ---------------------------------------------------------------------------------------
+
+
+def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
+    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    return "\n".join(lines)
+
+
+def when(value: str | None) -> str | None:
+    """An ISO time as local 'YYYY-MM-DD HH:MM', with 'in 5m' / '3m ago' for near times."""
+    if not value:
+        return None
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return value
+    delta = (t - datetime.now(UTC)).total_seconds()
+    stamp = t.astimezone().strftime("%Y-%m-%d %H:%M")
+    if abs(delta) < 48 * 3600:
+        return f"{stamp} ({'in ' if delta >= 0 else ''}{human_seconds(abs(delta))}{'' if delta >= 0 else ' ago'})"
+    return stamp
+
+
+def human_seconds(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def capacity_text(capacity: dict) -> str:
+    return ", ".join(f"{n} {t}" for t, n in sorted(capacity.items())) or "-"
+
+
+def usage_text(share: dict) -> str:
+    parts = []
+    for gpu_type, u in sorted(share.get("usage", {}).items()):
+        cap = share["capacity"].get(gpu_type, 0)
+        text = f"{u['own']}/{cap} {gpu_type}"
+        if u["borrowed"]:
+            text += f" +{u['borrowed']} borrowed"
+        if u["lent"]:
+            text += f" ({u['lent']:g} lent)"
+        parts.append(text)
+    return ", ".join(parts) or "-"
+
+
+def queued_text(share: dict) -> str:
+    jobs = sum(u["queued_jobs"] for u in share.get("usage", {}).values())
+    gpus = sum(u["queued_gpus"] for u in share.get("usage", {}).values())
+    return f"{jobs} ({gpus} GPUs)" if jobs else "0"
+
+
+def job_line(job: dict) -> str:
+    text = f"job {job['id']} {job['name'] or ''}".rstrip() + f": {job['state']}"
+    position = job.get("queue_position")
+    if position:
+        text += f", #{position['in_share']} in {job['share']}, #{position['overall']} overall"
+    if job.get("eta"):
+        text += f", expected to start {when(job['eta'])}"
+    if job.get("waiting_reason"):
+        text += f" ({job['waiting_reason']})"
+    return text
+
+
+# --- commands -------------------------------------------------------------------------------------
+
+
+def cmd_login(args, out) -> int:
+    username = args.username or input("Username: ")
+    password = sys.stdin.readline().rstrip("\n") if args.password_stdin else getpass.getpass("Password: ")
+    client = Client(args.server_url)
+    token = client.login(username, password)
+    path = config.save({"url": client.url, "token": token}, args.config_path)
+    if args.json:
+        out({"url": client.url, "config": str(path)})
+    else:
+        out(f"Logged in to {client.url} as {username}; token saved in {path}")
+    return 0
+
+
+def cmd_logout(args, out) -> int:
+    client = args.client()
+    client.logout()
+    config.remove(args.config_path)
+    out({"logged_out": True} if args.json else "Logged out; the token is revoked.")
+    return 0
+
+
+def cmd_shares(args, out) -> int:
+    shares = args.client().shares()
+    if args.json:
+        out(shares)
+        return 0
+    rows = [
+        (
+            s["name"],
+            s["team"],
+            s["strategy"],
+            s["state"],
+            capacity_text(s["capacity"]),
+            usage_text(s),
+            queued_text(s),
+        )
+        for s in shares
+    ]
+    out(table(rows, ["SHARE", "TEAM", "STRATEGY", "STATE", "CAPACITY", "IN USE (OWN/CAP)", "QUEUED"]))
+    return 0
+
+
+def cmd_nodes(args, out) -> int:
+    nodes = args.client().nodes()
+    if args.json:
+        out(nodes)
+        return 0
+    rows = [
+        (n["name"], n["gpu_type"], f"{n['gpus_in_use']}/{n['gpus']}", n["state"], when(n["last_heartbeat"]))
+        for n in nodes
+    ]
+    out(table(rows, ["NODE", "TYPE", "GPUS IN USE", "STATE", "LAST HEARTBEAT"]))
+    return 0
+
+
+def cmd_submit(args, out) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("give the command after --, e.g. gpuquota submit ... -- python train.py")
+    job = args.client().submit(
+        share=args.share,
+        gpus=args.gpus,
+        gpu_type=args.gpu_type,
+        command=command,
+        name=args.name or "",
+        priority=args.priority,
+        env=dict(args.env or []),
+        max_runtime_s=args.max_runtime,
+    )
+    out(job if args.json else f"Submitted {job_line(job)}")
+    return 0
+
+
+def cmd_jobs(args, out) -> int:
+    jobs = args.client().jobs(
+        states=None if args.all_states else OPEN_STATES, share=args.share, mine=True if args.mine else None
+    )
+    if args.json:
+        out(jobs)
+        return 0
+    rows = [
+        (
+            j["id"],
+            j["name"],
+            j["share"],
+            j["submitted_by"],
+            f"{j['gpus']} {j['gpu_type']}",
+            j["priority"],
+            j["state"],
+            when(j["submitted_at"]),
+        )
+        for j in jobs
+    ]
+    out(table(rows, ["ID", "NAME", "SHARE", "USER", "GPUS", "PRIO", "STATE", "SUBMITTED"]))
+    return 0
+
+
+def cmd_status(args, out) -> int:
+    job = args.client().job(args.job)
+    if args.json:
+        out(job)
+        return 0
+    lines = [job_line(job), ""]
+    fields = [
+        ("share", f"{job['share']} (team {job['team']})"),
+        ("submitted", f"{when(job['submitted_at'])} by {job['submitted_by']}"),
+        ("gpus", f"{job['gpus']} × {job['gpu_type']}"),
+        ("priority", job["priority"]),
+        ("command", " ".join(job["command"])),
+        ("max runtime", human_seconds(job["max_runtime_s"]) if job["max_runtime_s"] else None),
+        ("attempts", job["attempt_count"]),
+        ("pre-emptions", job["preemption_count"]),
+        ("exit code", job["exit_code"]),
+        ("reason", job["state_reason"] or None),
+    ]
+    lines += [f"{k:>13}: {v}" for k, v in fields if v not in (None, "")]
+    if job["attempts"]:
+        lines += [
+            "",
+            table(
+                [
+                    (
+                        a["number"],
+                        a["state"],
+                        a["outcome"] or None,
+                        ", ".join(f"{p['node']}:{','.join(map(str, p['gpus']))}" for p in a["placement"]),
+                        "borrowed" if a["borrowed"] else "own",
+                        when(a["started_at"]),
+                        when(a["ended_at"]),
+                    )
+                    for a in job["attempts"]
+                ],
+                ["ATTEMPT", "STATE", "OUTCOME", "GPUS", "CAPACITY", "STARTED", "ENDED"],
+            ),
+        ]
+    if job["events"]:
+        lines += [
+            "",
+            table(
+                [(when(e["at"]), e["kind"], e["reason"]) for e in job["events"][-10:]],
+                ["AT", "EVENT", "REASON"],
+            ),
+        ]
+    out("\n".join(lines))
+    return 0
+
+
+def cmd_queue(args, out) -> int:
+    data = args.client().queue(args.share)
+    if args.json:
+        out(data)
+        return 0
+    if not data["jobs"]:
+        out(f"Nothing is queued{' in ' + args.share if args.share else ''}.")
+        return 0
+    rows = [
+        (
+            j["position"]["in_share"],
+            j["position"]["overall"],
+            j["id"],
+            j["name"],
+            j["share"],
+            f"{j['gpus']} {j['gpu_type']}",
+            j["priority"],
+            when(j["eta"]) or "unknown",
+            j["waiting_reason"],
+        )
+        for j in data["jobs"]
+    ]
+    out(table(rows, ["#", "OVERALL", "ID", "NAME", "SHARE", "GPUS", "PRIO", "EXPECTED START", "WAITING FOR"]))
+    if not data["planned"]:
+        out("(the scheduler's forecast is unavailable: plain queue order, no ETAs)")
+    return 0
+
+
+def cmd_cancel(args, out) -> int:
+    job = args.client().cancel(args.job)
+    out(job if args.json else f"Cancelled {job_line(job)}")
+    return 0
+
+
+def cmd_priority(args, out) -> int:
+    job = args.client().set_priority(args.job, args.priority)
+    out(job if args.json else f"Priority of job {job['id']} is now {job['priority']}: {job_line(job)}")
+    return 0
+
+
+def cmd_logs(args, out) -> int:
+    client = args.client()
+    if args.follow:
+        for text in client.follow_logs(args.job, tail=args.tail, poll_s=args.poll):
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        return 0
+    data = client.logs(args.job, attempt=args.attempt, tail=args.tail)
+    if args.json:
+        out(data)
+    else:
+        sys.stdout.write(data["text"])
+    return 0
+
+
+def cmd_wait(args, out) -> int:
+    try:
+        job = args.client().wait(args.job, poll_s=args.poll, timeout_s=args.timeout)
+    except TimeoutError as e:
+        print(f"gpuquota: {e}", file=sys.stderr)
+        return 1
+    out(job if args.json else job_line(job))
+    return 0 if job["state"] == "SUCCEEDED" else 1
+
+
+# --- parser ---------------------------------------------------------------------------------------
+
+
+class UsageError(Exception):
+    pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpuquota", description="Submit and watch jobs on gpuquota shares.")
+    parser.add_argument("--json", action="store_true", help="print the server's JSON (for scripts)")
+    parser.add_argument("--url", help="server URL (default: the one you logged in to, or $GPUQUOTA_URL)")
+    parser.add_argument("--config", dest="config_file", help="config file (default: the user config dir)")
+    sub = parser.add_subparsers(dest="command_name", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("login", help="log in and store the token")
+    p.add_argument("server_url", metavar="URL")
+    p.add_argument("--username", "-u")
+    p.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
+    p.set_defaults(func=cmd_login)
+
+    sub.add_parser("logout", help="revoke the token and forget it").set_defaults(func=cmd_logout)
+    sub.add_parser("shares", help="shares with capacity and usage").set_defaults(func=cmd_shares)
+    sub.add_parser("nodes", help="GPU hosts").set_defaults(func=cmd_nodes)
+
+    p = sub.add_parser(
+        "submit", help="submit a job: gpuquota submit --share S --gpus N --gpu-type T -- CMD..."
+    )
+    p.add_argument("--share", required=True)
+    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--gpu-type", required=True)
+    p.add_argument("--priority", type=int, default=0, help="0..9999, higher first")
+    p.add_argument("--name")
+    p.add_argument("--max-runtime", type=parse_duration, help="e.g. 90m, 2h, 1h30m")
+    p.add_argument("--env", "-e", type=parse_env, action="append", metavar="NAME=VALUE")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD...")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("jobs", help="your teams' jobs (not finished, unless --all-states)")
+    p.add_argument("--all-states", action="store_true")
+    p.add_argument("--share")
+    p.add_argument("--mine", action="store_true", help="only jobs you submitted")
+    p.set_defaults(func=cmd_jobs)
+
+    p = sub.add_parser("status", help="a job with its position, ETA, attempts and events")
+    p.add_argument("job", type=int)
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("queue", help="the queue as the scheduler would admit it")
+    p.add_argument("share", nargs="?")
+    p.set_defaults(func=cmd_queue)
+
+    p = sub.add_parser("cancel", help="cancel a job")
+    p.add_argument("job", type=int)
+    p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("priority", help="change a job's priority")
+    p.add_argument("job", type=int)
+    p.add_argument("priority", type=int)
+    p.set_defaults(func=cmd_priority)
+
+    p = sub.add_parser("logs", help="a job's output")
+    p.add_argument("job", type=int)
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    p.add_argument("--attempt", type=int)
+    p.add_argument("--tail", type=int, help="only the last N lines")
+    p.add_argument("--poll", type=float, default=2.0, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_logs)
+
+    p = sub.add_parser("wait", help="wait for a job to finish (exit 0 if it succeeded)")
+    p.add_argument("job", type=int)
+    p.add_argument("--timeout", type=parse_duration)
+    p.add_argument("--poll", type=float, default=2.0, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_wait)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.config_path = Path(args.config_file) if args.config_file else config.config_path()
+
+    def client() -> Client:
+        settings = config.load(args.config_path)
+        url = args.url or settings.get("url")
+        if not url:
+            raise UsageError("not logged in: run `gpuquota login URL` first (or set GPUQUOTA_URL)")
+        return Client(url, settings.get("token"))
+
+    def out(value: Any) -> None:
+        print(json.dumps(value, indent=2) if not isinstance(value, str) else value)
+
+    args.client = client
+    try:
+        return args.func(args, out)
+    except UsageError as e:
+        print(f"gpuquota: {e}", file=sys.stderr)
+        return 2
+    except ApiError as e:
+        print(f"gpuquota: {e.message}", file=sys.stderr)
+        return 2 if 400 <= e.status < 500 else 1
+    except ClientError as e:
+        print(f"gpuquota: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

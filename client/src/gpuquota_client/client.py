@@ -1,0 +1,237 @@
+"""A small client of the gpuquota REST API (/api/v1/). Every method returns the server's JSON."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import requests
+
+OPEN_STATES = ("QUEUED", "ADMITTED", "RUNNING", "PREEMPTING")
+TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+
+class ClientError(Exception):
+    """The server could not be reached, or answered something that is not the API."""
+
+
+class ApiError(ClientError):
+    """The server refused the request (4xx) or failed (5xx). `message` is the server's own words."""
+
+    def __init__(self, status: int, message: str, data: Any = None):
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+        self.data = data
+
+
+def error_message(data: Any) -> str:
+    """The server's error body as one line: its detail, or each field with its messages."""
+    if isinstance(data, Mapping):
+        if isinstance(data.get("detail"), str) and len(data) == 1:
+            return data["detail"]
+        parts = []
+        for field, messages in data.items():
+            text = "; ".join(_flatten(messages))
+            parts.append(text if field in ("detail", "non_field_errors") else f"{field}: {text}")
+        return " | ".join(parts)
+    if isinstance(data, list):
+        return "; ".join(_flatten(data))
+    return str(data)
+
+
+def _flatten(value: Any) -> list[str]:
+    if isinstance(value, Mapping):
+        return [f"{k}: {m}" for k, v in value.items() for m in _flatten(v)]
+    if isinstance(value, (list, tuple)):
+        return [m for v in value for m in _flatten(v)]
+    return [str(value)]
+
+
+class Client:
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        session: requests.Session | None = None,
+    ):
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self.session = session or requests.Session()
+        self.session.headers.setdefault("User-Agent", "gpuquota-client/0.1")
+
+    # --- plumbing --------------------------------------------------------------------------------
+
+    def request(self, method: str, path: str, *, params=None, json=None, auth: bool = True) -> Any:
+        headers = {"Accept": "application/json"}
+        if auth and self.token:
+            headers["Authorization"] = f"Token {self.token}"
+        url = path if path.startswith("http") else f"{self.url}/api/v1/{path.lstrip('/')}"
+        try:
+            response = self.session.request(
+                method, url, params=params, json=json, headers=headers, timeout=self.timeout
+            )
+        except requests.RequestException as e:
+            raise ClientError(f"cannot reach {self.url}: {e}") from e
+        if response.status_code == 204:
+            return None
+        try:
+            data = response.json()
+        except ValueError:
+            data = None
+        if response.status_code >= 400:
+            message = error_message(data) if data is not None else (response.reason or "error")
+            if response.status_code == 429 and response.headers.get("Retry-After"):
+                message = f"{message} (retry after {response.headers['Retry-After']} s)"
+            raise ApiError(response.status_code, message, data)
+        if data is None:
+            raise ClientError(f"{url} did not answer JSON (is {self.url} a gpuquota server?)")
+        return data
+
+    def _all(self, path: str, params: Mapping[str, Any] | None = None) -> list[dict]:
+        """Every item of a paginated list."""
+        data = self.request("GET", path, params=dict(params or {}))
+        items = list(data["results"])
+        while data.get("next"):
+            data = self.request("GET", data["next"])
+            items += data["results"]
+        return items
+
+    # --- auth ------------------------------------------------------------------------------------
+
+    def login(self, username: str, password: str) -> str:
+        data = self.request(
+            "POST", "auth/token/", json={"username": username, "password": password}, auth=False
+        )
+        self.token = data["token"]
+        return self.token
+
+    def logout(self) -> None:
+        self.request("DELETE", "auth/token/current/")
+        self.token = None
+
+    # --- reads -----------------------------------------------------------------------------------
+
+    def shares(self) -> list[dict]:
+        return self._all("shares/")
+
+    def share(self, name: str) -> dict:
+        return self.request("GET", f"shares/{name}/")
+
+    def nodes(self) -> list[dict]:
+        return self._all("nodes/")
+
+    def jobs(
+        self,
+        *,
+        states: Sequence[str] | None = OPEN_STATES,
+        share: str | None = None,
+        team: str | None = None,
+        mine: bool | None = None,
+    ) -> list[dict]:
+        """Jobs you may see; by default only those not yet finished (states=None: all)."""
+        params: dict[str, Any] = {}
+        if states:
+            params["state"] = list(states)
+        if share:
+            params["share"] = share
+        if team:
+            params["team"] = team
+        if mine is not None:
+            params["mine"] = "true" if mine else "false"
+        return self._all("jobs/", params)
+
+    def job(self, job_id: int) -> dict:
+        return self.request("GET", f"jobs/{int(job_id)}/")
+
+    def queue(self, share: str | None = None) -> dict:
+        return self.request("GET", "queue/", params={"share": share} if share else None)
+
+    def logs(
+        self,
+        job_id: int,
+        *,
+        attempt: int | None = None,
+        tail: int | None = None,
+        after: int | None = None,
+        node: str | None = None,
+    ) -> dict:
+        params = {
+            k: v
+            for k, v in {"attempt": attempt, "tail": tail, "after": after, "node": node}.items()
+            if v is not None
+        }
+        return self.request("GET", f"jobs/{int(job_id)}/logs/", params=params)
+
+    def follow_logs(self, job_id: int, *, tail: int | None = None, poll_s: float = 2.0) -> Iterator[str]:
+        """Yield log text as it arrives, attempt after attempt, until the job has finished."""
+        attempt, cursor, first = None, None, True
+        while True:
+            data = self.logs(job_id, tail=tail if first else None, after=cursor, attempt=attempt)
+            first = False
+            if data["text"]:
+                yield data["text"]
+            cursor = data["cursor"]
+            if data["more"]:
+                continue
+            if data["attempt"] is not None:
+                attempt = data["attempt"]
+            job = self.job(job_id)
+            newer = job["attempt_count"] and attempt is not None and job["attempt_count"] > attempt
+            if newer:
+                attempt, cursor = job["attempt_count"], None
+                yield f"--- attempt {attempt} ---\n"
+                continue
+            if job["state"] in TERMINAL_STATES and (data["finished"] or data["attempt"] is None):
+                return
+            time.sleep(poll_s)
+
+    def wait(self, job_id: int, *, poll_s: float = 2.0, timeout_s: float | None = None) -> dict:
+        """Block until the job has finished; returns it. Raises TimeoutError after timeout_s."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            job = self.job(job_id)
+            if job["state"] in TERMINAL_STATES:
+                return job
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"job {job_id} is still {job['state']} after {timeout_s} s")
+            time.sleep(poll_s)
+
+    # --- writes ----------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        *,
+        share: str,
+        gpus: int,
+        gpu_type: str,
+        command: Sequence[str],
+        name: str = "",
+        priority: int = 0,
+        env: Mapping[str, str] | None = None,
+        max_runtime_s: int | None = None,
+        **extra: Any,
+    ) -> dict:
+        body: dict[str, Any] = {
+            "share": share,
+            "gpus": gpus,
+            "gpu_type": gpu_type,
+            "command": list(command),
+            "name": name,
+            "priority": priority,
+            "env": dict(env or {}),
+            **extra,
+        }
+        if max_runtime_s is not None:
+            body["max_runtime_s"] = max_runtime_s
+        return self.request("POST", "jobs/", json=body)
+
+    def cancel(self, job_id: int) -> dict:
+        return self.request("POST", f"jobs/{int(job_id)}/cancel/")
+
+    def set_priority(self, job_id: int, priority: int) -> dict:
+        return self.request("PATCH", f"jobs/{int(job_id)}/", json={"priority": priority})

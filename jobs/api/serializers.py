@@ -1,0 +1,211 @@
+"""Serializers of jobs: the submit and priority write shapes (strict: unknown fields are refused), the
+list and detail read shapes, attempts, events, queue entries and log reads."""
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from config.api import StrictSerializer
+from jobs.models import Attempt, Job, JobEvent
+from quotas.models import Share
+
+MAX_INT = 2**31 - 1
+
+
+class ShareByName(serializers.SlugRelatedField):
+    """A share by name; an unknown name is answered with the shares the user may submit to."""
+
+    def __init__(self, **kwargs):
+        super().__init__(slug_field="name", queryset=Share.objects.select_related("team"), **kwargs)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            raise serializers.ValidationError("Give the share by its name.")
+        share = self.get_queryset().filter(name=data).first()
+        if share is None:
+            request = self.context.get("request")
+            qs = Share.objects.order_by("name")
+            if request is not None and not request.user.is_superuser:
+                qs = qs.filter(team__memberships__user=request.user)
+            names = ", ".join(qs.values_list("name", flat=True)) or "none"
+            raise serializers.ValidationError(f'No share named "{data}". Shares you can submit to: {names}.')
+        return share
+
+
+class JobSubmitSerializer(StrictSerializer):
+    share = ShareByName(help_text="Name of the share to queue the job in.")
+    name = serializers.CharField(max_length=200, allow_blank=True, required=False, default="")
+    gpu_type = serializers.CharField(max_length=32, help_text="e.g. a10g")
+    gpus = serializers.IntegerField(max_value=MAX_INT, min_value=-MAX_INT)
+    priority = serializers.IntegerField(
+        required=False, default=0, max_value=MAX_INT, min_value=-MAX_INT, help_text="0..9999, higher first."
+    )
+    command = serializers.ListField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False),
+        allow_empty=True,
+        help_text='argv list, e.g. ["python", "train.py", "--epochs", "3"].',
+    )
+    env = serializers.DictField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False), required=False, default=dict
+    )
+    max_runtime_s = serializers.IntegerField(
+        required=False, allow_null=True, default=None, max_value=MAX_INT, min_value=-MAX_INT
+    )
+    preemption_grace_s = serializers.IntegerField(
+        required=False, allow_null=True, default=None, max_value=MAX_INT, min_value=-MAX_INT
+    )
+    max_preemptions = serializers.IntegerField(
+        required=False, default=-1, max_value=MAX_INT, min_value=-MAX_INT
+    )
+    use_shell = serializers.BooleanField(
+        required=False, default=False, help_text="Run command[0] through /bin/sh -c (one string)."
+    )
+
+
+class JobPrioritySerializer(StrictSerializer):
+    priority = serializers.IntegerField(max_value=MAX_INT, min_value=-MAX_INT, help_text="0..9999")
+
+
+class JobSerializer(serializers.ModelSerializer):
+    share = serializers.CharField(source="share.name", read_only=True)
+    team = serializers.CharField(source="share.team.slug", read_only=True)
+    submitted_by = serializers.CharField(source="submitted_by.username", read_only=True)
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "name",
+            "share",
+            "team",
+            "submitted_by",
+            "gpu_type",
+            "gpus",
+            "priority",
+            "state",
+            "state_reason",
+            "command",
+            "use_shell",
+            "env",
+            "max_runtime_s",
+            "preemption_grace_s",
+            "max_preemptions",
+            "submitted_at",
+            "finished_at",
+            "attempt_count",
+            "preemption_count",
+            "exit_code",
+        ]
+        read_only_fields = fields
+
+
+class AttemptSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Attempt
+        fields = [
+            "number",
+            "state",
+            "placement",
+            "borrowed",
+            "reason",
+            "lenders",
+            "admitted_at",
+            "started_at",
+            "stop_requested_at",
+            "ended_at",
+            "outcome",
+            "exit_code",
+            "preempted_by",
+            "preemption_reason",
+            "end_reason",
+        ]
+        read_only_fields = fields
+
+
+class JobEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = JobEvent
+        fields = ["at", "kind", "reason", "attempt_number", "detail"]
+        read_only_fields = fields
+
+
+class QueuePositionSerializer(serializers.Serializer):
+    in_share = serializers.IntegerField(help_text="1 = next in its share.")
+    overall = serializers.IntegerField(help_text="1 = next in the whole cluster.")
+
+
+class JobDetailSerializer(JobSerializer):
+    queue_position = serializers.SerializerMethodField()
+    eta = serializers.SerializerMethodField()
+    waiting_reason = serializers.SerializerMethodField()
+    attempts = AttemptSerializer(many=True, read_only=True)
+    events = JobEventSerializer(many=True, read_only=True)
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "queue_position", "eta", "waiting_reason", "attempts", "events"]
+        read_only_fields = fields
+
+    def _queue(self):
+        return self.context.get("queue")
+
+    @extend_schema_field(QueuePositionSerializer(allow_null=True))
+    def get_queue_position(self, job):
+        queue = self._queue()
+        return queue.position(job.pk) if queue is not None and job.state == "QUEUED" else None
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True, help_text="Expected start, if known."))
+    def get_eta(self, job):
+        queue = self._queue()
+        eta = queue.eta(job.pk) if queue is not None and job.state == "QUEUED" else None
+        return serializers.DateTimeField().to_representation(eta) if eta else None
+
+    @extend_schema_field(serializers.CharField())
+    def get_waiting_reason(self, job):
+        queue = self._queue()
+        return queue.waiting(job.pk) if queue is not None and job.state == "QUEUED" else ""
+
+
+class QueueEntrySerializer(serializers.Serializer):
+    """A queued job as the queue shows it. Another team's job shows no name and no owner."""
+
+    id = serializers.IntegerField()
+    share = serializers.CharField()
+    team = serializers.CharField()
+    name = serializers.CharField(allow_null=True)
+    submitted_by = serializers.CharField(allow_null=True)
+    gpu_type = serializers.CharField()
+    gpus = serializers.IntegerField()
+    priority = serializers.IntegerField()
+    submitted_at = serializers.DateTimeField()
+    position = QueuePositionSerializer()
+    eta = serializers.DateTimeField(allow_null=True)
+    waiting_reason = serializers.CharField()
+
+
+class QueueSerializer(serializers.Serializer):
+    share = serializers.CharField(allow_null=True)
+    planned = serializers.BooleanField(
+        help_text="False while the policy cannot be asked: positions are then the plain queue order, no ETAs."
+    )
+    jobs = QueueEntrySerializer(many=True)
+
+
+class QueueQuerySerializer(serializers.Serializer):
+    share = serializers.CharField(required=False, help_text="Share name; all shares if left out.")
+
+
+class LogQuerySerializer(serializers.Serializer):
+    attempt = serializers.IntegerField(required=False, min_value=1, max_value=MAX_INT)
+    tail = serializers.IntegerField(required=False, min_value=-MAX_INT, max_value=MAX_INT)
+    after = serializers.IntegerField(required=False, min_value=-MAX_INT, max_value=2**62)
+    node = serializers.CharField(required=False, max_length=63)
+
+
+class LogSerializer(serializers.Serializer):
+    attempt = serializers.IntegerField(allow_null=True)
+    attempts = serializers.ListField(child=serializers.IntegerField())
+    node = serializers.CharField(allow_null=True)
+    nodes = serializers.ListField(child=serializers.CharField())
+    text = serializers.CharField(allow_blank=True)
+    cursor = serializers.IntegerField(help_text="Pass as ?after= to read only what came since.")
+    more = serializers.BooleanField(help_text="More text follows: read again with ?after=cursor.")
+    finished = serializers.BooleanField(help_text="The attempt has ended: no more text will come.")

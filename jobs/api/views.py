@@ -1,0 +1,178 @@
+"""Jobs: submit, list and filter, detail with queue position and ETA, priority, cancel, logs; and the
+queue as the policy would admit it. Members see and act on their teams' jobs; other teams' jobs show
+only as anonymous entries of the queue."""
+
+from django.db.models import Prefetch
+from django_filters import rest_framework as filters
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+from rest_framework.throttling import UserRateThrottle
+from rest_framework.views import APIView
+
+from config.api import ApiSchema, ApiViewMixin
+from jobs import services
+from jobs.api.serializers import (
+    JobDetailSerializer,
+    JobPrioritySerializer,
+    JobSerializer,
+    JobSubmitSerializer,
+    LogQuerySerializer,
+    LogSerializer,
+    QueueQuerySerializer,
+    QueueSerializer,
+)
+from jobs.choices import JobState
+from jobs.models import Attempt, Job, JobEvent
+from quotas import services as quota_services
+from quotas.models import Share
+
+
+class SubmitThrottle(UserRateThrottle):
+    """Submits per user (REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]["submit"]); a 429 carries Retry-After."""
+
+    scope = "submit"
+
+
+class JobFilter(filters.FilterSet):
+    share = filters.CharFilter(field_name="share__name", help_text="Share name.")
+    team = filters.CharFilter(field_name="share__team__slug", help_text="Team slug.")
+    state = filters.MultipleChoiceFilter(choices=JobState.choices, help_text="Repeat for several states.")
+    mine = filters.BooleanFilter(method="filter_mine", help_text="Only jobs I submitted.")
+
+    class Meta:
+        model = Job
+        fields = ["share", "team", "state", "mine"]
+
+    def filter_mine(self, queryset, name, value):
+        if value is None:
+            return queryset
+        user = self.request.user
+        return queryset.filter(submitted_by=user) if value else queryset.exclude(submitted_by=user)
+
+
+class JobViewSet(ApiViewMixin, viewsets.ModelViewSet):
+    schema = ApiSchema()
+    filterset_class = JobFilter
+    http_method_names = ["get", "post", "patch", "head", "options"]
+    queryset = Job.objects.none()  # for the schema; get_queryset() is what answers
+
+    def get_queryset(self):
+        return services.visible_jobs(
+            self.request.user, Job.objects.select_related("share__team", "submitted_by")
+        )
+
+    def get_serializer_class(self):
+        return JobDetailSerializer if self.action == "retrieve" else JobSerializer
+
+    def get_throttles(self):
+        if self.action == "create":
+            return [SubmitThrottle()]
+        return super().get_throttles()
+
+    def _detail(self, job, status_code=status.HTTP_200_OK):
+        job = (
+            self.get_queryset()
+            .prefetch_related(
+                Prefetch("attempts", queryset=Attempt.objects.order_by("number")),
+                Prefetch("events", queryset=JobEvent.objects.order_by("at", "id")),
+            )
+            .get(pk=job.pk)
+        )
+        queue = quota_services.queue_view(targets=[job.pk]) if job.state == JobState.QUEUED else None
+        return Response(JobDetailSerializer(job, context={"queue": queue}).data, status=status_code)
+
+    @extend_schema(request=JobSubmitSerializer, responses={201: JobDetailSerializer})
+    def create(self, request, *args, **kwargs):
+        """Submit a job to a share of one of your teams."""
+        serializer = JobSubmitSerializer(data=request.data, context={"request": request})
+        serializer.is_valid(raise_exception=True)
+        job = services.job_submit(user=request.user, **serializer.validated_data)
+        return self._detail(job, status.HTTP_201_CREATED)
+
+    def retrieve(self, request, *args, **kwargs):
+        """A job with its queue position, ETA, attempts and events."""
+        return self._detail(self.get_object())
+
+    @extend_schema(request=JobPrioritySerializer, responses={200: JobDetailSerializer})
+    def partial_update(self, request, *args, **kwargs):
+        """Change the priority of a queued or running job (owner, team manager, admin)."""
+        job = self.get_object()
+        serializer = JobPrioritySerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        job = services.job_set_priority(
+            user=request.user, job=job, priority=serializer.validated_data["priority"]
+        )
+        return self._detail(job)
+
+    @extend_schema(request=None, responses={200: JobDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        """Cancel a job (owner, team manager, admin). A finished job answers 409."""
+        job = services.job_cancel(user=request.user, job=self.get_object())
+        return self._detail(job)
+
+    @extend_schema(parameters=[LogQuerySerializer], responses={200: LogSerializer})
+    @action(detail=True, methods=["get"], filterset_class=None, pagination_class=None)
+    def logs(self, request, pk=None):
+        """An attempt's output (default: the latest attempt, its first node). `tail` keeps the last N
+        lines; `after` (a cursor from an earlier read) returns only what came since."""
+        job = self.get_object()
+        query = LogQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        return Response(services.job_logs(job=job, **query.validated_data))
+
+
+class QueueView(ApiViewMixin, APIView):
+    """The queue in the order the policy would admit it, with positions and ETAs. Every share's queue
+    is visible (so teams see where capacity goes); other teams' jobs show no name and no owner."""
+
+    schema = ApiSchema()
+
+    @extend_schema(
+        parameters=[OpenApiParameter("share", str, description="Share name; every share if left out.")],
+        responses={200: QueueSerializer},
+    )
+    def get(self, request):
+        query = QueueQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        name = query.validated_data.get("share")
+        if name is not None and not Share.objects.filter(name=name).exists():
+            return Response({"share": [f'No share named "{name}".']}, status=status.HTTP_400_BAD_REQUEST)
+        queue = quota_services.queue_view()
+        queued = [q for q in queue.snapshot.queued if name is None or q.share == name]
+        queued.sort(key=lambda q: queue.position(q.job_id)["overall"])
+        jobs = {
+            j["pk"]: j
+            for j in Job.objects.filter(pk__in=[q.job_id for q in queued]).values(
+                "pk", "name", "submitted_by__username", "share__team_id", "share__team__slug", "submitted_at"
+            )
+        }
+        user = request.user
+        mine = None if user.is_superuser else set(services.team_ids_of(user))
+        entries = []
+        for q in queued:
+            job = jobs.get(q.job_id)
+            if job is None:  # ended between the snapshot and now
+                continue
+            shown = mine is None or job["share__team_id"] in mine
+            eta = queue.eta(q.job_id)
+            entries.append(
+                {
+                    "id": q.job_id,
+                    "share": q.share,
+                    "team": job["share__team__slug"],
+                    "name": job["name"] if shown else None,
+                    "submitted_by": job["submitted_by__username"] if shown else None,
+                    "gpu_type": q.gpu_type,
+                    "gpus": q.gpus,
+                    "priority": q.priority,
+                    "submitted_at": job["submitted_at"],
+                    "position": queue.position(q.job_id),
+                    "eta": eta,
+                    "waiting_reason": queue.waiting(q.job_id),
+                }
+            )
+        data = {"share": name, "planned": queue.forecast.planned, "jobs": entries}
+        return Response(QueueSerializer(data).data)

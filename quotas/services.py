@@ -1,0 +1,317 @@
+"""Team and share verbs, and the live read-outs of the queue: share usage, queue positions and ETAs.
+
+Writes validate through the models' own validators and ask for a scheduling pass after commit. The
+read-outs load one snapshot (quotas.scheduler.load_snapshot, a constant number of queries) and ask the
+policy's accounting and quotas.forecast for the numbers: nothing here re-decides what the policy decides.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.db.models import ProtectedError
+from django.utils import timezone
+
+from quotas import forecast as fc
+from quotas.choices import Role, Strategy
+from quotas.models import GPU_TYPE_RE, Membership, Share, ShareCapacity, Team
+
+log = logging.getLogger(__name__)
+
+# ETA of a job with no max_runtime_s in a share that has never finished a job.
+DEFAULT_RUNTIME_S = 3600
+# How many recent successful attempts the median observed runtime of a share is taken over.
+RUNTIME_SAMPLE = 1000
+MAX_INT = 2**31 - 1
+
+
+def _request_pass(why: str) -> None:
+    from quotas.triggers import request_pass
+
+    transaction.on_commit(lambda: request_pass(why))
+
+
+def _conflict(message: str) -> Exception:
+    from jobs.services import Conflict
+
+    return Conflict(message)
+
+
+# --- teams ---------------------------------------------------------------------------------------
+
+
+def _resolve_members(members: Iterable[Mapping[str, str]]) -> list[tuple[Any, str]]:
+    User = get_user_model()
+    wanted = [(str(m.get("username", "")), m.get("role") or Role.MEMBER) for m in members]
+    users = {u.get_username(): u for u in User.objects.filter(username__in=[w[0] for w in wanted])}
+    problems = []
+    for username, role in wanted:
+        if username not in users:
+            problems.append(f'No user named "{username}".')
+        if role not in Role.values:
+            problems.append(f'"{role}" is not a role; use one of {", ".join(Role.values)}.')
+    if len({w[0] for w in wanted}) != len(wanted):
+        problems.append("A user may be listed once.")
+    if problems:
+        raise ValidationError({"members": problems})
+    return [(users[username], role) for username, role in wanted]
+
+
+def _set_members(team: Team, members: Iterable[Mapping[str, str]]) -> None:
+    resolved = _resolve_members(members)
+    keep = {u.pk: role for u, role in resolved}
+    team.memberships.exclude(user_id__in=list(keep)).delete()
+    existing = {m.user_id: m for m in team.memberships.all()}
+    for user_id, role in keep.items():
+        m = existing.get(user_id)
+        if m is None:
+            Membership.objects.create(team=team, user_id=user_id, role=role)
+        elif m.role != role:
+            Membership.objects.filter(pk=m.pk).update(role=role)
+
+
+@transaction.atomic
+def team_create(*, name: str, slug: str, members: Sequence[Mapping[str, str]] | None = None) -> Team:
+    team = Team(name=name, slug=slug)
+    team.full_clean()
+    team.save()
+    if members:
+        _set_members(team, members)
+    return team
+
+
+@transaction.atomic
+def team_update(
+    *, team: Team, name: str | None = None, slug: str | None = None, members: Sequence | None = None
+) -> Team:
+    if name is not None:
+        team.name = name
+    if slug is not None:
+        team.slug = slug
+    team.full_clean()
+    team.save()
+    if members is not None:
+        _set_members(team, members)
+    return team
+
+
+def team_delete(*, team: Team) -> None:
+    try:
+        team.delete()
+    except ProtectedError as e:
+        raise _conflict(f'Team "{team.slug}" still owns shares; delete or move them first.') from e
+
+
+# --- shares --------------------------------------------------------------------------------------
+
+
+def _validate_capacity(capacity: Mapping[str, int]) -> dict[str, int]:
+    import re
+
+    problems = []
+    for gpu_type, n in capacity.items():
+        if not isinstance(gpu_type, str) or not re.match(GPU_TYPE_RE, gpu_type):
+            problems.append(f'"{gpu_type}" is not a GPU type: use a lower-case name such as a10g or h100.')
+        elif not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_INT:
+            problems.append(f"The capacity of {gpu_type} must be a whole number of GPUs, 0 or more.")
+    if problems:
+        raise ValidationError({"capacity": problems})
+    return dict(capacity)
+
+
+def _check_share(share: Share) -> None:
+    errors: dict[str, list[str]] = {}
+    try:
+        share.full_clean()
+    except ValidationError as e:
+        errors = e.message_dict
+    if (
+        share.borrow_limit != -1
+        and share.strategy != Strategy.LEND_AND_BORROW
+        and "borrow_limit" not in errors
+    ):
+        errors["borrow_limit"] = [
+            f"Only a LEND_AND_BORROW share borrows: leave borrow_limit at -1 for {share.strategy}."
+        ]
+    if share.borrow_limit > MAX_INT:
+        errors["borrow_limit"] = ["borrow_limit is a percentage: -1 (no limit) or 0 or more."]
+    if errors:
+        raise ValidationError(errors)
+
+
+def _save_capacity(share: Share, capacity: Mapping[str, int]) -> None:
+    share.capacities.exclude(gpu_type__in=list(capacity)).delete()
+    existing = {c.gpu_type: c for c in share.capacities.all()}
+    for gpu_type, n in capacity.items():
+        row = existing.get(gpu_type)
+        if row is None:
+            ShareCapacity.objects.create(share=share, gpu_type=gpu_type, max_gpus=n)
+        elif row.max_gpus != n:
+            ShareCapacity.objects.filter(pk=row.pk).update(max_gpus=n)
+
+
+SHARE_FIELDS = ("name", "team", "description", "strategy", "borrow_limit", "in_share_preemption", "state")
+
+
+def share_create(*, name: str, team: Team, capacity: Mapping[str, int] | None = None, **fields: Any) -> Share:
+    """Create a share with its capacity ({gpu_type: gpus}). Raises ValidationError({field: [msg]})."""
+    unknown = set(fields) - set(SHARE_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown share fields: {sorted(unknown)}")
+    capacity = _validate_capacity(capacity or {})
+    share = Share(name=name, team=team, **fields)
+    _check_share(share)
+    try:
+        with transaction.atomic():
+            share.save()
+            _save_capacity(share, capacity)
+            _request_pass("share created")
+    except IntegrityError as e:  # a concurrent create of the same name
+        raise ValidationError({"name": [f'A share named "{name}" already exists.']}) from e
+    return share
+
+
+def share_update(*, share: Share, capacity: Mapping[str, int] | None = None, **fields: Any) -> Share:
+    """Change a share's settings and/or capacity. Queued and running jobs go on; the next pass uses the
+    new values (a lowered capacity can turn running jobs into borrowed, reclaimable ones)."""
+    unknown = set(fields) - set(SHARE_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown share fields: {sorted(unknown)}")
+    for field, value in fields.items():
+        setattr(share, field, value)
+    if capacity is not None:
+        capacity = _validate_capacity(capacity)
+    _check_share(share)
+    try:
+        with transaction.atomic():
+            share.save()
+            if capacity is not None:
+                _save_capacity(share, capacity)
+            _request_pass("share changed")
+    except IntegrityError as e:
+        raise ValidationError({"name": [f'A share named "{share.name}" already exists.']}) from e
+    return share
+
+
+def share_delete(*, share: Share) -> None:
+    try:
+        with transaction.atomic():
+            share.delete()
+            _request_pass("share deleted")
+    except ProtectedError as e:
+        raise _conflict(
+            f'Share "{share.name}" has jobs; disable it instead (state DISABLED) so it takes no new ones.'
+        ) from e
+
+
+# --- read-outs -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueView:
+    """One consistent look at the queue: the snapshot, the policy's accounting and the forecast."""
+
+    loaded: Any  # quotas.scheduler.Loaded
+    forecast: fc.Forecast
+
+    @property
+    def snapshot(self):
+        return self.loaded.snapshot
+
+    def position(self, job_id: int) -> dict[str, int] | None:
+        return self.forecast.positions.get(job_id)
+
+    def eta(self, job_id: int) -> datetime | None:
+        t = self.forecast.eta.get(job_id)
+        return datetime.fromtimestamp(t, tz=timezone.get_current_timezone()) if t is not None else None
+
+    def waiting(self, job_id: int) -> str:
+        return self.forecast.waiting.get(job_id, "")
+
+
+def share_usage(snapshot) -> dict[str, dict[str, dict[str, float | int]]]:
+    """{share name: {gpu_type: own, borrowed, lent, queued_gpus, running_jobs, queued_jobs}} from one
+    snapshot. own/borrowed/lent are the policy's accounting (lent is fractional: SEMANTICS "Lent")."""
+    from quotas import policy
+
+    out: dict[str, dict[str, dict[str, float | int]]] = {}
+
+    def row(share: str, gpu_type: str) -> dict[str, float | int]:
+        return out.setdefault(share, {}).setdefault(
+            gpu_type,
+            {"own": 0, "borrowed": 0, "lent": 0.0, "queued_gpus": 0, "running_jobs": 0, "queued_jobs": 0},
+        )
+
+    for share in snapshot.shares:
+        for gpu_type in share.capacity:
+            row(share.name, gpu_type)
+    accounting = getattr(policy, "usage", None)  # the policy's accounting; absent only mid-development
+    for share, by_type in (accounting(snapshot) if accounting else {}).items():
+        if share == policy.UNASSIGNED:
+            continue
+        for gpu_type, u in by_type.items():
+            r = row(share, gpu_type)
+            r["own"], r["borrowed"], r["lent"] = u.own, u.borrowed, round(u.lent, 2)
+    for run in snapshot.running:
+        row(run.share, run.gpu_type)["running_jobs"] += 1
+    for q in snapshot.queued:
+        r = row(q.share, q.gpu_type)
+        r["queued_jobs"] += 1
+        r["queued_gpus"] += q.gpus
+    return out
+
+
+def _median_runtimes(now: datetime) -> dict[str, float]:
+    """Median observed runtime per share, over its most recent successful attempts (one query)."""
+    from jobs.choices import AttemptState, Outcome
+    from jobs.models import Attempt
+
+    rows = (
+        Attempt.objects.filter(
+            state=AttemptState.ENDED,
+            outcome=Outcome.SUCCEEDED,
+            started_at__isnull=False,
+            ended_at__gte=now - timedelta(days=30),
+        )
+        .order_by("-ended_at")
+        .values_list("job__share__name", "started_at", "ended_at")[:RUNTIME_SAMPLE]
+    )
+    samples: dict[str, list[float]] = {}
+    for share, started, ended in rows:
+        samples.setdefault(share, []).append(max(1.0, (ended - started).total_seconds()))
+    return {share: statistics.median(values) for share, values in samples.items()}
+
+
+def queue_view(*, targets: Iterable[int] | None = None, now: datetime | None = None) -> QueueView:
+    """Load the snapshot and forecast the queue. `targets` (job ids) lets the forecast stop as soon as
+    those jobs have an ETA. A constant number of queries, whatever the size of the queue."""
+    from jobs.choices import JOB_OPEN_STATES
+    from jobs.models import Job
+    from quotas.scheduler import load_snapshot
+
+    now = now or timezone.now()
+    loaded = load_snapshot(now)
+    medians = _median_runtimes(now)
+    runtime: dict[int, float] = {}
+    grace: dict[int, float] = {}
+    for pk, share, max_runtime, grace_s in Job.objects.filter(state__in=list(JOB_OPEN_STATES)).values_list(
+        "pk", "share__name", "max_runtime_s", "preemption_grace_s"
+    ):
+        runtime[pk] = float(max_runtime or medians.get(share) or DEFAULT_RUNTIME_S)
+        grace[pk] = float(grace_s)
+    result = fc.forecast(
+        loaded.snapshot,
+        runtime_s=runtime,
+        grace_s=grace,
+        default_runtime_s=DEFAULT_RUNTIME_S,
+        targets=targets,
+    )
+    return QueueView(loaded=loaded, forecast=result)
