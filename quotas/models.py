@@ -112,3 +112,59 @@ class SchedulerPass(models.Model):
 
     def __str__(self) -> str:
         return f"pass at {self.started_at:%H:%M:%S}: +{self.admitted} admitted, {self.preempted} pre-empted"
+
+
+class UsageSample(models.Model):
+    """GPUs a share used at one instant, per type: the history behind the dashboard's charts.
+
+    Written every minute by a beat task (`quotas.tasks.sample_usage`); samples older than a day are
+    thinned to one per `resolution_s` bucket and all are pruned after 90 days, so charts stay fast."""
+
+    at = models.DateTimeField()
+    share = models.ForeignKey(Share, on_delete=models.CASCADE, related_name="usage_samples")
+    gpu_type = models.CharField(max_length=32)
+    capacity = models.PositiveIntegerField(default=0)
+    own = models.FloatField(default=0)
+    borrowed = models.FloatField(default=0)
+    lent = models.FloatField(default=0)
+    queued_gpus = models.PositiveIntegerField(default=0)
+    running_jobs = models.PositiveIntegerField(default=0)
+    queued_jobs = models.PositiveIntegerField(default=0)
+    resolution_s = models.PositiveIntegerField(default=60)  # 60 while fresh, larger once downsampled
+
+    class Meta:
+        ordering = ["at"]
+        indexes = [
+            models.Index(fields=["at"], name="usagesample_at"),
+            models.Index(fields=["share", "gpu_type", "at"], name="usagesample_share_type_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.share_id}/{self.gpu_type} at {self.at:%Y-%m-%d %H:%M}"
+
+
+class AuditEntry(models.Model):
+    """Who changed what, when, with the values before and after: every admin change to shares, teams
+    and nodes, whichever door (admin, dashboard, API) it came through."""
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    actor_name = models.CharField(max_length=150, blank=True)  # kept when the user is deleted
+    action = models.CharField(max_length=32)  # create / update / delete / cordon / drain / ...
+    object_type = models.CharField(max_length=32)  # share / team / node
+    object_id = models.CharField(max_length=64)
+    object_repr = models.CharField(max_length=200)
+    before = models.JSONField(default=dict, blank=True)
+    after = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        verbose_name_plural = "audit entries"
+        indexes = [models.Index(fields=["object_type", "object_id", "at"], name="audit_object_at")]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.at:%Y-%m-%d %H:%M} {self.actor_name} {self.action} {self.object_type} {self.object_repr}"
+        )
