@@ -22,8 +22,9 @@ run: setup
 	@echo "gpuquota on http://127.0.0.1:8000/  (admin at /admin/)"
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/honcho -f Procfile.dev start
 
+# The tests keep their files (broker, logs, agent state) apart from a `make run` in the same checkout.
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	GPUQUOTA_VAR_DIR=$(CURDIR)/var/test $(BIN)/python -m pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,0 +1,173 @@
+"""A live cluster for end-to-end tests: a real control Celery worker, Celery beat and fake-GPU agents
+as separate processes, on the test database and the configured broker (Redis in CI)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _database_url() -> str:
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
+    auth = s["USER"] + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
+    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+def _purge_broker() -> None:
+    if settings.REDIS_URL:
+        import redis
+
+        redis.Redis.from_url(settings.REDIS_URL).flushdb()
+    else:
+        for sub in ("queue", "processed"):
+            folder = settings.BROKER_DIR / sub
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True, exist_ok=True)
+
+
+class LiveCluster:
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": _database_url(),
+            "GPUQUOTA_VAR_DIR": str(settings.VAR_DIR),
+            "JOB_LOG_DIR": str(tmp / "logs"),
+            "CHECKPOINT_ROOT": str(tmp / "checkpoints"),
+            "SCHEDULER_INTERVAL_S": "1",
+            "HEARTBEAT_INTERVAL_S": "1",
+            "NODE_LOST_AFTER_S": "4",
+            "PREEMPT_ACK_TIMEOUT_S": "5",
+            "LOG_LEVEL": "INFO",
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        out = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.procs[name] = proc
+        return proc
+
+    def start_control(self) -> None:
+        self._spawn(
+            "control",
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "worker",
+                "-Q",
+                "control",
+                "-P",
+                "threads",
+                "-c",
+                "4",
+                "-n",
+                f"control-{os.getpid()}@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "-l",
+                "INFO",
+            ],
+        )
+        self._spawn(
+            "beat",
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "beat",
+                "-l",
+                "INFO",
+                "--schedule",
+                str(self.tmp / "beat-schedule"),
+            ],
+        )
+
+    def start_agent(self, name: str, gpus: int, gpu_type: str = "a10g") -> subprocess.Popen:
+        return self._spawn(
+            f"agent-{name}",
+            [
+                sys.executable,
+                "manage.py",
+                "gpu_agent",
+                "--name",
+                name,
+                "--fake-gpus",
+                str(gpus),
+                "--gpu-type",
+                gpu_type,
+            ],
+        )
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.pop(name)
+        os.kill(proc.pid, sig)  # the process only, not its children: like a crash of the agent
+        proc.wait(timeout=20)
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 15
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.procs.clear()
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"===== {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in sorted(self.tmp.glob("*.log"))
+        )
+
+
+def wait_for(predicate, timeout: float = 30, every: float = 0.1, what: str = "condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def cluster(transactional_db, tmp_path, request):
+    _purge_broker()
+    live = LiveCluster(tmp_path)
+    yield live
+    live.stop_all()
+    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+        print(live.logs())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)
