@@ -27,3 +27,27 @@ def test_it_is_idempotent(db):
     call_command("seed_demo", stdout=out)
     assert counts() == before
     assert "nothing changed" in out.getvalue()
+
+
+def test_demo_traffic_submits_waves_for_each_strategy(db):
+    call_command("seed_demo", stdout=StringIO())
+    Job.objects.update(state="SUCCEEDED")  # as if the seeded jobs had run
+    before = set(Job.objects.values_list("pk", flat=True))
+    out = StringIO()
+    call_command("demo_traffic", waves=3, every=0, delay=0, stdout=out)
+    new = Job.objects.exclude(pk__in=before)
+    assert set(new.values_list("share__name", flat=True)) == {
+        "language-research",
+        "platform-batch",
+        "vision-prod",
+    }
+    assert new.get(share__name="vision-prod").priority == 50
+    assert "submitted job" in out.getvalue()
+
+
+def test_demo_traffic_skips_a_share_with_work_waiting(db):
+    call_command("seed_demo", stdout=StringIO())
+    call_command("demo_traffic", waves=1, every=0, delay=0, stdout=StringIO())
+    queued = Job.objects.filter(share__name="language-research", state="QUEUED").count()
+    call_command("demo_traffic", waves=1, every=0, delay=0, stdout=StringIO())
+    assert Job.objects.filter(share__name="language-research", state="QUEUED").count() == max(queued, 2)
