@@ -148,7 +148,7 @@ def test_submit_to_start_latency_is_event_driven(cluster, django_user_model):
     wait_for(lambda: nodes_ready("l1"), 60, what="node READY")
     time.sleep(1)
     latencies = []
-    for i in range(5):
+    for i in range(20):
         job = job_submit(user=user, share=s, name=f"j{i}", gpus=1, gpu_type="a10g", command=["true"])
         t0 = time.monotonic()
         wait_for(
@@ -156,5 +156,8 @@ def test_submit_to_start_latency_is_event_driven(cluster, django_user_model):
         )
         latencies.append(time.monotonic() - t0)
     latencies.sort()
-    print(f"submit-to-start latency: median {latencies[2] * 1000:.0f} ms, max {latencies[-1] * 1000:.0f} ms")
-    assert latencies[2] < 5  # generous: the figure itself is measured by `make bench`
+    median = latencies[len(latencies) // 2]
+    print(
+        f"submit-to-start latency (20 submits): median {median * 1000:.0f} ms, max {latencies[-1] * 1000:.0f} ms"
+    )
+    assert median < 5  # generous: the figure itself is measured by `make bench`
