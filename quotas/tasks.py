@@ -14,3 +14,19 @@ def scheduling_pass(trigger: str = "beat") -> dict:
 @shared_task(name="quotas.tasks.prune_pass_records", ignore_result=True)
 def prune_pass_records() -> int:
     return scheduler.prune_pass_records()
+
+
+@shared_task(name="quotas.tasks.sample_usage", ignore_result=True)
+def sample_usage() -> int:
+    """Every minute: one UsageSample per share and GPU type (the dashboard's history)."""
+    from quotas import usage
+
+    return usage.sample()
+
+
+@shared_task(name="quotas.tasks.compact_usage", ignore_result=True)
+def compact_usage() -> dict:
+    """Hourly: thin samples older than a day to 15-minute buckets, delete those older than 90 days."""
+    from quotas import usage
+
+    return {"downsampled": usage.downsample(), "pruned": usage.prune()}

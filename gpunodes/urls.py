@@ -1,0 +1,10 @@
+"""Dashboard routes of the gpunodes app."""
+
+from django.urls import path
+
+from gpunodes import views
+
+urlpatterns = [
+    path("nodes/", views.node_grid, name="nodes"),
+    path("nodes/<str:name>/<str:action>/", views.node_action, name="node_action"),
+]

@@ -1,0 +1,41 @@
+"""Dashboard page of the gpunodes app: the grid of hosts and their GPUs (coloured by the share using
+each GPU, hatched while borrowed, heartbeat age), and the admins' cordon / uncordon / drain buttons."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from gpunodes import services
+from gpunodes.models import Node
+from jobs.services import Conflict
+from quotas.views import admin_required, hx_redirect, page_or_part
+
+ACTIONS = {"cordon": services.node_cordon, "uncordon": services.node_uncordon, "drain": services.node_drain}
+
+
+@require_GET
+@login_required
+def node_grid(request):
+    context = {"grid": services.node_grid(now=timezone.now()), "poll": True}
+    return page_or_part(request, "gpunodes/nodes.html", {"grid": "gpunodes/partials/_grid.html"}, context)
+
+
+@require_POST
+@admin_required
+def node_action(request, name, action):
+    node = get_object_or_404(Node, name=name)
+    if action not in ACTIONS:
+        return HttpResponse(f"Unknown action {action}.", status=400)
+    try:
+        ACTIONS[action](node=node, actor=request.user)
+    except Conflict as e:
+        return HttpResponse(str(e), status=409)
+    if request.htmx:
+        context = {"grid": services.node_grid(now=timezone.now()), "poll": True}
+        return render(request, "gpunodes/partials/_grid.html", context)
+    return hx_redirect(request, reverse("nodes"))

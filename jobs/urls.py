@@ -1,0 +1,12 @@
+"""Dashboard routes of the jobs app."""
+
+from django.urls import path
+
+from jobs import views
+
+urlpatterns = [
+    path("jobs/<int:pk>/", views.job_page, name="job"),
+    path("jobs/<int:pk>/cancel/", views.job_cancel, name="job_cancel"),
+    path("jobs/<int:pk>/priority/", views.job_priority, name="job_priority"),
+    path("teams/<slug:slug>/submit/", views.job_submit, name="job_submit"),
+]

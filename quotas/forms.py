@@ -1,0 +1,104 @@
+"""Dashboard forms for shares. They parse and check types; the rules live in quotas.services, whose
+ValidationError({field: [message]}) is put back beside the field by `add_service_errors`."""
+
+from __future__ import annotations
+
+from django import forms
+from django.core.exceptions import ValidationError
+
+from quotas.choices import ShareState, Strategy
+from quotas.models import GPU_TYPE_RE, Team
+
+
+def add_service_errors(form: forms.Form, error: ValidationError, aliases: dict[str, str] | None = None):
+    """Put a service's ValidationError beside the form's fields (unknown fields: at the top)."""
+    aliases = aliases or {}
+    messages = error.message_dict if hasattr(error, "error_dict") else {None: error.messages}
+    for field, msgs in messages.items():
+        target = aliases.get(field, field)
+        for msg in msgs:
+            form.add_error(target if target in form.fields else None, msg)
+
+
+class ShareForm(forms.Form):
+    name = forms.RegexField(
+        regex=r"^[a-z0-9-]{1,63}$",
+        max_length=63,
+        help_text="1 to 63 lower-case letters, digits or hyphens.",
+        error_messages={"invalid": "Use 1 to 63 lower-case letters, digits or hyphens."},
+    )
+    team = forms.ModelChoiceField(queryset=Team.objects.order_by("name"), to_field_name="slug")
+    description = forms.CharField(max_length=200, required=False)
+    strategy = forms.ChoiceField(choices=Strategy.choices, initial=Strategy.LEND_AND_BORROW)
+    borrow_limit = forms.IntegerField(
+        min_value=-1,
+        max_value=2**31 - 1,
+        initial=-1,
+        help_text="Percent of own capacity it may borrow; -1 = no limit. Only for Lend and borrow.",
+    )
+    in_share_preemption = forms.BooleanField(
+        required=False, label="In-share pre-emption", help_text="Higher priority may pre-empt lower."
+    )
+    state = forms.ChoiceField(choices=ShareState.choices, initial=ShareState.ENABLED)
+    new_gpu_type = forms.RegexField(
+        regex=GPU_TYPE_RE,
+        required=False,
+        label="Another GPU type",
+        error_messages={"invalid": "A GPU type is a lower-case name such as a10g or h100."},
+    )
+    new_gpu_count = forms.IntegerField(min_value=0, max_value=2**31 - 1, required=False, label="its GPUs")
+
+    def __init__(self, *args, gpu_types=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gpu_types = sorted(set(gpu_types))
+        for gpu_type in self.gpu_types:
+            self.fields[f"cap_{gpu_type}"] = forms.IntegerField(
+                min_value=0, max_value=2**31 - 1, required=False, label=f"{gpu_type} GPUs"
+            )
+
+    def capacity_fields(self):
+        return [self[f"cap_{t}"] for t in self.gpu_types]
+
+    def clean(self):
+        data = super().clean()
+        new_type, new_count = data.get("new_gpu_type"), data.get("new_gpu_count")
+        if new_type and new_count is None:
+            self.add_error("new_gpu_count", f"How many {new_type} GPUs?")
+        if new_count is not None and not new_type and "new_gpu_type" not in self.errors:
+            self.add_error("new_gpu_type", "Name the GPU type these GPUs are of.")
+        return data
+
+    def capacity(self) -> dict[str, int]:
+        """{gpu_type: GPUs}; a type left empty or at 0 is not part of the share."""
+        data = self.cleaned_data
+        out = {t: data[f"cap_{t}"] for t in self.gpu_types if data.get(f"cap_{t}")}
+        if data.get("new_gpu_type") and data.get("new_gpu_count"):
+            out[data["new_gpu_type"]] = data["new_gpu_count"]
+        return out
+
+    def share_fields(self) -> dict:
+        data = self.cleaned_data
+        return {
+            "name": data["name"],
+            "team": data["team"],
+            "description": data.get("description", ""),
+            "strategy": data["strategy"],
+            "borrow_limit": data["borrow_limit"],
+            "in_share_preemption": data.get("in_share_preemption", False),
+            "state": data["state"],
+        }
+
+    @classmethod
+    def initial_for(cls, share) -> dict:
+        initial = {
+            "name": share.name,
+            "team": share.team.slug,
+            "description": share.description,
+            "strategy": share.strategy,
+            "borrow_limit": share.borrow_limit,
+            "in_share_preemption": share.in_share_preemption,
+            "state": share.state,
+        }
+        for gpu_type, n in share.capacity_map().items():
+            initial[f"cap_{gpu_type}"] = n
+        return initial

@@ -1,0 +1,19 @@
+"""Dashboard routes of the quotas app: overview, teams, share configuration, audit log."""
+
+from django.urls import path
+
+from quotas import views
+
+urlpatterns = [
+    path("", views.overview, name="overview"),
+    path("teams/", views.team_list, name="team_list"),
+    path("teams/<slug:slug>/", views.team_page, name="team"),
+    path("shares/", views.share_list, name="share_list"),
+    path("shares/new/", views.share_create, name="share_create"),
+    path("shares/new/whatif/", views.share_whatif, name="share_whatif_new"),
+    path("shares/<str:name>/", views.share_edit, name="share_edit"),
+    path("shares/<str:name>/whatif/", views.share_whatif, name="share_whatif"),
+    path("shares/<str:name>/state/", views.share_set_state, name="share_state"),
+    path("shares/<str:name>/delete/", views.share_delete, name="share_delete"),
+    path("audit/", views.audit_log, name="audit"),
+]

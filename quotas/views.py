@@ -1,0 +1,398 @@
+"""Dashboard pages of the quotas app: the overview, team pages, share configuration (with the what-if
+preview) and the audit log. Thin views: they parse, call a service or a read-out, and render; an htmx
+request gets only the partial it swaps (templates/quotas/partials/_<target>.html)."""
+
+from __future__ import annotations
+
+import functools
+from datetime import UTC as dt_utc
+from datetime import datetime
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.paginator import Paginator
+from django.db import transaction
+from django.db.models import Q
+from django.http import Http404, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from jobs import services as job_services
+from jobs.choices import EventKind
+from jobs.models import Job, JobEvent
+from quotas import services, usage, whatif
+from quotas.choices import ShareState
+from quotas.forms import ShareForm, add_service_errors
+from quotas.models import AuditEntry, Membership, Share, Team
+
+FEED_SIZE = 15
+QUEUE_SHOWN = 50
+ETA_TARGETS = 20  # the forecast runs until these many of the team's next jobs have an ETA
+RUNNING_SHOWN = 50
+AUDIT_PAGE = 50
+FEED_KINDS = [EventKind.PREEMPTING, EventKind.NODE_LOST]
+
+
+# --- helpers shared by the dashboard's views ---------------------------------------------------------
+
+
+def admin_required(view):
+    """Logged in as an admin (is_superuser, as the API and the services take it; Django's staff flag
+    alone only opens the Django admin); anyone else logged in gets 403 (not a login loop)."""
+
+    @functools.wraps(view)
+    @login_required
+    def wrapped(request, *args, **kwargs):
+        if not request.user.is_superuser:
+            raise PermissionDenied("Only admins may do this.")
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+def page_or_part(request, page: str, parts: dict[str, str], context: dict, status: int = 200):
+    """The whole page, or for an htmx request naming ?part=, only that partial."""
+    part = request.GET.get("part")
+    if request.htmx and part in parts:
+        return render(request, parts[part], context, status=status)
+    return render(request, page, context, status=status)
+
+
+def hx_redirect(request, url: str) -> HttpResponse:
+    if request.htmx:
+        response = HttpResponse(status=204)
+        response["HX-Redirect"] = url
+        return response
+    return redirect(url)
+
+
+def _feed(user):
+    """Recent pre-emptions, reclaims and lost nodes (one query); job names only where the user may see
+    the job."""
+    mine = None if user.is_superuser else set(job_services.team_ids_of(user))
+    events = list(
+        JobEvent.objects.filter(kind__in=FEED_KINDS)
+        .select_related("job__share")
+        .only(
+            "at", "kind", "reason", "attempt_number", "job__name", "job__share__name", "job__share__team_id"
+        )
+        .order_by("-at", "-id")[:FEED_SIZE]
+    )
+    for e in events:
+        e.visible = mine is None or e.job.share.team_id in mine
+    return events
+
+
+# --- overview ---------------------------------------------------------------------------------------
+
+OVERVIEW_PARTS = {
+    "cards": "quotas/partials/_cards.html",
+    "sankey": "quotas/partials/_sankey.html",
+    "totals": "quotas/partials/_totals.html",
+    "feed": "quotas/partials/_feed.html",
+    "history": "quotas/partials/_history.html",
+}
+
+
+@require_GET
+@login_required
+def overview(request):
+    part = request.GET.get("part") if request.htmx else None
+    context: dict = {"poll": True}
+    if part in (None, "cards", "sankey", "totals"):
+        context["picture"] = usage.cluster_picture()
+    if part in (None, "feed"):
+        context["feed"] = _feed(request.user)
+    if part in (None, "history"):
+        context["history"] = usage.history(hours=24)
+        context["colours"] = usage.share_colours(Share.objects.values_list("name", flat=True))
+    return page_or_part(request, "quotas/overview.html", OVERVIEW_PARTS, context)
+
+
+# --- team page -------------------------------------------------------------------------------------
+
+TEAM_PARTS = {
+    "queue": "quotas/partials/_team_queue.html",
+    "cards": "quotas/partials/_cards.html",
+}
+
+
+def _team_for(user, slug: str) -> tuple[Team, str | None]:
+    team = get_object_or_404(Team, slug=slug)
+    role = Membership.objects.filter(team=team, user=user).values_list("role", flat=True).first()
+    if role is None and not user.is_superuser:
+        raise Http404("No such team among yours.")
+    return team, role
+
+
+def team_queue_context(user, team: Team) -> dict:
+    """The team's queue in admission order (position, ETA, why it waits) and its running jobs, from
+    one snapshot (returned as "loaded" for the share cards). Constant queries."""
+    from jobs.choices import JobState
+    from quotas import policy
+
+    # ETAs for the first of the team's jobs in queue order (SEMANTICS rule 1): the forecast stops
+    # once those are placed.
+    targets = list(
+        Job.objects.filter(state=JobState.QUEUED, share__team=team)
+        .order_by("-priority", "submitted_at", "id")
+        .values_list("pk", flat=True)[:ETA_TARGETS]
+    )
+    queue = services.queue_view(targets=targets)
+    snapshot = queue.snapshot
+    names = {s.name for s in Share.objects.filter(team=team).only("name")}
+    queued = [q for q in snapshot.queued if q.share in names]
+    queued.sort(key=lambda q: queue.position(q.job_id)["overall"])
+    running = sorted(
+        (r for r in snapshot.running if r.share in names), key=lambda r: (-r.started_at, r.attempt_id)
+    )
+    shown_q, shown_r = queued[:QUEUE_SHOWN], running[:RUNNING_SHOWN]
+    jobs = Job.objects.select_related("share", "submitted_by").in_bulk(
+        [q.job_id for q in shown_q] + [r.job_id for r in shown_r]
+    )
+    can_manage = job_services.manage_checker(user)
+    entries = [
+        {
+            "job": jobs[q.job_id],
+            "position": queue.position(q.job_id),
+            "eta": queue.eta(q.job_id),
+            "waiting": queue.waiting(q.job_id),
+            "can_manage": can_manage(jobs[q.job_id]),
+        }
+        for q in shown_q
+        if q.job_id in jobs  # one that ended between the snapshot and now is left out
+    ]
+    borrowed_now = policy.borrowed_attempts(snapshot)
+    running_rows = [
+        {
+            "job": jobs[r.job_id],
+            "placement": [{"node": node, "gpus": list(idx)} for node, idx in r.placement],
+            "since": datetime.fromtimestamp(r.started_at, tz=dt_utc),
+            "preempting": r.preempting,
+            "borrowed": r.attempt_id in borrowed_now,
+            "can_manage": can_manage(jobs[r.job_id]),
+        }
+        for r in shown_r
+        if r.job_id in jobs
+    ]
+    return {
+        "team": team,
+        "loaded": queue.loaded,
+        "queue": entries,
+        "queued_total": len(queued),
+        "planned": queue.forecast.planned,
+        "running": running_rows,
+        "running_total": len(running),
+        "now": timezone.now(),
+    }
+
+
+def submit_form_for(team: Team, data=None):
+    from jobs.forms import SubmitForm
+    from jobs.services import node_shapes
+
+    shares = list(Share.objects.filter(team=team, state=ShareState.ENABLED).order_by("name"))
+    return SubmitForm(data, shares=shares, gpu_types=node_shapes().keys())
+
+
+@require_GET
+@login_required
+def team_page(request, slug):
+    team, role = _team_for(request.user, slug)
+    part = request.GET.get("part") if request.htmx else None
+    context: dict = {"team": team, "role": role, "poll": True}
+    loaded = None
+    if part in (None, "queue"):
+        context.update(team_queue_context(request.user, team))
+        loaded = context["loaded"]
+    if part in (None, "cards"):
+        context["picture"] = usage.cluster_picture(team_id=team.pk, loaded=loaded)
+    if part is None:
+        context["form"] = submit_form_for(team)
+        context["members"] = list(team.memberships.select_related("user").order_by("user__username"))
+    return page_or_part(request, "quotas/team.html", TEAM_PARTS, context)
+
+
+@require_GET
+@login_required
+def team_list(request):
+    teams = Team.objects.order_by("name")
+    if not request.user.is_superuser:
+        teams = teams.filter(memberships__user=request.user)
+    teams = list(teams)
+    if len(teams) == 1:
+        return redirect("team", slug=teams[0].slug)
+    return render(request, "quotas/teams.html", {"teams": teams})
+
+
+# --- share configuration (admins) ------------------------------------------------------------------
+
+
+def _gpu_types(share: Share | None = None) -> list[str]:
+    from jobs.services import node_shapes
+
+    types = set(node_shapes())
+    if share is not None:
+        types |= set(share.capacity_map())
+    return sorted(types)
+
+
+def _overcommit() -> list[str]:
+    return usage.cluster_picture().overcommitted
+
+
+@require_GET
+@admin_required
+def share_list(request):
+    shares = list(Share.objects.select_related("team").prefetch_related("capacities").order_by("name"))
+    picture = usage.cluster_picture()
+    colours = usage.share_colours(s.name for s in shares)
+    for s in shares:
+        s.colour = colours[s.name]
+    return render(
+        request,
+        "quotas/shares.html",
+        {"shares": shares, "overcommitted": picture.overcommitted, "totals": picture.totals},
+    )
+
+
+def _share_form_response(request, form, share, status=200):
+    template = "quotas/partials/_share_form.html" if request.htmx else "quotas/share_edit.html"
+    recent = []
+    if share is not None:
+        recent = list(
+            AuditEntry.objects.filter(object_type="share")
+            .filter(Q(object_id=str(share.pk)) | Q(object_id=share.name) | Q(object_repr=share.name))
+            .order_by("-at", "-id")[:10]
+        )
+    context = {"form": form, "share": share, "recent": recent, "overcommitted": _overcommit()}
+    return render(request, template, context, status=status)
+
+
+@require_http_methods(["GET", "POST"])
+@admin_required
+def share_create(request):
+    form = ShareForm(request.POST or None, gpu_types=_gpu_types())
+    if request.method == "POST":
+        if form.is_valid():
+            try:
+                services.share_create(capacity=form.capacity(), actor=request.user, **form.share_fields())
+            except ValidationError as e:
+                add_service_errors(form, e, {"capacity": "new_gpu_type"})
+            else:
+                return hx_redirect(request, reverse("share_list"))
+        return _share_form_response(request, form, None, status=400)
+    return _share_form_response(request, form, None)
+
+
+@require_http_methods(["GET", "POST"])
+@admin_required
+def share_edit(request, name):
+    share = get_object_or_404(Share.objects.select_related("team").prefetch_related("capacities"), name=name)
+    types = _gpu_types(share)
+    if request.method == "POST":
+        form = ShareForm(request.POST, gpu_types=types)
+        if form.is_valid():
+            try:
+                services.share_update(
+                    share=share, capacity=form.capacity(), actor=request.user, **form.share_fields()
+                )
+            except ValidationError as e:
+                add_service_errors(form, e, {"capacity": "new_gpu_type"})
+            else:
+                return hx_redirect(request, reverse("share_list"))
+        share.refresh_from_db()
+        return _share_form_response(request, form, share, status=400)
+    form = ShareForm(initial=ShareForm.initial_for(share), gpu_types=types)
+    return _share_form_response(request, form, share)
+
+
+class _Rollback(Exception):
+    pass
+
+
+@require_POST
+@admin_required
+def share_whatif(request, name=None):
+    """Replay the last 7 days with the share as it is and as the form proposes (nothing is saved)."""
+    share = None
+    if name is not None:
+        share = get_object_or_404(Share.objects.select_related("team"), name=name)
+    form = ShareForm(request.POST, gpu_types=_gpu_types(share))
+    if form.is_valid():
+        # Validate through the service itself, then roll back: the preview checks what a save would.
+        try:
+            with transaction.atomic():
+                if share is None:
+                    services.share_create(capacity=form.capacity(), actor=request.user, **form.share_fields())
+                else:
+                    fresh = Share.objects.get(pk=share.pk)
+                    services.share_update(
+                        share=fresh, capacity=form.capacity(), actor=request.user, **form.share_fields()
+                    )
+                raise _Rollback
+        except _Rollback:
+            pass
+        except ValidationError as e:
+            add_service_errors(form, e, {"capacity": "new_gpu_type"})
+    if not form.is_valid():
+        return render(request, "quotas/partials/_whatif.html", {"form": form, "errors": True}, status=400)
+    fields = form.share_fields()
+    try:
+        result = whatif.preview(
+            share=share.name if share else fields["name"],
+            changes={
+                "strategy": fields["strategy"],
+                "borrow_limit": fields["borrow_limit"],
+                "in_share_preemption": fields["in_share_preemption"],
+                "capacity": form.capacity(),
+                "team": fields["team"].slug,
+            },
+        )
+    except whatif.ReplayTooLong as e:
+        return render(request, "quotas/partials/_whatif.html", {"too_long": str(e)})
+    return render(
+        request,
+        "quotas/partials/_whatif.html",
+        {"preview": result, "share_name": fields["name"], "max_jobs": whatif.MAX_JOBS},
+    )
+
+
+@require_POST
+@admin_required
+def share_set_state(request, name):
+    share = get_object_or_404(Share, name=name)
+    state = request.POST.get("state")
+    if state not in ShareState.values:
+        return HttpResponse(f"state must be one of {', '.join(ShareState.values)}", status=400)
+    services.share_update(share=share, state=state, actor=request.user)
+    return hx_redirect(request, reverse("share_list"))
+
+
+@require_POST
+@admin_required
+def share_delete(request, name):
+    share = get_object_or_404(Share, name=name)
+    if share.state != ShareState.DISABLED:
+        return HttpResponse(f'Disable share "{share.name}" before deleting it.', status=400)
+    try:
+        services.share_delete(share=share, actor=request.user)
+    except job_services.Conflict as e:
+        return HttpResponse(str(e), status=409)
+    return hx_redirect(request, reverse("share_list"))
+
+
+# --- audit log (admins) ---------------------------------------------------------------------------
+
+
+@require_GET
+@admin_required
+def audit_log(request):
+    entries = AuditEntry.objects.order_by("-at", "-id")
+    kind = request.GET.get("type", "")
+    if kind:
+        entries = entries.filter(object_type=kind)
+    page = Paginator(entries, AUDIT_PAGE).get_page(request.GET.get("page"))
+    return render(request, "quotas/audit.html", {"page": page, "type": kind})

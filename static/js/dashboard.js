@@ -1,0 +1,77 @@
+/* gpuquota dashboard: draws the plotly charts of [data-plot] elements, on load and after every htmx
+   swap. The data comes from a <script type="application/json"> inside each element (Django's
+   json_script); share colours come from the stylesheet's --s0..--s9, so there is one palette. */
+(function () {
+  "use strict";
+  var css = getComputedStyle(document.documentElement);
+  function colour(i) {
+    if (i === undefined || i === null || i < 0) return "#9aa5b1";
+    return css.getPropertyValue("--s" + i).trim() || "#9aa5b1";
+  }
+  function data(el, n) {
+    var scripts = el.querySelectorAll('script[type="application/json"]');
+    return JSON.parse(scripts[n || 0].textContent);
+  }
+  var config = { displayModeBar: false, responsive: true };
+  var layout = { margin: { l: 40, r: 10, t: 10, b: 30 }, paper_bgcolor: "rgba(0,0,0,0)",
+                 plot_bgcolor: "rgba(0,0,0,0)", font: { family: "system-ui, sans-serif", size: 12 } };
+  function merge(extra) { return Object.assign({}, layout, extra); }
+
+  var draw = {
+    sankey: function (el, area) {
+      var d = data(el);
+      Plotly.react(area, [{
+        type: "sankey", arrangement: "snap",
+        node: { label: d.labels, color: d.colours.map(colour), pad: 18, thickness: 16 },
+        link: { source: d.source, target: d.target, value: d.value, label: d.link_labels,
+                color: d.source.map(function (s) { return colour(d.colours[s]) + "88"; }) }
+      }], merge({ margin: { l: 10, r: 10, t: 10, b: 10 } }), config);
+    },
+    history: function (el, area) {
+      var d = data(el, 0), colours = data(el, 1);
+      var traces = Object.keys(d.series).map(function (name) {
+        return { type: "scatter", mode: d.times.length < 10 ? "lines+markers" : "lines",
+                 stackgroup: "used", name: name, x: d.times,
+                 y: d.series[name], line: { width: 0.5, color: colour(colours[name]) } };
+      });
+      Plotly.react(area, traces, merge({ xaxis: { type: "date", range: [d.start, d.end] },
+                   yaxis: { title: "GPUs", rangemode: "tozero" },
+                   legend: { orientation: "h" } }), config);
+    },
+    timeline: function (el, area) {
+      var d = data(el);
+      var outcomes = { SUCCEEDED: "#27ae60", FAILED: "#eb5757", PREEMPTED: "#f2994a",
+                       NODE_LOST: "#9b51e0", CANCELLED: "#9aa5b1", TIMED_OUT: "#eb5757" };
+      Plotly.react(area, [{
+        type: "bar", orientation: "h", base: d.bars.map(function (b) { return b.start; }),
+        x: d.bars.map(function (b) { return b.ms; }), y: d.bars.map(function (b) { return b.label; }),
+        text: d.bars.map(function (b) { return b.outcome + (b.borrowed ? " · borrowed" : "") + " · " + b.nodes; }),
+        textposition: "inside", hoverinfo: "text+y",
+        marker: { color: d.bars.map(function (b) { return outcomes[b.outcome] || "#2f80ed"; }),
+                  pattern: { shape: d.bars.map(function (b) { return b.borrowed ? "/" : ""; }) } }
+      }], merge({ xaxis: { type: "date" }, yaxis: { autorange: "reversed" }, margin: { l: 80, r: 10, t: 10, b: 30 } }), config);
+    },
+    whatif: function (el, area) {
+      var d = data(el);
+      Plotly.react(area, [
+        { type: "bar", name: "now", x: d.shares, y: d.before, marker: { color: "#9aa5b1" } },
+        { type: "bar", name: "with the change", x: d.shares, y: d.after, marker: { color: "#2f80ed" } }
+      ], merge({ barmode: "group", yaxis: { title: "mean wait (s)", rangemode: "tozero" },
+                 legend: { orientation: "h" } }), config);
+    }
+  };
+
+  function render(root) {
+    if (!window.Plotly) return;
+    var els = Array.prototype.slice.call(root.querySelectorAll ? root.querySelectorAll("[data-plot]") : []);
+    if (root.matches && root.matches("[data-plot]")) els.unshift(root);
+    els.forEach(function (el) {
+      var area = el.querySelector(".plot-area"), fn = draw[el.dataset.plot];
+      if (!area || !fn) return;
+      try { fn(el, area); el.dataset.drawn = "1"; } catch (e) { console.error("plot", e); }
+    });
+  }
+  document.addEventListener("DOMContentLoaded", function () {
+    if (window.htmx) { htmx.onLoad(render); } else { render(document); }
+  });
+})();

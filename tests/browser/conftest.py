@@ -1,0 +1,71 @@
+"""Browser tests: Playwright (sync API) driving Debian's headless Chromium against pytest-django's
+live_server. Skipped when Playwright or /usr/bin/chromium is missing (.ci/run installs both).
+Screenshots of each page are saved under var/screenshots/ as test artifacts."""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.core.cache import cache
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+SCREENSHOTS = Path(settings.VAR_DIR) / "screenshots"
+PASSWORD = "browser-pw-123"
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    if not shutil.which(CHROMIUM):
+        if os.environ.get("GPUQUOTA_REQUIRE_BROWSER"):  # CI: a missing browser is a failure, not a skip
+            pytest.fail(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+    # Playwright's sync API keeps an event loop running in the test thread while the browser is open;
+    # the ORM calls the tests (and the database flush between them) make are still plain synchronous
+    # code. Allowed only while this module's browser is open, never for the rest of the session.
+    with pytest.MonkeyPatch.context() as mp, sync_api.sync_playwright() as pw:
+        mp.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(autouse=True)
+def quiet(monkeypatch, settings):
+    """Nothing goes to Celery; a fast password hasher; a fresh in-memory cache."""
+    monkeypatch.setattr("gpunodes.dispatch.app.send_task", lambda name, **kw: None)
+    monkeypatch.setattr("quotas.triggers.request_pass", lambda why="": False)
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    cache.clear()
+
+
+@pytest.fixture
+def page(chromium, live_server):
+    context = chromium.new_context(base_url=live_server.url, viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(10_000)
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    yield page
+    context.close()
+    assert not errors, f"JavaScript errors: {errors}"
+
+
+def login(page, user):
+    user.set_password(PASSWORD)
+    user.save()
+    page.goto("/login/")
+    page.get_by_label("Username").fill(user.get_username())
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url("**/")
+
+
+def screenshot(page, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
