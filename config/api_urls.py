@@ -10,7 +10,7 @@ from rest_framework.routers import DefaultRouter
 from config.api_auth import CurrentTokenView, ObtainTokenView, TokenViewSet
 from gpunodes.api.views import NodeViewSet
 from jobs.api.views import JobViewSet, QueueView
-from quotas.api.views import ShareViewSet, TeamViewSet
+from quotas.api.views import AuditEntryViewSet, ShareViewSet, TeamViewSet
 
 router = DefaultRouter()
 router.include_root_view = False
@@ -19,6 +19,7 @@ router.register("shares", ShareViewSet, basename="share")
 router.register("nodes", NodeViewSet, basename="node")
 router.register("jobs", JobViewSet, basename="job")
 router.register("auth/tokens", TokenViewSet, basename="token")
+router.register("audit", AuditEntryViewSet, basename="audit")
 
 v1 = [
     path("auth/token/", ObtainTokenView.as_view(), name="token-obtain"),

@@ -1,6 +1,7 @@
 from django.contrib import admin
 
 from gpunodes.models import Gpu, Node
+from quotas.admin import AuditedAdmin
 
 
 class GpuInline(admin.TabularInline):
@@ -10,7 +11,7 @@ class GpuInline(admin.TabularInline):
 
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
+class NodeAdmin(AuditedAdmin):
     list_display = ["name", "gpu_type", "state", "gpu_count", "last_heartbeat", "agent_version"]
     list_filter = ["state", "gpu_type"]
     search_fields = ["name", "hostname"]

@@ -22,3 +22,46 @@ def preempt_attempt(node: str, attempt_id: int, number: int, grace_s: int) -> No
         kwargs={"node": node, "attempt_id": attempt_id, "number": number, "grace_s": grace_s},
         queue=node_queue(node),
     )
+
+
+def start_messages(attempt_ids, only_node: str | None = None) -> list[dict]:
+    """The start messages of live attempts ({"node", "payload"}, one per node of the placement), as
+    the pass sends them: for sending a lost start again."""
+    from jobs.models import Attempt
+
+    messages = []
+    rows = Attempt.objects.filter(pk__in=list(attempt_ids)).values_list(
+        "pk",
+        "number",
+        "job_id",
+        "placement",
+        "job__command",
+        "job__env",
+        "job__use_shell",
+        "job__max_runtime_s",
+        "job__preemption_grace_s",
+    )
+    for pk, number, job_id, placement, command, env, use_shell, max_runtime, grace in rows:
+        world = [p["node"] for p in placement]
+        for rank, p in enumerate(placement):
+            if only_node is not None and p["node"] != only_node:
+                continue
+            messages.append(
+                {
+                    "node": p["node"],
+                    "payload": {
+                        "attempt_id": pk,
+                        "number": number,
+                        "job_id": job_id,
+                        "command": command,
+                        "env": env,
+                        "use_shell": use_shell,
+                        "gpus": list(p["gpus"]),
+                        "max_runtime_s": max_runtime,
+                        "grace_s": grace,
+                        "rank": rank,
+                        "world": world,
+                    },
+                }
+            )
+    return messages

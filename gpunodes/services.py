@@ -2,14 +2,36 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.db import transaction
 from django.utils import timezone
 
 from gpunodes.choices import NodeState
 from gpunodes.models import Gpu, Node
+
+log = logging.getLogger(__name__)
+
+
+def is_older_boot(boot_id: str, than: str) -> bool:
+    """Whether `boot_id` names an agent process that started before the one `than` names. Boot ids
+    begin with their start time in milliseconds (gpunodes.agent.main.new_boot_id); ids without it
+    (older agents) are never taken for older."""
+    a, b = boot_id.split("-", 1)[0], than.split("-", 1)[0]
+    if boot_id == than or len(a) != 14 or len(b) != 14 or not (a.isdigit() and b.isdigit()):
+        return False
+    return a < b
+
+
+def start_resend_after_s() -> float:
+    """How long an admitted attempt may wait for its host to report it running before the heartbeat
+    sends its start again (a few heartbeats: long enough for a start still in the queue)."""
+    from django.conf import settings
+
+    return max(10.0, 3.0 * settings.HEARTBEAT_INTERVAL_S)
 
 
 @dataclass(frozen=True)
@@ -102,7 +124,10 @@ def node_heartbeat(
 
     - a LOST (or new) node that heartbeats again is READY; cordoned/draining nodes stay so;
     - after an agent restart (a new boot id), attempts the host no longer reports are lost;
-    - attempts the host runs that are over (or unknown) are to be stopped: returned in "stop" and sent.
+    - attempts the host runs that are over (or unknown) are to be stopped: returned in "stop" and sent;
+    - lost messages are made good: an attempt the host runs but that is still ADMITTED here is marked
+      started, and one ADMITTED for a while that the host does not run has its start sent again
+      (returned in "resent").
     """
     from jobs import lifecycle
     from jobs.choices import ATTEMPT_ACTIVE_STATES, AttemptState, Outcome
@@ -121,7 +146,12 @@ def node_heartbeat(
             agent_version=agent_version,
             labels=labels,
         )
-        previous_boot = node.boot_id
+        previous_boot = node.boot_id  # read under the row lock node_register took
+        if previous_boot and is_older_boot(boot_id, previous_boot):
+            # The last words of a previous agent process on this host, applied after its successor's
+            # first heartbeat (heartbeats are handled on several threads): not a restart, ignored.
+            log.info("ignoring a late heartbeat of %s from a previous agent boot", name)
+            return {"state": node.state, "lost": [], "stop": [], "resent": [], "ignored": True}
         came_back = created or node.state == NodeState.LOST
         fields = {"last_heartbeat": now, "boot_id": boot_id}
         if came_back:
@@ -129,12 +159,13 @@ def node_heartbeat(
         Node.objects.filter(pk=node.pk).update(**fields)
 
         reported = dict(running)
-        live = {
-            a_id: (number, state)
-            for a_id, number, state in Attempt.objects.filter(
-                state__in=list(ATTEMPT_ACTIVE_STATES), nodes=node.pk
-            ).values_list("pk", "number", "state")
-        }
+        live = {}
+        admitted_at = {}
+        for a_id, number, state, admitted in Attempt.objects.filter(
+            state__in=list(ATTEMPT_ACTIVE_STATES), nodes=node.pk
+        ).values_list("pk", "number", "state", "admitted_at"):
+            live[a_id] = (number, state)
+            admitted_at[a_id] = admitted
         lost = []
         if previous_boot and previous_boot != boot_id:
             for a_id, (number, state) in live.items():
@@ -147,12 +178,38 @@ def node_heartbeat(
                     reason=f"the agent on {name} restarted and no longer runs it",
                 ):
                     lost.append(a_id)
+        # The host runs an attempt still ADMITTED here: its STARTED report was lost.
+        for a_id, (number, state) in live.items():
+            if state == AttemptState.ADMITTED and reported.get(a_id) == number:
+                lifecycle.mark_started(a_id, number, name)
+        # An attempt ADMITTED long ago that the host does not run: its start message was lost (a broker
+        # restart, an agent killed while holding it). Send it again; the agent ignores a duplicate.
+        resend_before = now - timedelta(seconds=start_resend_after_s())
+        resend = [
+            a_id
+            for a_id, (number, state) in live.items()
+            if state == AttemptState.ADMITTED
+            and a_id not in reported
+            and a_id not in lost
+            and admitted_at[a_id] < resend_before
+        ]
+        if resend:
+            from .dispatch import start_attempt, start_messages
+
+            messages = start_messages(resend, only_node=name)
+            log.warning("re-sending the start of %d attempt(s) to %s", len(messages), name)
+            transaction.on_commit(lambda: [start_attempt(m["node"], m["payload"]) for m in messages])
         stop = [(a_id, n) for a_id, n in reported.items() if live.get(a_id, (None,))[0] != n]
         for a_id, n in stop:
             transaction.on_commit(lambda a_id=a_id, n=n: preempt_attempt(name, a_id, n, 0))
         if came_back or lost:
             transaction.on_commit(lambda: request_pass("node ready" if came_back else "node restarted"))
-    return {"state": NodeState.READY if came_back else node.state, "lost": lost, "stop": stop}
+    return {
+        "state": NodeState.READY if came_back else node.state,
+        "lost": lost,
+        "stop": stop,
+        "resent": resend,
+    }
 
 
 # --- admin actions: cordon, uncordon, drain --------------------------------------------------------
@@ -164,49 +221,127 @@ def _node_conflict(message: str) -> Exception:
     return Conflict(message)
 
 
-def _set_node_state(node: Node, to_state: str, from_states: Sequence[str], why: str) -> Node:
-    """Compare-and-set the node's state; a node already in `to_state` is left as it is (idempotent)."""
+def _set_node_state(
+    node: Node, to_state: str, from_states: Sequence[str], why: str, *, action: str, actor=None
+) -> Node:
+    """Compare-and-set the node's state; a node already in `to_state` is left as it is (idempotent).
+    A change is written to the audit log with its actor."""
+    from quotas import audit
+
     with transaction.atomic():
+        before = audit.snapshot(node)
         changed = Node.objects.filter(pk=node.pk, state__in=list(from_states)).update(
             state=to_state, state_changed_at=timezone.now()
         )
         if changed:
             from quotas.triggers import request_pass
 
+            audit.record_audit(actor, action, node, before, audit.snapshot(node))
             transaction.on_commit(lambda: request_pass(why))
     node.refresh_from_db()
     return node
 
 
-def node_cordon(*, node: Node) -> Node:
+def node_cordon(*, node: Node, actor=None) -> Node:
     """No new work on the node; what runs there goes on. A LOST node stays cordoned when it comes back."""
     if node.state == NodeState.CORDONED:
         return node
     return _set_node_state(
-        node, NodeState.CORDONED, [NodeState.READY, NodeState.DRAINING, NodeState.LOST], "node cordoned"
+        node,
+        NodeState.CORDONED,
+        [NodeState.READY, NodeState.DRAINING, NodeState.LOST],
+        "node cordoned",
+        action="cordon",
+        actor=actor,
     )
 
 
-def node_uncordon(*, node: Node) -> Node:
+def node_uncordon(*, node: Node, actor=None) -> Node:
     """A cordoned or draining node takes work again. A LOST node becomes READY by heartbeating."""
     if node.state == NodeState.READY:
         return node
     if node.state == NodeState.LOST:
         raise _node_conflict(f"Node {node.name} is LOST; it becomes READY when its agent heartbeats again.")
-    node = _set_node_state(node, NodeState.READY, [NodeState.CORDONED, NodeState.DRAINING], "node uncordoned")
+    node = _set_node_state(
+        node,
+        NodeState.READY,
+        [NodeState.CORDONED, NodeState.DRAINING],
+        "node uncordoned",
+        action="uncordon",
+        actor=actor,
+    )
     if node.state != NodeState.READY:
         raise _node_conflict(f"Node {node.name} is {node.state} and cannot be uncordoned now.")
     return node
 
 
-def node_drain(*, node: Node) -> Node:
+def node_drain(*, node: Node, actor=None) -> Node:
     """No new work; the jobs running there finish (or reach max_runtime_s), then the pass marks the node
     CORDONED (drained) and it can be taken down."""
     if node.state == NodeState.DRAINING:
         return node
     if node.state == NodeState.LOST:
         raise _node_conflict(f"Node {node.name} is LOST; there is nothing running there to drain.")
-    node = _set_node_state(node, NodeState.DRAINING, [NodeState.READY, NodeState.CORDONED], "node draining")
+    node = _set_node_state(
+        node,
+        NodeState.DRAINING,
+        [NodeState.READY, NodeState.CORDONED],
+        "node draining",
+        action="drain",
+        actor=actor,
+    )
     if node.state != NodeState.DRAINING:
         raise _node_conflict(f"Node {node.name} is {node.state} and cannot be drained now.")
     return node
+
+
+# --- read-outs ------------------------------------------------------------------------------------
+
+
+def node_grid(*, now=None) -> list[dict]:
+    """Every node with its GPUs and who holds each (share, job, borrowed as the policy counts it now),
+    for the dashboard's grid. A constant number of queries (the snapshot's and two more)."""
+    from django.conf import settings
+
+    from jobs.models import GpuClaim
+    from quotas import policy
+    from quotas.models import Share
+    from quotas.scheduler import load_snapshot
+    from quotas.usage import share_colours
+
+    now = now or timezone.now()
+    snapshot = load_snapshot(now).snapshot
+    borrowed = policy.borrowed_attempts(snapshot)
+    colours = share_colours(Share.objects.values_list("name", flat=True))
+    held = {
+        gpu_id: (attempt_id, job_id, share)
+        for gpu_id, attempt_id, job_id, share in GpuClaim.objects.values_list(
+            "gpu_id", "attempt_id", "attempt__job_id", "attempt__job__share__name"
+        )
+    }
+    grid = []
+    for node in Node.objects.prefetch_related("gpus").order_by("name"):
+        gpus = []
+        for gpu in node.gpus.all():
+            holder = held.get(gpu.pk)
+            gpus.append(
+                {
+                    "index": gpu.index,
+                    "model": gpu.model,
+                    "share": holder[2] if holder else None,
+                    "job_id": holder[1] if holder else None,
+                    "borrowed": bool(holder and holder[0] in borrowed),
+                    "colour": colours.get(holder[2]) if holder else None,
+                }
+            )
+        age = (now - node.last_heartbeat).total_seconds() if node.last_heartbeat else None
+        grid.append(
+            {
+                "node": node,
+                "gpus": gpus,
+                "used": sum(1 for g in gpus if g["share"]),
+                "heartbeat_age": None if age is None else max(0, int(age)),
+                "stale": age is None or age > 3 * settings.HEARTBEAT_INTERVAL_S,
+            }
+        )
+    return grid

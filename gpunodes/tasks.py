@@ -21,7 +21,10 @@ def node_heartbeat(
     hostname: str = "",
     labels: dict | None = None,
     sent_at: float | None = None,
+    finished: list[dict] | None = None,
 ) -> dict:
+    if finished:
+        _repeat_finished(finished)
     return services.node_heartbeat(
         name=name,
         gpu_type=gpu_type,
@@ -33,3 +36,30 @@ def node_heartbeat(
         labels=labels,
         sent_at=sent_at,
     )
+
+
+def _repeat_finished(reports: list[dict]) -> None:
+    """The heartbeat repeats the host's recent finished reports, so that one lost with the broker is
+    not lost for good. Only those about attempts still live here are applied (one query for the rest);
+    applying one twice changes nothing (compare-and-set on the attempt number)."""
+    from jobs.choices import AttemptState
+    from jobs.models import Attempt
+    from jobs.tasks import attempt_finished
+
+    wanted = {(int(r["attempt_id"]), int(r["number"])): r for r in reports}
+    live = set(
+        Attempt.objects.filter(pk__in=[a for a, _ in wanted])
+        .exclude(state=AttemptState.ENDED)
+        .values_list("pk", "number")
+    )
+    for key in sorted(live & set(wanted)):
+        r = wanted[key]
+        log.info("applying a repeated finished report of attempt %s/%s from %s", *key, r.get("node"))
+        attempt_finished(
+            attempt_id=key[0],
+            number=key[1],
+            node=str(r.get("node", "")),
+            how=str(r.get("how", "exited")),
+            exit_code=r.get("exit_code"),
+            detail=str(r.get("detail", "")),
+        )

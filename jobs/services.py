@@ -24,10 +24,11 @@ MAX_COMMAND_BYTES = 16 * 1024
 MAX_ENV_VARS = 128
 MAX_ENV_BYTES = 32 * 1024
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-# Set by the agent for every attempt; a job may not override them.
+# Set by the agent for every attempt; a job may not override them (nor anything else GPUQUOTA_*).
 RESERVED_ENV = frozenset(
     {"CUDA_VISIBLE_DEVICES", "GPUQUOTA_JOB_ID", "GPUQUOTA_ATTEMPT", "GPUQUOTA_CHECKPOINT_DIR"}
 )
+RESERVED_ENV_PREFIX = "GPUQUOTA_"
 
 
 class Conflict(Exception):
@@ -172,7 +173,7 @@ def _validate_env(env: Any) -> dict[str, str]:
     for name, value in env.items():
         if not isinstance(name, str) or not ENV_NAME_RE.match(name):
             raise ValidationError({"env": f'"{name}" is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*).'})
-        if name in RESERVED_ENV:
+        if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIX):
             raise ValidationError({"env": f"{name} is set by gpuquota for every attempt."})
         if not isinstance(value, str) or "\x00" in value:
             raise ValidationError({"env": f"The value of {name} must be a string without NUL characters."})
@@ -420,3 +421,14 @@ def job_logs(
         more=more,
     )
     return result
+
+
+def manage_checker(user):
+    """A predicate job -> whether `user` may cancel it or change its priority (the rule of
+    can_manage_job), for lists: one query up front instead of one per job."""
+    if not user.is_authenticated:
+        return lambda job: False
+    if user.is_superuser:
+        return lambda job: True
+    managed = set(Membership.objects.filter(user=user, role=Role.MANAGER).values_list("team_id", flat=True))
+    return lambda job: job.submitted_by_id == user.pk or job.share.team_id in managed

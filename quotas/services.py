@@ -20,6 +20,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import ProtectedError
 from django.utils import timezone
 
+from quotas import audit
 from quotas import forecast as fc
 from quotas.choices import Role, Strategy
 from quotas.models import GPU_TYPE_RE, Membership, Share, ShareCapacity, Team
@@ -79,19 +80,28 @@ def _set_members(team: Team, members: Iterable[Mapping[str, str]]) -> None:
 
 
 @transaction.atomic
-def team_create(*, name: str, slug: str, members: Sequence[Mapping[str, str]] | None = None) -> Team:
+def team_create(
+    *, name: str, slug: str, members: Sequence[Mapping[str, str]] | None = None, actor=None
+) -> Team:
     team = Team(name=name, slug=slug)
     team.full_clean()
     team.save()
     if members:
         _set_members(team, members)
+    audit.record_audit(actor, "create", team, {}, audit.snapshot(team))
     return team
 
 
 @transaction.atomic
 def team_update(
-    *, team: Team, name: str | None = None, slug: str | None = None, members: Sequence | None = None
+    *,
+    team: Team,
+    name: str | None = None,
+    slug: str | None = None,
+    members: Sequence | None = None,
+    actor=None,
 ) -> Team:
+    before = audit.snapshot(team)
     if name is not None:
         team.name = name
     if slug is not None:
@@ -100,12 +110,15 @@ def team_update(
     team.save()
     if members is not None:
         _set_members(team, members)
+    audit.record_audit(actor, "update", team, before, audit.snapshot(team))
     return team
 
 
-def team_delete(*, team: Team) -> None:
+def team_delete(*, team: Team, actor=None) -> None:
     try:
-        team.delete()
+        with transaction.atomic():
+            audit.record_audit(actor, "delete", team, audit.snapshot(team), {})
+            team.delete()
     except ProtectedError as e:
         raise _conflict(f'Team "{team.slug}" still owns shares; delete or move them first.') from e
 
@@ -161,7 +174,9 @@ def _save_capacity(share: Share, capacity: Mapping[str, int]) -> None:
 SHARE_FIELDS = ("name", "team", "description", "strategy", "borrow_limit", "in_share_preemption", "state")
 
 
-def share_create(*, name: str, team: Team, capacity: Mapping[str, int] | None = None, **fields: Any) -> Share:
+def share_create(
+    *, name: str, team: Team, capacity: Mapping[str, int] | None = None, actor=None, **fields: Any
+) -> Share:
     """Create a share with its capacity ({gpu_type: gpus}). Raises ValidationError({field: [msg]})."""
     unknown = set(fields) - set(SHARE_FIELDS)
     if unknown:
@@ -173,18 +188,22 @@ def share_create(*, name: str, team: Team, capacity: Mapping[str, int] | None = 
         with transaction.atomic():
             share.save()
             _save_capacity(share, capacity)
+            audit.record_audit(actor, "create", share, {}, audit.snapshot(share))
             _request_pass("share created")
     except IntegrityError as e:  # a concurrent create of the same name
         raise ValidationError({"name": [f'A share named "{name}" already exists.']}) from e
     return share
 
 
-def share_update(*, share: Share, capacity: Mapping[str, int] | None = None, **fields: Any) -> Share:
+def share_update(
+    *, share: Share, capacity: Mapping[str, int] | None = None, actor=None, **fields: Any
+) -> Share:
     """Change a share's settings and/or capacity. Queued and running jobs go on; the next pass uses the
     new values (a lowered capacity can turn running jobs into borrowed, reclaimable ones)."""
     unknown = set(fields) - set(SHARE_FIELDS)
     if unknown:
         raise TypeError(f"unknown share fields: {sorted(unknown)}")
+    before = audit.snapshot(share)
     for field, value in fields.items():
         setattr(share, field, value)
     if capacity is not None:
@@ -195,15 +214,17 @@ def share_update(*, share: Share, capacity: Mapping[str, int] | None = None, **f
             share.save()
             if capacity is not None:
                 _save_capacity(share, capacity)
+            audit.record_audit(actor, "update", share, before, audit.snapshot(share))
             _request_pass("share changed")
     except IntegrityError as e:
         raise ValidationError({"name": [f'A share named "{share.name}" already exists.']}) from e
     return share
 
 
-def share_delete(*, share: Share) -> None:
+def share_delete(*, share: Share, actor=None) -> None:
     try:
         with transaction.atomic():
+            audit.record_audit(actor, "delete", share, audit.snapshot(share), {})
             share.delete()
             _request_pass("share deleted")
     except ProtectedError as e:

@@ -22,6 +22,13 @@ log = logging.getLogger("gpunodes.agent")
 HEARTBEAT = "gpunodes.tasks.node_heartbeat"
 
 
+def new_boot_id() -> str:
+    """A new id for this agent process: its start time in milliseconds, then a random part. The time
+    prefix orders the boots of one host (by that host's own clock), so the control side can tell a
+    late heartbeat of a previous boot from a restart."""
+    return f"{time.time_ns() // 1_000_000:014d}-{uuid.uuid4().hex}"
+
+
 def send_report(name: str, kwargs: dict) -> None:
     try:
         app.send_task(name, kwargs=kwargs, queue=CONTROL_QUEUE)
@@ -51,7 +58,7 @@ class Agent:
             raise ValueError("this host has no GPUs; use --fake-gpus N --gpu-type T for a simulated host")
         self.gpu_type = gpu_type or inventory.gpu_type_from_model(self.gpus[0].model)
         self.labels = labels or {}
-        self.boot_id = uuid.uuid4().hex
+        self.boot_id = new_boot_id()
         state_dir = Path(settings.VAR_DIR) / "agent" / name
         self.runner = Runner(
             node=name,
@@ -72,6 +79,7 @@ class Agent:
                 "gpu_type": self.gpu_type,
                 "inventory": [g.__dict__ for g in self.gpus],
                 "running": [list(r) for r in self.runner.running()],
+                "finished": self.runner.recent_finished(),
                 "boot_id": self.boot_id,
                 "agent_version": AGENT_VERSION,
                 "hostname": socket.gethostname(),

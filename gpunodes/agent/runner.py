@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pwd
 import signal
 import subprocess
 import threading
@@ -22,12 +23,93 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 LOG_CHUNK_BYTES = 64 * 1024
+# Finished reports are repeated in the heartbeats for this long (the most recent ones, up to a cap): a
+# report lost with the broker (a Redis restart drops what it held) still reaches the control side.
+FINISHED_RESEND_S = 120.0
+FINISHED_RESEND_MAX = 500
 # Report names (control-side tasks).
 STARTED = "jobs.tasks.attempt_started"
 FINISHED = "jobs.tasks.attempt_finished"
 LOG = "jobs.tasks.attempt_log"
 
 Report = Callable[[str, dict], None]
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """The unprivileged account jobs run as: uid, primary gid and supplementary groups all dropped
+    (Popen's `user=` alone would leave the child in root's groups)."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+
+    @classmethod
+    def resolve(cls, name: str | None) -> RunAs | None:
+        """None: jobs run as the agent's own user. Raises ValueError for root, an unknown user, or a
+        --run-as the agent cannot switch to (it is not root and is not that user)."""
+        if not name:
+            return None
+        try:
+            pw = pwd.getpwnam(name)
+        except KeyError:
+            raise ValueError(f"--run-as: no user named {name!r} on this host") from None
+        if pw.pw_uid == 0:
+            raise ValueError("--run-as must name an unprivileged user, not root")
+        if os.geteuid() != 0 and os.geteuid() != pw.pw_uid:
+            raise ValueError(f"--run-as {name}: the agent must be started as root to switch users")
+        groups = tuple(g for g in os.getgrouplist(pw.pw_name, pw.pw_gid) if g != 0)
+        return cls(pw.pw_name, pw.pw_uid, pw.pw_gid, groups, pw.pw_dir)
+
+    def popen_kwargs(self) -> dict:
+        if os.geteuid() == self.uid:
+            return {}  # already that user
+        return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
+
+    def env(self) -> dict[str, str]:
+        return {"USER": self.name, "LOGNAME": self.name, "HOME": self.home}
+
+
+# The agent's own configuration never reaches a job: with the broker's or the database's URL a job
+# could queue starts on any host or rewrite the database. Dropped by name, and anything that looks
+# like a credential.
+AGENT_ONLY_ENV = frozenset(
+    {
+        "SECRET_KEY",
+        "DATABASE_URL",
+        "REDIS_URL",
+        "METRICS_TOKEN",
+        "METRICS_ALLOWED_IPS",
+        "DJANGO_SETTINGS_MODULE",
+        "DJANGO_ENV",
+        "ALLOWED_HOSTS",
+        "CSRF_TRUSTED_ORIGINS",
+    }
+)
+SECRET_MARKERS = ("SECRET", "PASSWORD", "PASSWD", "TOKEN", "CREDENTIAL", "PRIVATE_KEY", "API_KEY")
+
+
+def job_base_env(environ) -> dict[str, str]:
+    """The agent's environment as a job may see it: without the agent's configuration and secrets."""
+    return {
+        k: v
+        for k, v in environ.items()
+        if k not in AGENT_ONLY_ENV
+        and not k.startswith(("CELERY_", "GPUQUOTA_"))
+        and not any(marker in k.upper() for marker in SECRET_MARKERS)
+    }
+
+
+def _process_start(pid: int) -> str | None:
+    """The kernel's start time of a process (field 22 of /proc/PID/stat), None where unknown: with the
+    pid it names one process, so a pid reused since is not mistaken for an orphan."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[19]
 
 
 @dataclass
@@ -64,13 +146,14 @@ class Runner:
         self.report = report
         self.state_path = Path(state_path)
         self.workdir = Path(workdir) if workdir else None
-        self.run_as = run_as
-        self.base_env = dict(base_env if base_env is not None else os.environ)
+        self.run_as = RunAs.resolve(run_as)
+        self.base_env = job_base_env(base_env if base_env is not None else os.environ)
         self._lock = threading.RLock()
         self._procs: dict[int, Proc] = {}
         # Attempts told to stop before their start arrived: a late start for them is refused.
         self._tombstones: set[tuple[int, int]] = set()
         self._finished: set[tuple[int, int]] = set()
+        self._recent: dict[tuple[int, int], tuple[float, dict]] = {}  # finished reports to repeat
 
     # --- lifecycle of one attempt ---------------------------------------------------------------
 
@@ -97,10 +180,13 @@ class Runner:
                 return "refused"
             checkpoint_dir = self.checkpoint_root / f"job-{job_id}"
             checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            if self.run_as is not None and os.geteuid() == 0:
+                os.chown(checkpoint_dir, self.run_as.uid, self.run_as.gid)  # the job writes its checkpoints
             log_path = self.log_dir / f"job-{job_id}" / f"attempt-{number}.{self.node}.log"
             log_path.parent.mkdir(parents=True, exist_ok=True)
             child_env = {
                 **self.base_env,
+                **(self.run_as.env() if self.run_as else {}),
                 **(env or {}),
                 "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpus),
                 "GPUQUOTA_JOB_ID": str(job_id),
@@ -123,14 +209,13 @@ class Runner:
                     env=child_env,
                     cwd=self.workdir,
                     start_new_session=True,
-                    user=self.run_as,
+                    **(self.run_as.popen_kwargs() if self.run_as else {}),
                 )
             except OSError as e:
                 log_file.write(f"gpuquota: could not start {argv[0]!r}: {e}\n".encode())
                 log_file.close()
                 self._finished.add(key)
-                self.report(
-                    FINISHED,
+                self._report_finished(
                     {
                         "attempt_id": attempt_id,
                         "number": number,
@@ -158,8 +243,7 @@ class Runner:
                 # Not (yet) here: remember it so a late start is refused, and say it is not running,
                 # so the control side can free the GPUs without waiting for the timeout.
                 self._tombstones.add((attempt_id, number))
-                self.report(
-                    FINISHED,
+                self._report_finished(
                     {
                         "attempt_id": attempt_id,
                         "number": number,
@@ -216,8 +300,7 @@ class Runner:
                 self._finished.add((proc.attempt_id, proc.number))
                 self._save_state()
             code = proc.popen.returncode
-            self.report(
-                FINISHED,
+            self._report_finished(
                 {
                     "attempt_id": proc.attempt_id,
                     "number": proc.number,
@@ -252,6 +335,21 @@ class Runner:
             if not final:
                 break
 
+    def _report_finished(self, kwargs: dict) -> None:
+        with self._lock:
+            self._recent[(kwargs["attempt_id"], kwargs["number"])] = (time.monotonic(), kwargs)
+        self.report(FINISHED, kwargs)
+
+    def recent_finished(self) -> list[dict]:
+        """The finished reports of the last FINISHED_RESEND_S seconds (newest first, capped), for the
+        heartbeat: the control side ignores those it already has."""
+        cutoff = time.monotonic() - FINISHED_RESEND_S
+        with self._lock:
+            for key in [k for k, (t, _) in self._recent.items() if t < cutoff]:
+                del self._recent[key]
+            newest = sorted(self._recent.values(), key=lambda v: v[0], reverse=True)
+        return [kwargs for _, kwargs in newest[:FINISHED_RESEND_MAX]]
+
     # --- state across restarts -------------------------------------------------------------------
 
     def running(self) -> list[tuple[int, int]]:
@@ -260,7 +358,12 @@ class Runner:
 
     def _save_state(self) -> None:
         state = [
-            {"attempt_id": p.attempt_id, "number": p.number, "pgid": p.popen.pid}
+            {
+                "attempt_id": p.attempt_id,
+                "number": p.number,
+                "pgid": p.popen.pid,
+                "started": _process_start(p.popen.pid),
+            }
             for p in self._procs.values()
         ]
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
@@ -276,9 +379,18 @@ class Runner:
             return []
         killed = []
         for entry in state:
+            pgid = int(entry["pgid"])
+            if pgid <= 1 or pgid == os.getpgrp():
+                continue
+            started = entry.get("started")
+            if started is not None and _process_start(pgid) not in (started, None):
+                # The leader is gone and its pid names another process now, which is not ours. (The
+                # kernel does not reuse a pid while a group of that id lives, so none of ours is left.)
+                log.warning("pid %d was reused since the previous agent; not killing it", pgid)
+                continue
             try:
-                os.killpg(int(entry["pgid"]), signal.SIGKILL)
-                killed.append(int(entry["pgid"]))
+                os.killpg(pgid, signal.SIGKILL)
+                killed.append(pgid)
             except (ProcessLookupError, PermissionError):
                 pass
         self.state_path.unlink(missing_ok=True)

@@ -39,7 +39,7 @@ class NodeViewSet(ApiViewMixin, viewsets.ReadOnlyModelViewSet):
         return super().get_permissions()
 
     def _act(self, verb):
-        node = verb(node=self.get_object())
+        node = verb(node=self.get_object(), actor=self.request.user)
         return Response(NodeSerializer(self.get_queryset().get(pk=node.pk)).data)
 
     @extend_schema(request=None, responses={200: NodeSerializer})

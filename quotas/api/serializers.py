@@ -5,7 +5,7 @@ from rest_framework import serializers
 
 from config.api import StrictSerializer
 from quotas.choices import Role, ShareState, Strategy
-from quotas.models import Share, Team
+from quotas.models import AuditEntry, Share, Team
 
 MAX_INT = 2**31 - 1
 
@@ -112,3 +112,12 @@ class ShareWriteSerializer(StrictSerializer):
     borrow_limit = serializers.IntegerField(min_value=-1, max_value=MAX_INT, required=False)
     in_share_preemption = serializers.BooleanField(required=False)
     state = serializers.ChoiceField(choices=ShareState.choices, required=False)
+
+
+class AuditEntrySerializer(serializers.ModelSerializer):
+    actor = serializers.CharField(source="actor_name", read_only=True, help_text="Empty: the system.")
+
+    class Meta:
+        model = AuditEntry
+        fields = ["id", "at", "actor", "action", "object_type", "object_id", "object_repr", "before", "after"]
+        read_only_fields = fields

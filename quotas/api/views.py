@@ -1,5 +1,5 @@
-"""Teams (admins write; members read their own) and shares (admins write; everyone logged in reads,
-with live usage per GPU type)."""
+"""Teams (admins write; members read their own), shares (admins write; everyone logged in reads,
+with live usage per GPU type), and the audit log of admin changes (admins only, read-only)."""
 
 from django.db.models import Prefetch
 from django_filters import rest_framework as filters
@@ -7,11 +7,17 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import status, viewsets
 from rest_framework.response import Response
 
-from config.api import ApiSchema, ApiViewMixin, IsAdminOrReadOnly
+from config.api import ApiSchema, ApiViewMixin, IsAdmin, IsAdminOrReadOnly
 from quotas import services
-from quotas.api.serializers import ShareSerializer, ShareWriteSerializer, TeamSerializer, TeamWriteSerializer
+from quotas.api.serializers import (
+    AuditEntrySerializer,
+    ShareSerializer,
+    ShareWriteSerializer,
+    TeamSerializer,
+    TeamWriteSerializer,
+)
 from quotas.choices import ShareState, Strategy
-from quotas.models import Membership, Share, Team
+from quotas.models import AuditEntry, Membership, Share, Team
 
 
 class TeamViewSet(ApiViewMixin, viewsets.ModelViewSet):
@@ -42,18 +48,18 @@ class TeamViewSet(ApiViewMixin, viewsets.ModelViewSet):
     @extend_schema(request=TeamWriteSerializer, responses={201: TeamSerializer})
     def create(self, request, *args, **kwargs):
         data = self._valid(request)
-        team = services.team_create(**data)
+        team = services.team_create(actor=request.user, **data)
         return Response(self._read(team), status=status.HTTP_201_CREATED)
 
     @extend_schema(request=TeamWriteSerializer, responses={200: TeamSerializer})
     def partial_update(self, request, *args, **kwargs):
         team = self.get_object()
         data = self._valid(request, partial=True)
-        team = services.team_update(team=team, **data)
+        team = services.team_update(team=team, actor=request.user, **data)
         return Response(self._read(team))
 
     def perform_destroy(self, instance):
-        services.team_delete(team=instance)
+        services.team_delete(team=instance, actor=self.request.user)
 
     def _valid(self, request, partial=False):
         serializer = TeamWriteSerializer(data=request.data, partial=partial)
@@ -95,7 +101,7 @@ class ShareViewSet(ApiViewMixin, viewsets.ModelViewSet):
     def create(self, request, *args, **kwargs):
         serializer = ShareWriteSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        share = services.share_create(**serializer.validated_data)
+        share = services.share_create(actor=request.user, **serializer.validated_data)
         return Response(self._read(share), status=status.HTTP_201_CREATED)
 
     @extend_schema(request=ShareWriteSerializer, responses={200: ShareSerializer})
@@ -103,11 +109,36 @@ class ShareViewSet(ApiViewMixin, viewsets.ModelViewSet):
         share = self.get_object()
         serializer = ShareWriteSerializer(data=request.data, partial=True)
         serializer.is_valid(raise_exception=True)
-        share = services.share_update(share=share, **serializer.validated_data)
+        share = services.share_update(share=share, actor=request.user, **serializer.validated_data)
         return Response(self._read(share))
 
     def perform_destroy(self, instance):
-        services.share_delete(share=instance)
+        services.share_delete(share=instance, actor=self.request.user)
 
     def _read(self, share):
         return ShareSerializer(self.queryset.get(pk=share.pk), context=self.get_serializer_context()).data
+
+
+class AuditFilter(filters.FilterSet):
+    object_type = filters.ChoiceFilter(
+        choices=[("share", "share"), ("team", "team"), ("node", "node")], help_text="share, team or node."
+    )
+    object_id = filters.CharFilter(help_text="The object's id.")
+    object = filters.CharFilter(field_name="object_repr", help_text="The object's name.")
+    actor = filters.CharFilter(field_name="actor_name", help_text="Username of who made the change.")
+    action = filters.CharFilter(help_text="create, update, delete, cordon, uncordon, drain.")
+    since = filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte", help_text="Changes at or after.")
+
+    class Meta:
+        model = AuditEntry
+        fields = ["object_type", "object_id", "object", "actor", "action", "since"]
+
+
+class AuditEntryViewSet(ApiViewMixin, viewsets.ReadOnlyModelViewSet):
+    """Every admin change to shares, teams and nodes: who, when, before and after. Newest first."""
+
+    schema = ApiSchema()
+    serializer_class = AuditEntrySerializer
+    permission_classes = [IsAdmin]
+    filterset_class = AuditFilter
+    queryset = AuditEntry.objects.order_by("-at", "-id")

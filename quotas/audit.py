@@ -1,0 +1,93 @@
+"""The audit log of admin changes to shares, teams and nodes: who, when, what it was before and after.
+
+Services record through `record_audit` inside their own transaction, so a change that rolls back leaves
+no entry, and an entry never exists without its change. Whichever door a change came through (API,
+dashboard, Django admin), the services or the admin hooks pass the acting user along; a change made by
+the system itself (a node drained by the pass, a script) has no actor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quotas.models import AuditEntry, Share, Team
+
+MAX_REPR = 200
+
+
+def object_type(obj: Any) -> str:
+    from gpunodes.models import Node
+
+    if isinstance(obj, Share):
+        return "share"
+    if isinstance(obj, Team):
+        return "team"
+    if isinstance(obj, Node):
+        return "node"
+    return type(obj).__name__.lower()
+
+
+def snapshot(obj: Any) -> dict[str, Any]:
+    """The audited fields of a share, team or node as they are in the database now (JSON-able).
+    Read from the database, not from the instance: a caller may have changed the instance already."""
+    from gpunodes.models import Node
+
+    if obj is None or obj.pk is None:
+        return {}
+    if isinstance(obj, Share):
+        row = Share.objects.filter(pk=obj.pk).select_related("team").prefetch_related("capacities").first()
+        if row is None:
+            return {}
+        return {
+            "name": row.name,
+            "team": row.team.slug,
+            "description": row.description,
+            "strategy": row.strategy,
+            "borrow_limit": row.borrow_limit,
+            "in_share_preemption": row.in_share_preemption,
+            "state": row.state,
+            "capacity": dict(sorted(row.capacity_map().items())),
+        }
+    if isinstance(obj, Team):
+        row = Team.objects.filter(pk=obj.pk).first()
+        if row is None:
+            return {}
+        members = row.memberships.select_related("user").order_by("user__username")
+        return {
+            "name": row.name,
+            "slug": row.slug,
+            "members": [{"username": m.user.get_username(), "role": m.role} for m in members],
+        }
+    if isinstance(obj, Node):
+        row = Node.objects.filter(pk=obj.pk).first()
+        if row is None:
+            return {}
+        return {
+            "name": row.name,
+            "gpu_type": row.gpu_type,
+            "state": row.state,
+            "hostname": row.hostname,
+            "labels": row.labels,
+        }
+    raise TypeError(f"{type(obj).__name__} is not audited")
+
+
+def record_audit(
+    actor: Any, action: str, obj: Any, before: dict | None = None, after: dict | None = None
+) -> AuditEntry | None:
+    """Write one audit entry. `actor` is a user (or None for the system); `before`/`after` are
+    snapshots (see `snapshot`). An update that changed nothing is not recorded."""
+    before, after = dict(before or {}), dict(after or {})
+    if action == "update" and before == after:
+        return None
+    user = actor if getattr(actor, "is_authenticated", False) else None
+    return AuditEntry.objects.create(
+        actor=user,
+        actor_name=user.get_username() if user is not None else "",
+        action=action[:32],
+        object_type=object_type(obj),
+        object_id=str(obj.pk if obj.pk is not None else before.get("name", "")),
+        object_repr=str(after.get("name") or before.get("name") or obj)[:MAX_REPR],
+        before=before,
+        after=after,
+    )

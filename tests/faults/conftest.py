@@ -1,0 +1,362 @@
+"""Fault tests: a real cluster (gunicorn web, control Celery worker, beat, fake-GPU agents) as separate
+processes on the test database, with a PRIVATE redis-server started for each test on a free port, so a
+test can kill and restart its broker without touching anyone else's. Faults are injected with real
+signals (kill -9), real broker restarts and real PostgreSQL backend terminations.
+
+The process tests need PostgreSQL (DATABASE_URL) and the redis-server binary; elsewhere they skip
+with that reason. After each test the SEMANTICS.md invariants are checked on the database
+(tests/faults/audit.py). Approach copied from tests/live/conftest.py.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parents[2]
+ON_POSTGRES = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
+HAVE_REDIS = shutil.which("redis-server") is not None
+
+needs_stack = pytest.mark.skipif(
+    not (ON_POSTGRES and HAVE_REDIS),
+    reason="fault tests with real processes need PostgreSQL (DATABASE_URL) and the redis-server binary",
+)
+needs_postgres = pytest.mark.skipif(not ON_POSTGRES, reason="needs PostgreSQL (DATABASE_URL)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "load: the load test (GPUQUOTA_LOAD_JOBS jobs; -m 'not load' skips)")
+    config.addinivalue_line("markers", "no_audit: the test checks the invariants itself")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _database_url() -> str:
+    s = connection.settings_dict
+    auth = s["USER"] + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
+    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+def wait_for(predicate, timeout: float = 30, every: float = 0.1, what: str = "condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class PrivateRedis:
+    """A redis-server of the test's own, without persistence: a restart loses everything it held,
+    like a crashed broker."""
+
+    def __init__(self, tmp: Path):
+        self.port = free_port()
+        self.tmp = tmp
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        out = open(self.tmp / "redis.log", "ab")  # noqa: SIM115 - closed with the process
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=self.tmp,
+            start_new_session=True,
+        )
+        wait_for(self.ping, 10, what="redis-server to answer")
+
+    def ping(self) -> bool:
+        import redis
+
+        try:
+            return bool(redis.Redis(port=self.port, socket_timeout=0.5).ping())
+        except redis.RedisError:
+            return False
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def restart(self, down_s: float = 0.0) -> None:
+        self.kill()
+        time.sleep(down_s)
+        self.start()
+
+
+class Cluster:
+    """The product's processes, each in its own session, on the test database and a private Redis."""
+
+    def __init__(self, tmp: Path, redis: PrivateRedis):
+        self.tmp = tmp
+        self.redis = redis
+        self.var = tmp / "var"
+        self.var.mkdir()
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.web_url: str | None = None
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": _database_url(),
+            "REDIS_URL": redis.url,
+            "GPUQUOTA_VAR_DIR": str(self.var),
+            "SECRET_KEY": secrets.token_urlsafe(40),
+            "JOB_LOG_DIR": str(tmp / "logs"),
+            "CHECKPOINT_ROOT": str(tmp / "checkpoints"),
+            "SCHEDULER_INTERVAL_S": "1",
+            "HEARTBEAT_INTERVAL_S": "1",
+            "NODE_LOST_AFTER_S": "4",
+            "PREEMPT_ACK_TIMEOUT_S": "5",
+            "DEFAULT_PREEMPTION_GRACE_S": "2",
+            "SUBMIT_RATE": "1000000/min",
+            "DB_CONN_MAX_AGE": "60",
+            "LOG_LEVEL": "INFO",
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def agent_state_file(self, node: str) -> Path:
+        return self.var / "agent" / node / "running.json"
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        out = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.procs[name] = proc
+        return proc
+
+    def start_control(self, name: str = "control", concurrency: int = 4) -> subprocess.Popen:
+        return self._spawn(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "worker",
+                "-Q",
+                "control",
+                "-P",
+                "threads",
+                "-c",
+                str(concurrency),
+                "-n",
+                f"{name}-{os.getpid()}-{time.monotonic_ns()}@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "-l",
+                "INFO",
+            ],
+        )
+
+    def start_beat(self) -> subprocess.Popen:
+        return self._spawn(
+            "beat",
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "beat",
+                "-l",
+                "INFO",
+                "--schedule",
+                str(self.tmp / "beat-schedule"),
+            ],
+        )
+
+    def start_agent(self, name: str, gpus: int, gpu_type: str = "a10g") -> subprocess.Popen:
+        return self._spawn(
+            f"agent-{name}",
+            [
+                sys.executable,
+                "manage.py",
+                "gpu_agent",
+                "--name",
+                name,
+                "--fake-gpus",
+                str(gpus),
+                "--gpu-type",
+                gpu_type,
+            ],
+        )
+
+    def start_web(self, workers: int = 2, threads: int = 8) -> str:
+        port = free_port()
+        self._spawn(
+            "web",
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "config.wsgi",
+                "--workers",
+                str(workers),
+                "--worker-class",
+                "gthread",
+                "--threads",
+                str(threads),
+                "--bind",
+                f"127.0.0.1:{port}",
+                "--timeout",
+                "60",
+            ],
+        )
+        self.web_url = f"http://127.0.0.1:{port}"
+
+        def up():
+            import requests
+
+            try:
+                return requests.get(f"{self.web_url}/healthz", timeout=1).status_code == 200
+            except requests.RequestException:
+                return False
+
+        wait_for(up, 60, what="the web server")
+        return self.web_url
+
+    def start(self, agents: dict[str, int]) -> None:
+        """Control worker, beat, and an agent per {node: gpus}; waits for the nodes to be READY."""
+        from gpunodes.choices import NodeState
+        from gpunodes.models import Node
+
+        self.start_control()
+        self.start_beat()
+        for node, gpus in agents.items():
+            self.start_agent(node, gpus)
+        wait_for(
+            lambda: Node.objects.filter(name__in=list(agents), state=NodeState.READY).count() == len(agents),
+            90,
+            every=0.25,
+            what=f"{len(agents)} READY nodes",
+        )
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.pop(name)
+        os.kill(proc.pid, sig)  # the process only, not its children: like a crash
+        proc.wait(timeout=20)
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 15
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.procs.clear()
+
+    def logs(self, tail: int = 6000) -> str:
+        return "\n".join(
+            f"===== {p.name}\n{p.read_text(errors='replace')[-tail:]}" for p in sorted(self.tmp.glob("*.log"))
+        )
+
+
+@pytest.fixture
+def no_local_messages(monkeypatch):
+    """The test process itself sends nothing to any broker (the cluster's processes do the work)."""
+    sent = []
+    monkeypatch.setattr("gpunodes.dispatch.app.send_task", lambda name, **kw: sent.append((name, kw)))
+    monkeypatch.setattr("quotas.triggers.request_pass", lambda why="": sent.append(("pass", why)))
+    return sent
+
+
+@pytest.fixture
+def cluster(transactional_db, tmp_path, request, no_local_messages):
+    if not (ON_POSTGRES and HAVE_REDIS):
+        pytest.skip("needs PostgreSQL and the redis-server binary")
+    redis = PrivateRedis(tmp_path)
+    redis.start()
+    live = Cluster(tmp_path, redis)
+    failed = False
+    try:
+        yield live
+    finally:
+        live.stop_all()
+        redis.kill()
+        rep = getattr(request.node, "rep_call", None)
+        failed = rep is not None and rep.failed
+        if failed:
+            print(live.logs())
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """After a fault test that passed (and before its database goes away): the SEMANTICS.md invariants
+    hold on the database, read as one consistent snapshot while the cluster may still be running."""
+    result = yield
+    uses_db = item.get_closest_marker("django_db") or {"db", "transactional_db"} & set(item.fixturenames)
+    if uses_db and not item.get_closest_marker("no_audit"):
+        from tests.faults.audit import check_invariants
+
+        check_invariants()
+    return result
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)
+
+
+# --- people and shares ---------------------------------------------------------------------------
+
+
+def make_team(
+    django_user_model, slug: str, *, users: int = 1, capacity: int = 4, strategy: str = "LEND_AND_BORROW"
+):
+    """A team with `users` members and one share `slug`-share of `capacity` a10g GPUs."""
+    from rest_framework.authtoken.models import Token
+
+    from quotas.choices import Role
+    from quotas.models import Membership, Share, ShareCapacity, Team
+
+    team = Team.objects.create(name=slug, slug=slug)
+    share = Share.objects.create(team=team, name=f"{slug}-share", strategy=strategy)
+    ShareCapacity.objects.create(share=share, gpu_type="a10g", max_gpus=capacity)
+    members = []
+    for i in range(users):
+        user = django_user_model.objects.create_user(f"{slug}-u{i}", password="pw-123456")
+        Membership.objects.create(team=team, user=user, role=Role.MEMBER)
+        members.append((user, Token.objects.create(user=user).key))
+    return share, members

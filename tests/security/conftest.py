@@ -1,0 +1,73 @@
+"""Security test fixtures: the API tests' no-messages setup, plus the six roles of the permission
+matrix: admin (alice), team manager (dave, vision), team member (bob, vision), other team (charlie,
+language), anonymous, and a revoked token (rita's, deleted after she got it)."""
+
+import pytest
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from quotas.choices import Role
+from quotas.models import Membership, Team
+from tests.api.conftest import client_for, no_messages, submit  # noqa: F401 - no_messages is autouse
+from tests.conftest import make_share
+
+ROLES = ("admin", "manager", "member", "other", "anonymous", "revoked")
+
+
+@pytest.fixture
+def dave(django_user_model, vision):
+    user = django_user_model.objects.create_user("dave", "dave@example.com", "dave-pw-123")
+    Membership.objects.create(team=vision, user=user, role=Role.MANAGER)
+    return user
+
+
+@pytest.fixture
+def rita(django_user_model, vision):
+    user = django_user_model.objects.create_user("rita", "rita@example.com", "rita-pw-123")
+    Membership.objects.create(team=vision, user=user, role=Role.MEMBER)
+    return user
+
+
+def revoked_client(user) -> APIClient:
+    token, _ = Token.objects.get_or_create(user=user)
+    key = token.key
+    token.delete()  # what DELETE /auth/token/current/ does: logged out everywhere
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    return client
+
+
+@pytest.fixture
+def world(alice, bob, charlie, dave, rita, vision, language, vision_share, language_share, nodes):
+    """Everything the matrix acts on: a job of bob's, a job of his manager's, one of the other team's,
+    an empty team and an empty share (deletable), one audit entry."""
+    from quotas import audit
+
+    Token.objects.get_or_create(user=bob)  # bob has logged in: his token exists to be revoked
+    empty_team = Team.objects.create(name="Empty", slug="empty")
+    spare = make_share(vision, "spare", capacity={"a10g": 1})
+    entry = audit.record_audit(alice, "create", spare, {}, audit.snapshot(spare))
+    return {
+        "users": {"admin": alice, "manager": dave, "member": bob, "other": charlie, "revoked": rita},
+        "job": submit(
+            bob,
+            vision_share,
+            name="vision-job-name",
+            command=["python", "train.py", "--vision-cmd-secret"],
+            env={"SECRET_TOKEN": "vision-secret"},
+        ).pk,
+        "peer_job": submit(dave, vision_share).pk,
+        "other_job": submit(charlie, language_share, env={"LANG_SECRET": "language-secret"}).pk,
+        "empty_team": empty_team.slug,
+        "spare": spare.name,
+        "audit": entry.pk,
+        "node": nodes[0].name,
+    }
+
+
+def client_as(world, role: str) -> APIClient:
+    if role == "anonymous":
+        return APIClient()
+    if role == "revoked":
+        return revoked_client(world["users"]["revoked"])
+    return client_for(world["users"][role])

@@ -1,0 +1,125 @@
+"""Every dashboard page and action × role against what it must answer (issue 8, "Permission matrix").
+
+Pages answer in categories: "ok" (2xx, or a redirect that is not to the login page; 400/409 are
+"ok" too: allowed, but the input or the state said no), "login" (a redirect to log in), "denied" (403
+or 404: another team's things do not exist for you). Roles as in the API matrix, plus "staff" (Django
+staff flag, not a superuser, in no team): a staff flag alone grants nothing in gpuquota (the API's
+admin is the superuser), and "deactivated" (logged in, then made inactive: the session is dead).
+"""
+
+import pytest
+from django.urls import URLPattern, URLResolver, get_resolver
+
+ROLES = ("admin", "manager", "member", "other", "staff", "anonymous", "deactivated")
+
+
+def expect(admin, manager, member, other, staff, anonymous="login", deactivated="login"):
+    return dict(zip(ROLES, (admin, manager, member, other, staff, anonymous, deactivated), strict=True))
+
+
+EVERYONE = expect("ok", "ok", "ok", "ok", "ok")
+ADMINS = expect("ok", "denied", "denied", "denied", "denied")
+VISION = expect("ok", "ok", "ok", "denied", "denied")
+
+SUBMIT = {"share": "vision-main", "gpu_type": "a10g", "gpus": "1", "priority": "0", "command": "true"}
+
+# (url name, method, path template, form data, {role: category})
+PAGES = [
+    ("overview", "get", "/", None, EVERYONE),
+    ("team_list", "get", "/teams/", None, EVERYONE),
+    ("team", "get", "/teams/vision/", None, VISION),
+    ("job_submit", "post", "/teams/vision/submit/", SUBMIT, VISION),
+    ("job", "get", "/jobs/{job}/", None, VISION),
+    ("job", "get", "/jobs/{other_job}/", None, expect("ok", "denied", "denied", "ok", "denied")),
+    ("job_cancel", "post", "/jobs/{job}/cancel/", {}, VISION),
+    ("job_cancel", "post", "/jobs/{peer_job}/cancel/", {}, expect("ok", "ok", "denied", "denied", "denied")),
+    ("job_priority", "post", "/jobs/{job}/priority/", {"priority": "5"}, VISION),
+    (
+        "job_priority",
+        "post",
+        "/jobs/{peer_job}/priority/",
+        {"priority": "5"},
+        expect("ok", "ok", "denied", "denied", "denied"),
+    ),
+    ("nodes", "get", "/nodes/", None, EVERYONE),
+    ("node_action", "post", "/nodes/{node}/cordon/", {}, ADMINS),
+    ("node_action", "post", "/nodes/{node}/drain/", {}, ADMINS),
+    ("share_list", "get", "/shares/", None, ADMINS),
+    ("share_create", "get", "/shares/new/", None, ADMINS),
+    ("share_create", "post", "/shares/new/", {"name": "x"}, ADMINS),
+    ("share_whatif_new", "post", "/shares/new/whatif/", {"name": "x"}, ADMINS),
+    ("share_edit", "get", "/shares/vision-main/", None, ADMINS),
+    ("share_edit", "post", "/shares/vision-main/", {"name": "vision-main"}, ADMINS),
+    ("share_whatif", "post", "/shares/vision-main/whatif/", {"name": "vision-main"}, ADMINS),
+    ("share_state", "post", "/shares/{spare}/state/", {"state": "DISABLED"}, ADMINS),
+    ("share_delete", "post", "/shares/old/delete/", {}, ADMINS),
+    ("audit", "get", "/audit/", None, ADMINS),
+    ("admin", "get", "/admin/", None, expect("ok", "login", "login", "login", "ok")),
+    ("healthz", "get", "/healthz", None, expect("ok", "ok", "ok", "ok", "ok", "ok", "ok")),
+    ("metrics", "get", "/metrics", None, expect(*(["denied"] * 5), "denied", "denied")),
+    ("login", "get", "/login/", None, expect("ok", "ok", "ok", "ok", "ok", "ok", "ok")),
+    ("logout", "post", "/logout/", {}, expect(*(["login"] * 5), "login", "login")),  # back to log in
+]
+
+
+def category(response) -> str:
+    code = response.status_code
+    if code in (301, 302, 303) and "login" in response.get("Location", ""):
+        return "login"
+    if code in (403, 404):
+        return "denied"
+    if code < 400 or code in (400, 409):
+        return "ok"
+    return str(code)
+
+
+def _case(name, method, path, data, role, want):
+    return pytest.param(name, method, path, data, role, want, id=f"{method}-{path}-{role}")
+
+
+CASES = [_case(n, m, p, d, role, want[role]) for n, m, p, d, want in PAGES for role in ROLES]
+
+
+@pytest.fixture
+def pages(world, django_user_model, vision):
+    from tests.conftest import make_share
+
+    make_share(vision, "old", capacity={"a10g": 1}, state="DISABLED")
+    staff = django_user_model.objects.create_user("sam", "sam@example.com", "sam-pw-123", is_staff=True)
+    world["users"]["staff"] = staff
+    return world
+
+
+def page_client(world, role, client):
+    if role == "anonymous":
+        return client
+    user = world["users"]["revoked" if role == "deactivated" else role]
+    client.force_login(user)
+    if role == "deactivated":
+        user.is_active = False
+        user.save()
+    return client
+
+
+@pytest.mark.parametrize("name,method,path,data,role,want", CASES)
+def test_page_matrix(pages, client, name, method, path, data, role, want):
+    c = page_client(pages, role, client)
+    url = path.format(**pages)
+    response = getattr(c, method)(url, data) if method == "post" else c.get(url)
+    assert category(response) == want, (method, url, role, response.status_code, response.get("Location"))
+
+
+def _named_routes(patterns, prefix=""):
+    for p in patterns:
+        if isinstance(p, URLResolver):
+            if str(p.pattern) in ("admin/", "api/"):
+                continue
+            yield from _named_routes(p.url_patterns, prefix + str(p.pattern))
+        elif isinstance(p, URLPattern) and p.name:
+            yield p.name
+
+
+def test_every_page_is_in_the_matrix():
+    """A new page must get its rows here."""
+    missing = set(_named_routes(get_resolver().url_patterns)) - {name for name, *_ in PAGES}
+    assert not missing, sorted(missing)

@@ -1,0 +1,160 @@
+"""Every API endpoint × every role against the status it must answer (issue 8, "Permission matrix").
+
+Roles: admin, a manager of team vision, a member of vision (bob, who owns `job`), a member of another
+team (charlie), anonymous, and a revoked token. `peer_job` is a vision job bob did not submit; the
+other team's jobs are invisible (404) to vision, not merely forbidden, so ids do not leak what exists.
+"""
+
+import pytest
+
+from tests.security.conftest import ROLES, client_as
+
+V1 = "/api/v1"
+
+
+def expect(admin, manager, member, other, anonymous=401, revoked=401):
+    return dict(zip(ROLES, (admin, manager, member, other, anonymous, revoked), strict=True))
+
+
+READ_ALL = expect(200, 200, 200, 200)
+ADMIN_ONLY_READ = expect(200, 403, 403, 403)
+ADMIN_ONLY_WRITE = {"create": expect(201, 403, 403, 403), "ok": expect(200, 403, 403, 403)}
+
+# (name, method, url template, JSON body, {role: status})
+MATRIX = [
+    # auth
+    ("token-current-delete", "delete", "/auth/token/current/", None, expect(204, 204, 204, 204)),
+    ("tokens-list", "get", "/auth/tokens/", None, READ_ALL),
+    # a user's own token: its owner and admins may revoke it; others do not see it (404)
+    ("tokens-delete-bob", "delete", "/auth/tokens/bob/", None, expect(204, 404, 204, 404)),
+    # teams
+    ("teams-list", "get", "/teams/", None, READ_ALL),
+    ("teams-retrieve", "get", "/teams/vision/", None, expect(200, 200, 200, 404)),
+    ("teams-create", "post", "/teams/", {"name": "New", "slug": "new"}, ADMIN_ONLY_WRITE["create"]),
+    ("teams-update", "patch", "/teams/vision/", {"name": "Vision 2"}, ADMIN_ONLY_WRITE["ok"]),
+    ("teams-delete", "delete", "/teams/{empty_team}/", None, expect(204, 403, 403, 403)),
+    # shares
+    ("shares-list", "get", "/shares/", None, READ_ALL),
+    ("shares-retrieve", "get", "/shares/vision-main/", None, READ_ALL),
+    (
+        "shares-create",
+        "post",
+        "/shares/",
+        {"name": "new-share", "team": "vision", "capacity": {"a10g": 1}},
+        ADMIN_ONLY_WRITE["create"],
+    ),
+    ("shares-update", "patch", "/shares/vision-main/", {"description": "x"}, ADMIN_ONLY_WRITE["ok"]),
+    ("shares-delete", "delete", "/shares/{spare}/", None, expect(204, 403, 403, 403)),
+    # nodes
+    ("nodes-list", "get", "/nodes/", None, READ_ALL),
+    ("nodes-retrieve", "get", "/nodes/{node}/", None, READ_ALL),
+    ("nodes-cordon", "post", "/nodes/{node}/cordon/", None, ADMIN_ONLY_WRITE["ok"]),
+    ("nodes-uncordon", "post", "/nodes/{node}/uncordon/", None, ADMIN_ONLY_WRITE["ok"]),
+    ("nodes-drain", "post", "/nodes/{node}/drain/", None, ADMIN_ONLY_WRITE["ok"]),
+    # jobs
+    ("jobs-list", "get", "/jobs/", None, READ_ALL),
+    (
+        "jobs-create",
+        "post",
+        "/jobs/",
+        {"share": "vision-main", "gpu_type": "a10g", "gpus": 1, "command": ["true"]},
+        expect(201, 201, 201, 403),
+    ),
+    ("jobs-retrieve", "get", "/jobs/{job}/", None, expect(200, 200, 200, 404)),
+    ("jobs-retrieve-peer", "get", "/jobs/{peer_job}/", None, expect(200, 200, 200, 404)),
+    ("jobs-retrieve-other-team", "get", "/jobs/{other_job}/", None, expect(200, 404, 404, 200)),
+    ("jobs-priority", "patch", "/jobs/{job}/", {"priority": 5}, expect(200, 200, 200, 404)),
+    ("jobs-priority-peer", "patch", "/jobs/{peer_job}/", {"priority": 5}, expect(200, 200, 403, 404)),
+    ("jobs-cancel", "post", "/jobs/{job}/cancel/", None, expect(200, 200, 200, 404)),
+    ("jobs-cancel-peer", "post", "/jobs/{peer_job}/cancel/", None, expect(200, 200, 403, 404)),
+    ("jobs-logs", "get", "/jobs/{job}/logs/", None, expect(200, 200, 200, 404)),
+    ("jobs-logs-other-team", "get", "/jobs/{other_job}/logs/", None, expect(200, 404, 404, 200)),
+    # jobs cannot be deleted or replaced through the API, by anyone
+    ("jobs-delete", "delete", "/jobs/{job}/", None, expect(405, 405, 405, 405)),
+    ("jobs-put", "put", "/jobs/{job}/", {"priority": 1}, expect(405, 405, 405, 405)),
+    # queue
+    ("queue", "get", "/queue/", None, READ_ALL),
+    # audit log: admins only, read-only
+    ("audit-list", "get", "/audit/", None, ADMIN_ONLY_READ),
+    ("audit-retrieve", "get", "/audit/{audit}/", None, ADMIN_ONLY_READ),
+    ("audit-delete", "delete", "/audit/{audit}/", None, expect(405, 403, 403, 403)),
+    ("audit-create", "post", "/audit/", {"action": "x"}, expect(405, 403, 403, 403)),
+]
+
+CASES = [
+    pytest.param(method, url, body, role, statuses[role], id=f"{name}-{role}")
+    for name, method, url, body, statuses in MATRIX
+    for role in ROLES
+]
+
+
+@pytest.mark.parametrize("method,url,body,role,status", CASES)
+def test_permission_matrix(world, method, url, body, role, status):
+    client = client_as(world, role)
+    path = V1 + url.format(**world)
+    response = getattr(client, method)(path, body, format="json") if body else getattr(client, method)(path)
+    assert response.status_code == status, (method, path, role, response.content[:300])
+
+
+def test_every_api_route_is_in_the_matrix():
+    """A new endpoint must get its row here: compare the routes of /api/v1/ against the matrix."""
+    from config.api_urls import router
+
+    covered = {url.split("{")[0].split("/")[1] for _, _, url, _, _ in MATRIX}
+    routes = {prefix.split("/")[0] for prefix, _, _ in router.registry}
+    assert routes <= covered | {"auth"}, sorted(routes - covered)
+
+
+PUBLIC = [
+    ("post", "/api/v1/auth/token/", {"username": "bob", "password": "bob-pw-123"}, 200),
+    ("post", "/api/v1/auth/token/", {"username": "bob", "password": "wrong"}, 400),
+    ("get", "/api/schema/", None, 200),
+    ("get", "/api/docs/", None, 200),
+    ("get", "/healthz", None, 200),
+    ("get", "/api/v1/no-such-thing/", None, 404),
+]
+
+
+@pytest.mark.parametrize("method,path,body,status", PUBLIC)
+def test_public_endpoints(world, method, path, body, status):
+    client = client_as(world, "anonymous")
+    response = getattr(client, method)(path, body, format="json") if body else getattr(client, method)(path)
+    assert response.status_code == status
+
+
+def test_an_inactive_users_token_is_refused(world):
+    from tests.api.conftest import client_for
+
+    bob = world["users"]["member"]
+    client = client_for(bob)
+    bob.is_active = False
+    bob.save()
+    assert client.get(f"{V1}/jobs/").status_code == 401
+
+
+def test_a_staff_flag_alone_is_not_admin_in_the_api(world, django_user_model):
+    from tests.api.conftest import client_for
+
+    sam = django_user_model.objects.create_user("sam", password="sam-pw-123", is_staff=True)
+    client = client_for(sam)
+    assert client.get(f"{V1}/audit/").status_code == 403
+    assert client.patch(f"{V1}/shares/vision-main/", {"description": "x"}, format="json").status_code == 403
+    assert client.post(f"{V1}/nodes/{world['node']}/cordon/").status_code == 403
+    assert client.get(f"{V1}/jobs/{world['job']}/").status_code == 404
+
+
+def test_a_browser_session_cannot_write_through_the_api_without_the_csrf_token(world):
+    """Session auth works beside tokens for the browser: a cross-site form post carries the session
+    cookie but not the CSRF token, and must be refused."""
+    from rest_framework.test import APIClient
+
+    client = APIClient(enforce_csrf_checks=True)
+    client.force_login(world["users"]["member"])
+    r = client.post(
+        f"{V1}/jobs/",
+        {"share": "vision-main", "gpu_type": "a10g", "gpus": 1, "command": ["true"]},
+        format="json",
+    )
+    assert r.status_code == 403 and "CSRF" in r.json()["detail"]
+    assert client.post(f"{V1}/jobs/{world['job']}/cancel/").status_code == 403
+    assert client.get(f"{V1}/jobs/").status_code == 200  # reads need no token
