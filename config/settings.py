@@ -32,9 +32,12 @@ def env_list(name: str, default: str = "") -> list[str]:
 
 
 def _secret_key() -> str:
-    # Never committed: taken from the environment, or generated once into var/ on first run.
+    # Never committed: taken from the environment, or generated once into var/ on first run (not in
+    # production: there it comes from the environment only).
     if os.environ.get("SECRET_KEY"):
         return os.environ["SECRET_KEY"]
+    if os.environ.get("DJANGO_ENV", "development") == "production":
+        raise RuntimeError("SECRET_KEY must come from the environment when DJANGO_ENV=production")
     path = VAR_DIR / "secret_key"
     if not path.exists():
         path.write_text(secrets.token_urlsafe(50))
@@ -138,8 +141,9 @@ STORAGES = {
 }
 WHITENOISE_USE_FINDERS = True
 
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "login"
 
 # Requests larger than this are refused (413) before anything parses them.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BYTES", 256 * 1024)
@@ -190,6 +194,9 @@ STARVATION_S = env_int("STARVATION_S", 3600)
 DEFAULT_PREEMPTION_GRACE_S = env_int("DEFAULT_PREEMPTION_GRACE_S", 30)
 JOB_LOG_DIR = Path(os.environ.get("JOB_LOG_DIR", VAR_DIR / "logs"))
 CHECKPOINT_ROOT = Path(os.environ.get("CHECKPOINT_ROOT", VAR_DIR / "checkpoints"))
+# /metrics (Prometheus): a bearer token, or client addresses/networks allowed without one. Neither: 403.
+METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
+METRICS_ALLOWED_IPS = env_list("METRICS_ALLOWED_IPS")
 
 # --- REST framework -----------------------------------------------------------------------------
 REST_FRAMEWORK = {
@@ -255,4 +262,7 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": float(SCHEDULER_INTERVAL_S) * 2},
     },
     "prune-pass-records": {"task": "quotas.tasks.prune_pass_records", "schedule": 3600.0},
+    # The dashboard's usage history: a sample a minute, thinned after a day, pruned after 90 days.
+    "sample-usage": {"task": "quotas.tasks.sample_usage", "schedule": 60.0, "options": {"expires": 60.0}},
+    "compact-usage": {"task": "quotas.tasks.compact_usage", "schedule": 3600.0},
 }

@@ -1,7 +1,9 @@
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.http import JsonResponse
-from django.shortcuts import redirect
 from django.urls import include, path
+
+from quotas.metrics import metrics_view
 
 
 def healthz(request):
@@ -11,6 +13,12 @@ def healthz(request):
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
+    path("metrics", metrics_view, name="metrics"),
     path("api/", include("config.api_urls")),
-    path("", lambda request: redirect("admin:index"), name="home"),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # The dashboard (templates/, static/): the overview at "/", team, job, node and share pages.
+    path("", include("jobs.urls")),
+    path("", include("gpunodes.urls")),
+    path("", include("quotas.urls")),
 ]

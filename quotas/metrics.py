@@ -1,0 +1,304 @@
+"""Prometheus metrics at /metrics: what the scheduler holds, lends and decides, read from the database.
+
+Every value is computed at scrape time from the database, so any web process answers the same and
+nothing is lost when a process restarts. A scrape costs a constant number of queries whatever the number
+of jobs: the pass's own snapshot (`scheduler.load_snapshot`, six queries) for the share gauges, so the
+numbers are the ones the dashboard, the API and the policy see (`policy.usage` / `policy.lending`), plus
+one aggregate query each for nodes, admissions, pre-emptions, waits and passes.
+
+Counters and histograms are aggregates over rows that are kept: attempts (admissions, pre-emptions,
+waits) are never pruned, so those only grow; `gpuquota_pass_duration_seconds` covers the retained
+`SchedulerPass` rows (the last `scheduler.KEEP_PASS_RECORDS`, pruned hourly), so its count drops back at
+each prune, which Prometheus reads as a counter reset.
+
+Access: a bearer token (`METRICS_TOKEN`, `Authorization: Bearer ...`) or a client address in
+`METRICS_ALLOWED_IPS` (addresses or networks, matched against REMOTE_ADDR). With neither set the
+endpoint answers 403, so nothing is exposed by accident.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, Q, Sum
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from gpunodes.choices import HOLDING_STATES, NodeState
+from gpunodes.models import Node
+from jobs.models import Attempt
+from quotas import policy
+from quotas.models import SchedulerPass
+from quotas.scheduler import load_snapshot
+
+PASS_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+WAIT_BUCKETS_S = (1, 5, 15, 30, 60, 120, 300, 900, 1800, 3600, 7200, 21600, 86400)
+MODES = ("own", "borrowed")
+PREEMPTION_REASONS = (policy.RECLAIM, policy.PRIORITY)
+
+
+def _histogram(name: str, doc: str, labels: list[str]) -> HistogramMetricFamily:
+    return HistogramMetricFamily(name, doc, labels=labels)
+
+
+def _buckets(counts: list[int], total: int, bounds: tuple[float, ...]) -> list[tuple[str, int]]:
+    """Cumulative (le, count) pairs as prometheus_client wants them, +Inf last."""
+    return [*((floatToGoString(b), c) for b, c in zip(bounds, counts, strict=True)), ("+Inf", total)]
+
+
+class GpuquotaCollector(Collector):
+    """Yields every gpuquota metric family from one read of the database."""
+
+    def collect(self) -> Iterator[Metric]:
+        now = timezone.now()
+        snapshot = load_snapshot(now).snapshot
+        shares = sorted({s.name for s in snapshot.shares})
+        yield from self._shares(snapshot)
+        yield from self._decisions(shares)
+        yield from self._waits(shares)
+        yield from self._passes()
+        yield from self._nodes(now)
+
+    # -- shares: the policy's own accounting of the pass's snapshot ----------------------------------
+
+    def _shares(self, snapshot: policy.Snapshot) -> Iterator[Metric]:
+        labels = ["share", "gpu_type"]
+        gauges = {
+            "capacity": GaugeMetricFamily(
+                "gpuquota_share_capacity_gpus", "Own (guaranteed) GPUs of the share", labels=labels
+            ),
+            "own": GaugeMetricFamily(
+                "gpuquota_share_own_gpus", "GPUs the share uses within its capacity", labels=labels
+            ),
+            "borrowed": GaugeMetricFamily(
+                "gpuquota_share_borrowed_gpus", "GPUs the share uses over its capacity", labels=labels
+            ),
+            "lent": GaugeMetricFamily(
+                "gpuquota_share_lent_gpus",
+                "The share's part of all borrowed GPUs (SEMANTICS 'Lent'; may be fractional)",
+                labels=labels,
+            ),
+        }
+        keys: set[tuple[str, str]] = set()
+        for share, by_type in policy.usage(snapshot).items():
+            for gpu_type, u in by_type.items():
+                keys.add((share, gpu_type))
+                for field, gauge in gauges.items():
+                    gauge.add_metric([share, gpu_type], getattr(u, field))
+        yield from gauges.values()
+
+        lending = GaugeMetricFamily(
+            "gpuquota_lending_gpus",
+            "GPUs each borrower draws from each lender (proportional, SEMANTICS 'Lent')",
+            labels=["gpu_type", "lender", "borrower"],
+        )
+        for gpu_type, pairs in policy.lending(snapshot).items():
+            for (lender, borrower), gpus in pairs.items():
+                lending.add_metric([gpu_type, lender, borrower], gpus)
+        yield lending
+
+        queued: dict[tuple[str, str], int] = {}
+        running: dict[tuple[str, str], int] = {}
+        preempting: dict[tuple[str, str], int] = {}
+        for job in snapshot.queued:
+            key = (job.share, job.gpu_type)
+            queued[key] = queued.get(key, 0) + 1
+        for run in snapshot.running:
+            key = (run.share, run.gpu_type)
+            into = preempting if run.preempting else running
+            into[key] = into.get(key, 0) + 1
+        keys = (keys - {(policy.UNASSIGNED, t) for _, t in keys}) | queued.keys() | running.keys()
+        keys |= preempting.keys()
+        for name, doc, values in (
+            ("gpuquota_queued_jobs", "Jobs waiting in the share's queue", queued),
+            ("gpuquota_running_jobs", "Jobs holding GPUs (admitted or running, not pre-empting)", running),
+            ("gpuquota_preempting_jobs", "Jobs in their pre-emption grace period", preempting),
+        ):
+            gauge = GaugeMetricFamily(name, doc, labels=labels)
+            for key in sorted(keys):
+                gauge.add_metric(list(key), values.get(key, 0))
+            yield gauge
+
+    # -- decisions: counters over attempts -----------------------------------------------------------
+
+    def _decisions(self, shares: list[str]) -> Iterator[Metric]:
+        admissions = CounterMetricFamily(
+            "gpuquota_admissions",
+            "Attempts admitted, by share and mode (own capacity or borrowed)",
+            labels=["share", "mode"],
+        )
+        counts = {(s, m): 0 for s in shares for m in MODES}
+        for share, borrowed, n in (
+            Attempt.objects.values_list("job__share__name", "borrowed")
+            .annotate(n=Count("pk"))
+            .values_list("job__share__name", "borrowed", "n")
+            .order_by()
+        ):
+            key = (share, MODES[1] if borrowed else MODES[0])
+            counts[key] = counts.get(key, 0) + n
+        for (share, mode), n in sorted(counts.items()):
+            admissions.add_metric([share, mode], n)
+        yield admissions
+
+        preemptions = CounterMetricFamily(
+            "gpuquota_preemptions",
+            "Attempts pre-empted, by the victim's share and reason (RECLAIM or PRIORITY)",
+            labels=["share", "reason"],
+        )
+        counts = {(s, r): 0 for s in shares for r in PREEMPTION_REASONS}
+        for share, reason, n in (
+            Attempt.objects.exclude(preemption_reason="")
+            .values_list("job__share__name", "preemption_reason")
+            .annotate(n=Count("pk"))
+            .values_list("job__share__name", "preemption_reason", "n")
+            .order_by()
+        ):
+            counts[(share, reason)] = counts.get((share, reason), 0) + n
+        for (share, reason), n in sorted(counts.items()):
+            preemptions.add_metric([share, reason], n)
+        yield preemptions
+
+    # -- histograms --------------------------------------------------------------------------------------
+
+    def _waits(self, shares: list[str]) -> Iterator[Metric]:
+        """First attempts only: from submission to the start the host reported (SCENARIO's wait_s)."""
+        wait = ExpressionWrapper(F("started_at") - F("job__submitted_at"), output_field=DurationField())
+        buckets = {
+            f"le{i}": Count("pk", filter=Q(wait__lte=timedelta(seconds=b)))
+            for i, b in enumerate(WAIT_BUCKETS_S)
+        }
+        rows = (
+            Attempt.objects.filter(number=1, started_at__isnull=False)
+            .annotate(wait=wait)
+            .values("job__share__name")
+            .annotate(n=Count("pk"), total=Sum("wait"), **buckets)
+            .order_by()
+        )
+        family = _histogram(
+            "gpuquota_wait_seconds", "From submission to the start of a job's first attempt", ["share"]
+        )
+        seen = set()
+        for row in rows:
+            share = row["job__share__name"]
+            seen.add(share)
+            counts = [row[f"le{i}"] for i in range(len(WAIT_BUCKETS_S))]
+            total = row["total"]
+            family.add_metric(
+                [share],
+                _buckets(counts, row["n"], WAIT_BUCKETS_S),
+                total.total_seconds() if total is not None else 0.0,
+            )
+        for share in shares:
+            if share not in seen:
+                family.add_metric([share], _buckets([0] * len(WAIT_BUCKETS_S), 0, WAIT_BUCKETS_S), 0.0)
+        yield family
+
+    def _passes(self) -> Iterator[Metric]:
+        row = SchedulerPass.objects.aggregate(
+            n=Count("pk"),
+            total=Sum("duration_ms"),
+            last=Max("started_at"),
+            **{
+                f"le{i}": Count("pk", filter=Q(duration_ms__lte=b * 1000))
+                for i, b in enumerate(PASS_BUCKETS_S)
+            },
+        )
+        family = _histogram(
+            "gpuquota_pass_duration_seconds",
+            "Duration of the scheduling passes still on record (lock, snapshot, plan, apply)",
+            [],
+        )
+        counts = [row[f"le{i}"] for i in range(len(PASS_BUCKETS_S))]
+        family.add_metric([], _buckets(counts, row["n"], PASS_BUCKETS_S), (row["total"] or 0.0) / 1000)
+        yield family
+        last = GaugeMetricFamily(
+            "gpuquota_last_pass_timestamp_seconds", "When the latest scheduling pass started (epoch)"
+        )
+        last.add_metric([], row["last"].timestamp() if row["last"] else 0.0)
+        yield last
+
+    # -- nodes --------------------------------------------------------------------------------------------
+
+    def _nodes(self, now: datetime) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "gpuquota_node_up",
+            "1 if the node is registered, not LOST and heartbeating within NODE_LOST_AFTER_S",
+            labels=["node", "gpu_type"],
+        )
+        schedulable = GaugeMetricFamily(
+            "gpuquota_node_schedulable",
+            "1 if the node is READY (takes new work)",
+            labels=["node", "gpu_type"],
+        )
+        gpus = GaugeMetricFamily(
+            "gpuquota_node_gpus",
+            "GPUs of the node: used (claimed by an attempt), free (unclaimed on a READY node) or "
+            "unavailable (unclaimed on a cordoned, draining or lost node)",
+            labels=["node", "gpu_type", "state"],
+        )
+        fresh = now - timedelta(seconds=settings.NODE_LOST_AFTER_S)
+        for name, gpu_type, state, heartbeat, total, used in (
+            Node.objects.annotate(
+                total=Count("gpus", distinct=True), used=Count("gpus__claim", distinct=True)
+            )
+            .values_list("name", "gpu_type", "state", "last_heartbeat", "total", "used")
+            .order_by("name")
+        ):
+            alive = state in HOLDING_STATES and heartbeat is not None and heartbeat >= fresh
+            up.add_metric([name, gpu_type], 1 if alive else 0)
+            ready = state == NodeState.READY
+            schedulable.add_metric([name, gpu_type], 1 if ready else 0)
+            gpus.add_metric([name, gpu_type, "used"], used)
+            gpus.add_metric([name, gpu_type, "free"], total - used if ready else 0)
+            gpus.add_metric([name, gpu_type, "unavailable"], 0 if ready else total - used)
+        yield up
+        yield schedulable
+        yield gpus
+
+
+def render() -> bytes:
+    """The metrics in Prometheus' text format, from a registry of their own (one per scrape)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(GpuquotaCollector())
+    return generate_latest(registry)
+
+
+def _allowed(request: HttpRequest) -> bool:
+    token = settings.METRICS_TOKEN
+    if token:
+        header = request.headers.get("Authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
+            return True
+    if settings.METRICS_ALLOWED_IPS:
+        try:
+            addr = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
+        except ValueError:
+            return False
+        return any(addr in ipaddress.ip_network(net, strict=False) for net in settings.METRICS_ALLOWED_IPS)
+    return False
+
+
+@require_GET
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    if not _allowed(request):
+        if not settings.METRICS_TOKEN and not settings.METRICS_ALLOWED_IPS:
+            why = "metrics are off: set METRICS_TOKEN or METRICS_ALLOWED_IPS\n"
+        else:
+            why = "forbidden\n"
+        return HttpResponse(why, status=403, content_type="text/plain")
+    return HttpResponse(render(), content_type=CONTENT_TYPE_LATEST)
