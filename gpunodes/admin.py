@@ -1,5 +1,6 @@
-from django.contrib import admin
+from django.contrib import admin, messages
 
+from gpunodes import services
 from gpunodes.models import Gpu, Node
 from quotas.admin import AuditedAdmin
 
@@ -17,6 +18,7 @@ class NodeAdmin(AuditedAdmin):
     search_fields = ["name", "hostname"]
     readonly_fields = ["registered_at", "state_changed_at"]
     inlines = [GpuInline]
+    actions = ["cordon", "uncordon", "drain"]
 
     def get_queryset(self, request):
         return super().get_queryset(request).prefetch_related("gpus")
@@ -24,6 +26,32 @@ class NodeAdmin(AuditedAdmin):
     @admin.display(description="GPUs")
     def gpu_count(self, obj: Node) -> int:
         return len(obj.gpus.all())
+
+    def _apply(self, request, queryset, service, verb: str) -> None:
+        # Through the same service as the dashboard and the API: audited, and the pass is told.
+        from jobs.services import Conflict
+
+        done = 0
+        for node in queryset:
+            try:
+                service(node=node, actor=request.user)
+                done += 1
+            except Conflict as e:
+                self.message_user(request, f"{node.name}: {e}", messages.WARNING)
+        if done:
+            self.message_user(request, f"{verb} {done} node(s).", messages.SUCCESS)
+
+    @admin.action(description="Cordon: take no new work")
+    def cordon(self, request, queryset):
+        self._apply(request, queryset, services.node_cordon, "Cordoned")
+
+    @admin.action(description="Uncordon: take work again")
+    def uncordon(self, request, queryset):
+        self._apply(request, queryset, services.node_uncordon, "Uncordoned")
+
+    @admin.action(description="Drain: no new work, mark cordoned once empty")
+    def drain(self, request, queryset):
+        self._apply(request, queryset, services.node_drain, "Draining")
 
 
 @admin.register(Gpu)

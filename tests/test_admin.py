@@ -35,3 +35,23 @@ def test_admin_job_page_shows_attempts_and_events(client, alice, bob, vision_sha
 
 def test_admin_refuses_anonymous(client, db):
     assert client.get(reverse("admin:jobs_job_changelist")).status_code == 302
+
+
+def test_admin_cordons_and_drains_nodes_through_the_service(client, alice, nodes, monkeypatch):
+    from gpunodes.choices import NodeState
+    from gpunodes.models import Node
+    from quotas.models import AuditEntry
+
+    monkeypatch.setattr("quotas.triggers.request_pass", lambda why="": None)
+    client.force_login(alice)
+    url = reverse("admin:gpunodes_node_changelist")
+    first, second = nodes
+    response = client.post(url, {"action": "cordon", "_selected_action": [first.pk]}, follow=True)
+    assert response.status_code == 200
+    client.post(url, {"action": "drain", "_selected_action": [second.pk]})
+    states = dict(Node.objects.values_list("name", "state"))
+    assert states[first.name] == NodeState.CORDONED
+    assert states[second.name] in (NodeState.DRAINING, NodeState.CORDONED)
+    assert AuditEntry.objects.filter(object_type="node", action="cordon", actor=alice).exists()
+    client.post(url, {"action": "uncordon", "_selected_action": [first.pk]})
+    assert Node.objects.get(pk=first.pk).state == NodeState.READY
