@@ -86,7 +86,7 @@ class JobViewSet(ApiViewMixin, viewsets.ModelViewSet):
             return [SubmitThrottle()]
         return super().get_throttles()
 
-    def _detail(self, job, status_code=status.HTTP_200_OK):
+    def _detail(self, job, status_code=status.HTTP_200_OK, *, forecast=True):
         job = (
             self.get_queryset()
             .prefetch_related(
@@ -95,16 +95,31 @@ class JobViewSet(ApiViewMixin, viewsets.ModelViewSet):
             )
             .get(pk=job.pk)
         )
-        queue = quota_services.queue_view(targets=[job.pk]) if job.state == JobState.QUEUED else None
+        wanted = forecast and job.state == JobState.QUEUED
+        queue = quota_services.queue_view(targets=[job.pk]) if wanted else None
         return Response(JobDetailSerializer(job, context={"queue": queue}).data, status=status_code)
 
-    @extend_schema(request=JobSubmitSerializer, responses={201: JobDetailSerializer})
+    @extend_schema(
+        request=JobSubmitSerializer,
+        responses={201: JobDetailSerializer},
+        parameters=[
+            OpenApiParameter(
+                "forecast",
+                bool,
+                description="Include queue_position, eta and waiting_reason (a replay of the whole queue; "
+                "without it they are null and GET jobs/{id}/ gives them).",
+            )
+        ],
+    )
     def create(self, request, *args, **kwargs):
         """Submit a job to a share of one of your teams."""
         serializer = JobSubmitSerializer(data=request.data, context={"request": request})
         serializer.is_valid(raise_exception=True)
         job = services.job_submit(user=request.user, **serializer.validated_data)
-        return self._detail(job, status.HTTP_201_CREATED)
+        # The forecast replays the whole queue: worth it for a read, not on the submit hot path, where
+        # it would cap throughput at a few submits a second with a long queue. `?forecast=1` asks for it.
+        forecast = request.query_params.get("forecast") in ("1", "true", "yes")
+        return self._detail(job, status.HTTP_201_CREATED, forecast=forecast)
 
     def retrieve(self, request, *args, **kwargs):
         """A job with its queue position, ETA, attempts and events."""

@@ -37,9 +37,16 @@ def test_a_member_submits_a_job(as_bob, bob, vision_share, nodes):
     )
     assert job["command"] == ["python", "train.py", "--lr", "3e-4"]
     assert job["env"] == {"SEED": "1"}
-    assert job["queue_position"] == {"in_share": 1, "overall": 1}
+    assert job["queue_position"] is None  # the submit skips the forecast: a read gives it
     assert [e["kind"] for e in job["events"]] == ["SUBMITTED"]
     assert Job.objects.get(pk=job["id"]).submitted_by == bob
+    assert as_bob.get(f"{URL}{job['id']}/").json()["queue_position"] == {"in_share": 1, "overall": 1}
+
+
+def test_a_submit_can_ask_for_its_forecast(as_bob, vision_share, nodes):
+    r = as_bob.post(f"{URL}?forecast=1", body(), format="json")
+    assert r.status_code == 201
+    assert r.json()["queue_position"] == {"in_share": 1, "overall": 1}
 
 
 def test_an_admin_submits_to_any_share(as_alice, language_share, nodes):

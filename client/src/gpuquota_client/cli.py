@@ -185,6 +185,8 @@ def cmd_submit(args, out) -> int:
         env=dict(args.env or []),
         max_runtime_s=args.max_runtime,
     )
+    if not args.json and job.get("state") == "QUEUED":
+        job = args.client().job(job["id"])  # with its queue position and ETA (the submit skips them)
     out(job if args.json else f"Submitted {job_line(job)}")
     return 0
 
