@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import F, FloatField, Func
 from django.utils import timezone
 
 from gpunodes.choices import HOLDING_STATES, NodeState
@@ -54,8 +54,19 @@ def _lock() -> None:
     # SQLite: the atomic block began with BEGIN IMMEDIATE, which already holds the write lock.
 
 
-def _ts(dt: datetime | None) -> float:
-    return dt.timestamp() if dt else 0.0
+class Epoch(Func):
+    """A timestamp column as Unix seconds, computed by the database: parsing 100k datetimes in Python
+    was most of the snapshot's time."""
+
+    output_field = FloatField()
+
+    def as_postgresql(self, compiler, conn, **extra):
+        return self.as_sql(compiler, conn, template="EXTRACT(EPOCH FROM %(expressions)s)::float8", **extra)
+
+    def as_sqlite(self, compiler, conn, **extra):
+        return self.as_sql(
+            compiler, conn, template="((julianday(%(expressions)s) - 2440587.5) * 86400.0)", **extra
+        )
 
 
 # --- housekeeping --------------------------------------------------------------------------------
@@ -174,16 +185,20 @@ def load_snapshot(now: datetime | None = None) -> Loaded:
 
     running = []
     attempt_numbers = {}
-    for row in Attempt.objects.filter(state__in=list(ATTEMPT_ACTIVE_STATES)).values_list(
+    share_names = {pk: name for pk, name, *_ in shares_rows}
+    active = Attempt.objects.filter(state__in=list(ATTEMPT_ACTIVE_STATES)).annotate(
+        submitted_s=Epoch("job__submitted_at"), started_s=Epoch("started_at"), admitted_s=Epoch("admitted_at")
+    )
+    for row in active.values_list(
         "pk",
         "number",
         "job_id",
-        "job__share__name",
+        "job__share_id",
         "job__gpu_type",
         "job__priority",
-        "job__submitted_at",
-        "admitted_at",
-        "started_at",
+        "submitted_s",
+        "admitted_s",
+        "started_s",
         "placement",
         "borrowed",
         "state",
@@ -194,7 +209,7 @@ def load_snapshot(now: datetime | None = None) -> Loaded:
             pk,
             number,
             job_id,
-            share,
+            share_id,
             gpu_type,
             prio,
             submitted,
@@ -211,11 +226,11 @@ def load_snapshot(now: datetime | None = None) -> Loaded:
             policy.RunningView(
                 attempt_id=pk,
                 job_id=job_id,
-                share=share,
+                share=share_names[share_id],
                 gpu_type=gpu_type,
                 priority=prio,
-                submitted_at=_ts(submitted),
-                started_at=_ts(started or admitted),
+                submitted_at=submitted,
+                started_at=started or admitted or 0.0,
                 placement=tuple((p["node"], tuple(p["gpus"])) for p in placement),
                 borrowed=borrowed,
                 preempting=state == AttemptState.STOPPING,
@@ -226,16 +241,18 @@ def load_snapshot(now: datetime | None = None) -> Loaded:
     queued = tuple(
         policy.QueuedView(
             job_id=pk,
-            share=share,
+            share=share_names[share_id],
             gpu_type=gpu_type,
             gpus=gpus,
             priority=prio,
-            submitted_at=_ts(submitted),
+            submitted_at=submitted,
             beneficiary=beneficiary,
         )
-        for pk, share, gpu_type, gpus, prio, submitted, beneficiary in Job.objects.filter(
+        for pk, share_id, gpu_type, gpus, prio, submitted, beneficiary in Job.objects.filter(
             state=JobState.QUEUED
-        ).values_list("pk", "share__name", "gpu_type", "gpus", "priority", "submitted_at", "beneficiary")
+        )
+        .annotate(submitted_s=Epoch("submitted_at"))
+        .values_list("pk", "share_id", "gpu_type", "gpus", "priority", "submitted_s", "beneficiary")
     )
     snapshot = policy.Snapshot(
         now=now.timestamp(),

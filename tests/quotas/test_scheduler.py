@@ -217,3 +217,19 @@ def test_two_passes_at_once_never_double_admit(bob, vision, monkeypatch):
     assert sum(len(r.admitted) for r in results) == 12
     assert GpuClaim.objects.count() == 12 == Gpu.objects.filter(claim__isnull=False).count()
     assert Attempt.objects.count() == 12
+
+
+def test_the_snapshot_gives_times_as_unix_seconds_from_the_database(
+    bob, vision_share, fresh, django_capture_on_commit_callbacks
+):
+    first = submit(bob, vision_share)
+    run(django_capture_on_commit_callbacks)
+    second = submit(bob, vision_share)
+    snap = scheduler.load_snapshot().snapshot
+    [running] = snap.running
+    [queued] = snap.queued
+    attempt = Attempt.objects.get(job=first)
+    assert running.submitted_at == pytest.approx(first.submitted_at.timestamp(), abs=1e-3)
+    assert running.started_at == pytest.approx(attempt.admitted_at.timestamp(), abs=1e-3)
+    assert queued.submitted_at == pytest.approx(second.submitted_at.timestamp(), abs=1e-3)
+    assert queued.share == vision_share.name and running.share == vision_share.name
