@@ -310,7 +310,7 @@ def node_grid(*, now=None) -> list[dict]:
     from quotas.usage import share_colours
 
     now = now or timezone.now()
-    snapshot = load_snapshot(now).snapshot
+    snapshot = load_snapshot(now, queued=False).snapshot  # who holds what; the queue plays no part
     borrowed = policy.borrowed_attempts(snapshot)
     colours = share_colours(Share.objects.values_list("name", flat=True))
     held = {

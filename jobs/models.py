@@ -62,6 +62,12 @@ class Job(models.Model):
             models.Index(fields=["share", "-submitted_at"], name="job_share_submitted_idx"),
             models.Index(fields=["submitted_by", "state"], name="job_user_state_idx"),
             models.Index(fields=["-submitted_at", "-id"], name="job_submitted_idx"),
+            # Queue totals per share and type (pages, metrics) by an index-only scan of the queued rows.
+            models.Index(
+                fields=["share", "gpu_type", "gpus"],
+                condition=Q(state="QUEUED"),
+                name="job_queued_totals_idx",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -108,10 +114,13 @@ class Attempt(models.Model):
             ),
         ]
         indexes = [
+            # Not partial: SQLite cannot match a partial index to `state IN (?, ?, ?)` with parameters.
+            models.Index(fields=["state"], name="attempt_state_idx"),
+            # The latest successful attempts, for the observed median runtime behind ETAs.
             models.Index(
-                fields=["state"],
-                condition=~Q(state=AttemptState.ENDED),
-                name="attempt_active_idx",
+                fields=["-ended_at"],
+                condition=Q(state="ENDED", outcome="SUCCEEDED"),
+                name="attempt_succeeded_idx",
             ),
         ]
 

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, FloatField, Func
+from django.db.models import Count, F, FloatField, Func, Sum
 from django.utils import timezone
 
 from gpunodes.choices import HOLDING_STATES, NodeState
@@ -139,10 +139,14 @@ class Loaded:
     gpu_ids: dict[tuple[str, int], int]  # (node name, index) -> Gpu pk
     node_ids: dict[str, int]
     attempt_numbers: dict[int, tuple[int, int]]  # attempt id -> (number, job's preemption grace)
+    # (share, gpu type) -> (queued jobs, queued GPUs); filled also when the queue itself was not loaded
+    queued_totals: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
 
 
-def load_snapshot(now: datetime | None = None) -> Loaded:
-    """Everything the policy needs, in six queries, whatever the number of jobs."""
+def load_snapshot(now: datetime | None = None, *, queued: bool = True) -> Loaded:
+    """Everything the policy needs, in six queries, whatever the number of jobs. With queued=False the
+    queue is left out (usage and lending do not depend on it) and only its totals per share and type are
+    read, by one aggregate: what pages and metrics need, at a fraction of the cost with a long queue."""
     now = now or timezone.now()
     node_rows = list(
         Node.objects.filter(state__in=list(HOLDING_STATES)).values_list("pk", "name", "gpu_type", "state")
@@ -238,7 +242,25 @@ def load_snapshot(now: datetime | None = None) -> Loaded:
             )
         )
 
-    queued = tuple(
+    queue = Job.objects.filter(state=JobState.QUEUED)
+    if not queued:
+        totals = {
+            (share_names[share_id], gpu_type): (n, gpus)
+            for share_id, gpu_type, n, gpus in queue.values("share_id", "gpu_type")
+            .annotate(n=Count("*"), g=Sum("gpus"))
+            .values_list("share_id", "gpu_type", "n", "g")
+            .order_by()
+        }
+        snapshot = policy.Snapshot(
+            now=now.timestamp(),
+            nodes=nodes,
+            shares=shares,
+            running=tuple(running),
+            queued=(),
+            starvation_s=settings.STARVATION_S,
+        )
+        return Loaded(snapshot, gpu_ids, node_ids, attempt_numbers, totals)
+    queued_views = tuple(
         policy.QueuedView(
             job_id=pk,
             share=share_names[share_id],
@@ -248,21 +270,25 @@ def load_snapshot(now: datetime | None = None) -> Loaded:
             submitted_at=submitted,
             beneficiary=beneficiary,
         )
-        for pk, share_id, gpu_type, gpus, prio, submitted, beneficiary in Job.objects.filter(
-            state=JobState.QUEUED
-        )
-        .annotate(submitted_s=Epoch("submitted_at"))
-        .values_list("pk", "share_id", "gpu_type", "gpus", "priority", "submitted_s", "beneficiary")
+        for pk, share_id, gpu_type, gpus, prio, submitted, beneficiary in queue.annotate(
+            submitted_s=Epoch("submitted_at")
+        ).values_list("pk", "share_id", "gpu_type", "gpus", "priority", "submitted_s", "beneficiary")
     )
     snapshot = policy.Snapshot(
         now=now.timestamp(),
         nodes=nodes,
         shares=shares,
         running=tuple(running),
-        queued=queued,
+        queued=queued_views,
         starvation_s=settings.STARVATION_S,
     )
-    return Loaded(snapshot, gpu_ids, node_ids, attempt_numbers)
+    sums: dict[tuple[str, str], list[int]] = {}
+    for q in queued_views:
+        acc = sums.setdefault((q.share, q.gpu_type), [0, 0])
+        acc[0] += 1
+        acc[1] += q.gpus
+    totals = {key: (n, gpus) for key, (n, gpus) in sums.items()}
+    return Loaded(snapshot, gpu_ids, node_ids, attempt_numbers, totals)
 
 
 # --- apply ---------------------------------------------------------------------------------------

@@ -258,9 +258,11 @@ class QueueView:
         return self.forecast.waiting.get(job_id, "")
 
 
-def share_usage(snapshot) -> dict[str, dict[str, dict[str, float | int]]]:
+def share_usage(snapshot, queued_totals=None) -> dict[str, dict[str, dict[str, float | int]]]:
     """{share name: {gpu_type: own, borrowed, lent, queued_gpus, running_jobs, queued_jobs}} from one
-    snapshot. own/borrowed/lent are the policy's accounting (lent is fractional: SEMANTICS "Lent")."""
+    snapshot. own/borrowed/lent are the policy's accounting (lent is fractional: SEMANTICS "Lent").
+    `queued_totals` ({(share, type): (jobs, gpus)}, see scheduler.Loaded) stands in for a snapshot
+    loaded without its queue."""
     from quotas import policy
 
     out: dict[str, dict[str, dict[str, float | int]]] = {}
@@ -274,8 +276,7 @@ def share_usage(snapshot) -> dict[str, dict[str, dict[str, float | int]]]:
     for share in snapshot.shares:
         for gpu_type in share.capacity:
             row(share.name, gpu_type)
-    accounting = getattr(policy, "usage", None)  # the policy's accounting; absent only mid-development
-    for share, by_type in (accounting(snapshot) if accounting else {}).items():
+    for share, by_type in policy.usage(snapshot).items():
         if share == policy.UNASSIGNED:
             continue
         for gpu_type, u in by_type.items():
@@ -283,10 +284,15 @@ def share_usage(snapshot) -> dict[str, dict[str, dict[str, float | int]]]:
             r["own"], r["borrowed"], r["lent"] = u.own, u.borrowed, round(u.lent, 2)
     for run in snapshot.running:
         row(run.share, run.gpu_type)["running_jobs"] += 1
-    for q in snapshot.queued:
-        r = row(q.share, q.gpu_type)
-        r["queued_jobs"] += 1
-        r["queued_gpus"] += q.gpus
+    if queued_totals is None:
+        queued_totals = {}
+        for q in snapshot.queued:
+            jobs, gpus = queued_totals.get((q.share, q.gpu_type), (0, 0))
+            queued_totals[(q.share, q.gpu_type)] = (jobs + 1, gpus + q.gpus)
+    for (share, gpu_type), (jobs, gpus) in queued_totals.items():
+        r = row(share, gpu_type)
+        r["queued_jobs"] += jobs
+        r["queued_gpus"] += gpus
     return out
 
 
@@ -321,12 +327,13 @@ def queue_view(*, targets: Iterable[int] | None = None, now: datetime | None = N
     now = now or timezone.now()
     loaded = load_snapshot(now)
     medians = _median_runtimes(now)
+    share_names = dict(Share.objects.values_list("pk", "name"))
     runtime: dict[int, float] = {}
     grace: dict[int, float] = {}
-    for pk, share, max_runtime, grace_s in Job.objects.filter(state__in=list(JOB_OPEN_STATES)).values_list(
-        "pk", "share__name", "max_runtime_s", "preemption_grace_s"
+    for pk, share_id, max_runtime, grace_s in Job.objects.filter(state__in=list(JOB_OPEN_STATES)).values_list(
+        "pk", "share_id", "max_runtime_s", "preemption_grace_s"
     ):
-        runtime[pk] = float(max_runtime or medians.get(share) or DEFAULT_RUNTIME_S)
+        runtime[pk] = float(max_runtime or medians.get(share_names.get(share_id)) or DEFAULT_RUNTIME_S)
         grace[pk] = float(grace_s)
     result = fc.forecast(
         loaded.snapshot,

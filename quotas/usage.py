@@ -41,11 +41,12 @@ def sample(now: datetime | None = None) -> int:
     from quotas.services import share_usage
 
     now = now or timezone.now()
-    snapshot = load_snapshot(now).snapshot
+    loaded = load_snapshot(now, queued=False)
+    snapshot = loaded.snapshot
     capacity = {s.name: dict(s.capacity) for s in snapshot.shares}
     share_ids = dict(Share.objects.values_list("name", "pk"))
     rows = []
-    for share, by_type in share_usage(snapshot).items():
+    for share, by_type in share_usage(snapshot, loaded.queued_totals).items():
         if share not in share_ids:
             continue
         for gpu_type, u in by_type.items():
@@ -235,14 +236,15 @@ def cluster_picture(
     from quotas.scheduler import load_snapshot
 
     now = now or timezone.now()
-    snapshot = (loaded or load_snapshot(now)).snapshot
+    loaded = loaded or load_snapshot(now, queued=False)
+    snapshot = loaded.snapshot
     acct = policy.usage(snapshot)
     queued_gpus: dict[tuple[str, str], int] = defaultdict(int)
     queued_jobs: dict[tuple[str, str], int] = defaultdict(int)
     running_jobs: dict[tuple[str, str], int] = defaultdict(int)
-    for q in snapshot.queued:
-        queued_gpus[(q.share, q.gpu_type)] += q.gpus
-        queued_jobs[(q.share, q.gpu_type)] += 1
+    for key, (jobs, gpus) in loaded.queued_totals.items():
+        queued_gpus[key] += gpus
+        queued_jobs[key] += jobs
     for r in snapshot.running:
         running_jobs[(r.share, r.gpu_type)] += 1
 
@@ -341,7 +343,7 @@ def cluster_picture(
         totals=[totals[t] for t in sorted(totals)],
         sankey=sankey_data(snapshot, colours),
         overcommitted=overcommitted,
-        queued_jobs=len(snapshot.queued),
+        queued_jobs=sum(jobs for jobs, _ in loaded.queued_totals.values()),
         running_jobs=len(snapshot.running),
     )
 

@@ -94,7 +94,8 @@ class ShareViewSet(ApiViewMixin, viewsets.ModelViewSet):
         if self.request is not None and self.request.method in ("GET", "HEAD", "POST", "PATCH"):
             from quotas.scheduler import load_snapshot
 
-            context["usage"] = services.share_usage(load_snapshot().snapshot)
+            loaded = load_snapshot(queued=False)
+            context["usage"] = services.share_usage(loaded.snapshot, loaded.queued_totals)
         return context
 
     @extend_schema(request=ShareWriteSerializer, responses={201: ShareSerializer})
