@@ -1,25 +1,19 @@
-"""Benchmark 2: the full scheduling pass on the configured database (PostgreSQL for the real figure):
-load snapshot, plan, apply, enqueue, with N jobs in the table and 2,000 running attempts.
+"""Benchmarks 2 and 5: the full scheduling pass (load snapshot, plan, apply, enqueue) with N jobs in the
+table and 2,000 running attempts filling 1,000 x 8 GPUs; then, on the same data, the latency of
+`GET /api/v1/jobs/?share=...`, the dashboard overview `/`, a team page and a `/metrics` scrape.
 
-Run with `python -m bench.bench_pass` (uses DATABASE_URL; creates its data in a database of its own,
-`<name>_bench`, which it drops and re-creates)."""
+Runs on DATABASE_URL (PostgreSQL for the real figure), a database whose name ends in `_bench`: it is
+migrated and emptied first. `python -m bench.bench_pass`, or call `run()`."""
 
 from __future__ import annotations
 
-import os
 import random
-import statistics
 import time
+
+from bench.common import exponent, row, setup_django, wipe
 
 SIZES = (10_000, 100_000)
 NODES, GPUS_PER_NODE, SHARES, RUNNING = 1000, 8, 50, 2000
-
-
-def _setup_django() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    import django
-
-    django.setup()
 
 
 def populate(total_jobs: int, seed: int = 1) -> None:
@@ -35,7 +29,7 @@ def populate(total_jobs: int, seed: int = 1) -> None:
     rng = random.Random(seed)
     now = timezone.now()
     with transaction.atomic():
-        user = get_user_model().objects.create_user("bench")
+        user = get_user_model().objects.create_superuser("bench", "bench@example.com", "bench-pw-123")
         team = Team.objects.create(name="bench", slug="bench")
         nodes = Node.objects.bulk_create(
             [Node(name=f"n{i:04d}", gpu_type="a10g", last_heartbeat=now) for i in range(NODES)]
@@ -108,7 +102,7 @@ def populate(total_jobs: int, seed: int = 1) -> None:
         Job.objects.bulk_create(batch)
 
 
-def measure(repeats: int = 5) -> dict:
+def measure_pass(repeats: int) -> tuple[list[float], list[float], int]:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -122,48 +116,118 @@ def measure(repeats: int = 5) -> dict:
             times.append(time.perf_counter() - t0)
         plan_times.append(result.plan_ms / 1000)
         queries.append(len(ctx.captured_queries))
-    times.sort()
-    return {
-        "median_s": statistics.median(times),
-        "p95_s": times[min(len(times) - 1, int(0.95 * len(times)))],
-        "plan_median_s": statistics.median(plan_times),
-        "queries": max(queries),
+    return times, plan_times, max(queries)
+
+
+def _client():
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+    from rest_framework.authtoken.models import Token
+
+    user = get_user_model().objects.get(username="bench")
+    token, _ = Token.objects.get_or_create(user=user)
+    api = Client(HTTP_AUTHORIZATION=f"Token {token.key}")
+    web = Client()
+    web.force_login(user)
+    return api, web
+
+
+def measure_pages(repeats: int) -> dict[str, list[float]]:
+    """Server-side latency through Django's test client (no network): each page `repeats` times."""
+    from django.conf import settings
+
+    api, web = _client()
+    settings.METRICS_TOKEN = "bench"
+    pages = {
+        "GET /api/v1/jobs/?share=": (api, "/api/v1/jobs/?share=s07", {}),
+        "GET / (overview)": (web, "/", {}),
+        "GET /teams/bench/": (web, "/teams/bench/", {}),
+        "GET /metrics": (api, "/metrics", {"HTTP_AUTHORIZATION": "Bearer bench"}),
     }
+    out: dict[str, list[float]] = {}
+    for name, (client, url, headers) in pages.items():
+        first = client.get(url, **headers)  # warm-up; a page that is not there is skipped
+        if first.status_code != 200:
+            out[name] = []
+            continue
+        times = []
+        started = time.perf_counter()
+        for _ in range(repeats):
+            if len(times) >= 3 and time.perf_counter() - started > 10:
+                break  # a slow page: enough samples to say so
+            t0 = time.perf_counter()
+            r = client.get(url, **headers)
+            times.append(time.perf_counter() - t0)
+            assert r.status_code == 200, (url, r.status_code)
+        out[name] = times
+    return out
 
 
-def run(sizes=SIZES, repeats: int = 5) -> list[dict]:
-    _setup_django()
+def run(sizes=SIZES, repeats: int = 5, page_repeats: int = 20) -> list[dict]:
+    setup_django()
     from django.db import connection
-    from django.test.utils import setup_databases, teardown_databases
 
     import quotas.triggers as triggers
     from gpunodes import dispatch
 
-    dispatch.app.send_task = lambda *a, **k: None  # measure the pass, not the broker
+    # Measure the pass, not the broker: nothing is sent while this runs (restored afterwards, for the
+    # benchmarks that run next in the same process).
+    saved = dispatch.app.send_task, triggers.request_pass
+    dispatch.app.send_task = lambda *a, **k: None
     triggers.request_pass = lambda why="": False
-    rows = []
-    for n in sizes:
-        old = setup_databases(verbosity=0, interactive=False, keepdb=False)
-        try:
+    passes, pages = [], {}
+    try:
+        for n in sizes:
+            wipe()
             populate(n)
-            if connection.vendor == "postgresql":
-                with connection.cursor() as c:
-                    c.execute("ANALYZE")
-            rows.append(
-                {
-                    "bench": "pass",
-                    "jobs": n,
-                    "running": RUNNING,
-                    "nodes": NODES,
-                    "db": connection.vendor,
-                    **measure(repeats),
-                }
+            with connection.cursor() as c:
+                c.execute("ANALYZE")
+            times, plan_times, queries = measure_pass(repeats)
+            passes.append((n, times, plan_times, queries))
+            for name, t in measure_pages(page_repeats).items():
+                pages.setdefault(name, []).append((n, t))
+        wipe()
+    finally:
+        dispatch.app.send_task, triggers.request_pass = saved
+    rows = []
+    n0, t0 = passes[0][0], min(passes[0][1])
+    for n, times, plan_times, queries in passes:
+        grow = exponent(n0, t0, n, min(times)) if n != n0 else None
+        big = n >= 100_000
+        rows.append(
+            row(
+                "2 pass",
+                f"{n:,} jobs, {RUNNING:,} running",
+                times,
+                target="< 2 s at 100k; queries constant" if big else "queries constant",
+                met=(sorted(times)[len(times) // 2] < 2.0 and queries == passes[0][3]) if big else None,
+                exponent=grow,
+                note=f"plan() {sorted(plan_times)[len(plan_times) // 2] * 1000:.0f} ms; {queries} queries",
             )
-        finally:
-            teardown_databases(old, verbosity=0)
+        )
+    for name, series in pages.items():
+        m0 = min(series[0][1]) if series[0][1] else 0
+        for n, times in series:
+            if not times:
+                rows.append(
+                    row("5 pages", f"{name} {n:,} jobs", [], note="skipped: page not there (not 200)")
+                )
+                continue
+            big = n >= 100_000
+            p95 = sorted(times)[min(len(times) - 1, int(0.95 * len(times)))]
+            rows.append(
+                row(
+                    "5 pages",
+                    f"{name} {n:,} jobs",
+                    times,
+                    target="p95 < 100 ms at 100k" if big and "metrics" not in name else "",
+                    met=(p95 < 0.1) if big and "metrics" not in name else None,
+                    exponent=exponent(series[0][0], m0, n, min(times)) if n != series[0][0] else None,
+                )
+            )
     return rows
 
 
 if __name__ == "__main__":
-    for row in run():
-        print(row)
+    for r in run():
+        print(r)

@@ -38,15 +38,17 @@ def run(sizes: tuple[tuple[int, int, float], ...] = SIZES, *, teams: int = 6, se
             finally:
                 in_plan += time.perf_counter() - t0
 
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         result = simulate(scenario, planner=timed_plan)
         seconds = time.perf_counter() - t0
+        cpu = time.process_time() - c0
         records = list(result.jobs.values())
         rows.append(
             {
                 "jobs": jobs,
                 "gpus": gpus,
                 "seconds": round(seconds, 2),
+                "cpu_s": round(cpu, 2),
                 "target_s": target,
                 "plan_s": round(in_plan, 2),
                 "passes": result.cluster["passes"],

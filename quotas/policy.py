@@ -72,7 +72,10 @@ class ShareView:
 
 @dataclass(frozen=True, slots=True)
 class RunningView:
-    """An admitted or running attempt; it holds its GPUs until it is gone from the snapshot."""
+    """An admitted or running attempt; it holds its GPUs until it is gone from the snapshot.
+
+    Ids (attempt, job) are orderable among themselves (all ints, or all strings): they break ties, so
+    that the same snapshot always gives the same plan."""
 
     attempt_id: Hashable
     job_id: Hashable
@@ -245,12 +248,21 @@ def borrowed_attempts(snapshot: Snapshot) -> frozenset:
     return frozenset(out)
 
 
+_CAPACITY_MEMO: tuple[tuple[NodeView, ...], dict[str, int]] = ((), {})  # the last nodes seen -> capacity
+
+
 def _schedulable_capacity(snapshot: Snapshot) -> dict[str, int]:
-    cluster: dict[str, int] = {}
+    global _CAPACITY_MEMO
+    nodes, cluster = _CAPACITY_MEMO
+    # Equal tuples of the same node objects compare by identity, element by element: cheap.
+    if nodes is snapshot.nodes or (len(nodes) == len(snapshot.nodes) and nodes == snapshot.nodes):
+        return dict(cluster)
+    cluster = {}
     for node in snapshot.nodes:
         if node.schedulable:
             cluster[node.gpu_type] = cluster.get(node.gpu_type, 0) + max(0, node.gpus)
-    return cluster
+    _CAPACITY_MEMO = (tuple(snapshot.nodes), cluster)
+    return dict(cluster)
 
 
 def usage(snapshot: Snapshot, *, count_preempting: bool = True) -> dict[str, dict[str, ShareUsage]]:
@@ -268,7 +280,10 @@ def usage(snapshot: Snapshot, *, count_preempting: bool = True) -> dict[str, dic
         if run.preempting and not count_preempting:
             continue
         key = (run.share, run.gpu_type)
-        used[key] = used.get(key, 0) + run.gpus
+        g = 0
+        for _, idx in run.placement:
+            g += len(idx)
+        used[key] = used.get(key, 0) + g
     cluster = _schedulable_capacity(snapshot)
     gpu_types = set(cluster) | {t for _, t in used}
     for share in shares.values():
@@ -331,15 +346,102 @@ _TODO, _ADMITTED, _EARMARKED, _BLOCKED, _DEFER, _RESERVED = range(6)
 _NO_LIMIT = 1 << 62
 
 
+_MASKS: dict[tuple[int, ...], int] = {}  # GPU index tuple -> bit mask; a memo of _mask()
+
+
+def _mask(idxs: tuple[int, ...]) -> int:
+    m = 0
+    for x in idxs:
+        if x >= 0:
+            m |= 1 << x
+    if idxs.__class__ is tuple:
+        if len(_MASKS) > 65536:
+            _MASKS.clear()
+        _MASKS[idxs] = m
+    return m
+
+
+def _att_id(ac: tuple[_Att, int]) -> Hashable:
+    return ac[0].view.attempt_id
+
+
+def _borrowed_atts(atts: list[_Att], over: int) -> list[_Att]:
+    """_borrowed_part() on the pass's attempts: `over` GPUs over capacity, taken in rule 8's order."""
+    out: list[_Att] = []
+    for a in sorted(atts, key=_att_borrowed_key, reverse=True):
+        if over <= 0:
+            break
+        out.append(a)
+        over -= a.gpus
+    return out
+
+
+def _att_borrowed_key(a: _Att) -> tuple:
+    return _borrowed_order_key(a.view)
+
+
+@dataclass(frozen=True, slots=True)
+class _NodeTable:
+    """One type's nodes as the pass indexes them: by name, each name once (the first in input order)."""
+
+    names: list[str]
+    size: list[int]
+    sched: list[bool]
+    full: list[int]  # bit mask of the node's GPU indexes
+    index: dict[str, int]
+    C: int
+    M: int
+    maxk: int
+    m_nodes: list[int]
+
+
+_NODE_TABLES: dict[str, tuple[tuple[NodeView, ...], _NodeTable]] = {}  # gpu type -> (nodes, table)
+
+
+def _node_table(gpu_type: str, nodes: list[NodeView] | tuple[NodeView, ...]) -> _NodeTable:
+    """Read-only node structures for one type, memoised on the (immutable) node views: the simulator
+    and successive passes mostly see the same nodes. The pass never changes a table."""
+    key = tuple(nodes)
+    hit = _NODE_TABLES.get(gpu_type)
+    # Equal tuples of the same objects compare by identity, element by element: no hashing.
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    kept: list[NodeView] = []
+    seen: set[str] = set()
+    for node in sorted(key, key=attrgetter("name")):
+        if node.name not in seen:
+            seen.add(node.name)
+            kept.append(node)
+    names = [n.name for n in kept]
+    size = [max(0, n.gpus) for n in kept]
+    sched = [n.schedulable and n.gpus > 0 for n in kept]
+    M = max(size, default=0)  # the node size that decides single node vs gang
+    table = _NodeTable(
+        names=names,
+        size=size,
+        sched=sched,
+        full=[(1 << sz) - 1 for sz in size],
+        index={name: i for i, name in enumerate(names)},
+        C=sum(sz for sz, ok in zip(size, sched, strict=True) if ok),
+        M=M,
+        maxk=max((sz for sz, ok in zip(size, sched, strict=True) if ok), default=0),
+        m_nodes=[i for i in range(len(kept)) if sched[i] and size[i] == M],
+    )
+    if len(_NODE_TABLES) >= 64:
+        _NODE_TABLES.clear()
+    _NODE_TABLES[gpu_type] = (key, table)
+    return table
+
+
 class _Att:
     """A running attempt as the pass sees it (mutable: it may become a victim)."""
 
     __slots__ = ("view", "s", "gpus", "prio", "on", "victim", "bnow", "vrank", "irank")
 
-    def __init__(self, view: RunningView, s: int, on: list[tuple[int, int]]) -> None:
+    def __init__(self, view: RunningView, s: int, on: list[tuple[int, int]], gpus: int) -> None:
         self.view = view
         self.s = s
-        self.gpus = view.gpus
+        self.gpus = gpus
         self.prio = view.priority
         self.on = on  # [(node index, GPUs on it)] for the nodes of this type that it holds
         self.victim = False
@@ -434,22 +536,14 @@ class _TypePass:
         self.now = ctx.snap.now
         self.starvation_s = ctx.snap.starvation_s
 
-        # -- nodes
-        nodes: list[NodeView] = []
-        seen: set[str] = set()
-        for node in sorted(ctx.nodes.get(gpu_type, ()), key=lambda n: n.name):
-            if node.name not in seen:
-                seen.add(node.name)
-                nodes.append(node)
-        n_nodes = len(nodes)
-        self.node_names = [n.name for n in nodes]
-        self.size = size = [max(0, n.gpus) for n in nodes]
-        self.sched = sched = [n.schedulable and n.gpus > 0 for n in nodes]
-        self.C = sum(sz for sz, ok in zip(size, sched, strict=True) if ok)
-        self.M = max(size, default=0)  # the node size that decides single node vs gang
-        self.maxk = max((sz for sz, ok in zip(size, sched, strict=True) if ok), default=0)
-        self.m_nodes = [i for i in range(n_nodes) if sched[i] and size[i] == self.M]
-        node_index = {name: i for i, name in enumerate(self.node_names)}
+        # -- nodes (read-only, cached while the type's nodes stay the same)
+        st = _node_table(gpu_type, ctx.nodes.get(gpu_type, ()))
+        n_nodes = len(st.names)
+        self.node_names = st.names
+        self.size = size = st.size
+        self.sched = sched = st.sched
+        self.C, self.M, self.maxk, self.m_nodes = st.C, st.M, st.maxk, st.m_nodes
+        node_index = st.index
 
         # -- shares
         views = ctx.views
@@ -465,51 +559,76 @@ class _TypePass:
         self.grace = grace = [0] * n_shares
         self.pend = [0] * n_shares
 
-        # -- running attempts
-        used: list[set[int]] = [set() for _ in range(n_nodes)]
+        # -- running attempts. GPUs in use per node as a bit mask; a GPU index listed twice, taken
+        # already, or outside the node counts once, for the first attempt (in snapshot order) only.
+        used = [0] * n_nodes
+        full = st.full
         pend_count = [0] * n_nodes
-        self.atts_on: list[list[tuple[_Att, int]]] = [[] for _ in range(n_nodes)]
+        self.atts_on = atts_on = [[] for _ in range(n_nodes)]
         by_share: list[list[_Att]] = [[] for _ in range(n_shares)]
         self.ben_nodes: dict[Hashable, set[int]] = {}
+        sidx = ctx.sidx
+        masks = _MASKS
         for run in ctx.running.get(gpu_type, ()):
-            s = ctx.sidx[run.share]
-            per_node: dict[int, int] = {}
-            for name, idxs in run.placement:
+            s = sidx[run.share]
+            on: list[tuple[int, int]]
+            placement = run.placement
+            if len(placement) == 1:
+                name, idxs = placement[0]
+                gpus = len(idxs)
+                on = []
                 i = node_index.get(name)
-                if i is None:
-                    continue  # a node gone from the snapshot: the GPUs still count as usage
-                taken = used[i]
-                for x in idxs:
-                    if 0 <= x < size[i] and x not in taken:
-                        taken.add(x)
-                        per_node[i] = per_node.get(i, 0) + 1
-            on = sorted(per_node.items())
+                if i is not None:  # else a node gone from the snapshot: the GPUs still count as usage
+                    m = masks.get(idxs) if idxs.__class__ is tuple else None
+                    if m is None:
+                        m = _mask(idxs)
+                    new = m & full[i] & ~used[i]
+                    if new:
+                        used[i] |= new
+                        on = [(i, new.bit_count())]
+            else:
+                gpus = 0
+                per_node: dict[int, int] = {}
+                for name, idxs in placement:
+                    gpus += len(idxs)
+                    i = node_index.get(name)
+                    if i is None:
+                        continue
+                    m = masks.get(idxs) if idxs.__class__ is tuple else None
+                    if m is None:
+                        m = _mask(idxs)
+                    new = m & full[i] & ~used[i]
+                    if new:
+                        used[i] |= new
+                        per_node[i] = per_node.get(i, 0) + new.bit_count()
+                on = sorted(per_node.items())
             if run.preempting:
-                grace[s] += run.gpus
+                grace[s] += gpus
                 for i, c in on:
                     pend_count[i] += c
                 if run.beneficiary_job_id is not None:
                     self.ben_nodes.setdefault(run.beneficiary_job_id, set()).update(i for i, _ in on)
                 continue
-            att = _Att(run, s, on)
-            held[s] += run.gpus
+            att = _Att(run, s, on, gpus)
+            held[s] += gpus
             by_share[s].append(att)
             for i, c in on:
-                self.atts_on[i].append((att, c))
+                atts_on[i].append((att, c))
         # Deterministic whatever the input order.
-        for lst in self.atts_on:
-            lst.sort(key=lambda ac: ac[0].view.attempt_id)
+        for lst in atts_on:
+            if len(lst) > 1:
+                lst.sort(key=_att_id)
 
-        self.free_idx = [
-            [x for x in range(size[i]) if x not in used[i]] if sched[i] else [] for i in range(n_nodes)
-        ]
-        self.free_u = [len(f) for f in self.free_idx]
+        self._used = used
+        self._free_idx: dict[int, list[int]] = {}  # free GPU indexes, built when a node is first used
+        self.free_u = [size[i] - used[i].bit_count() if sched[i] else 0 for i in range(n_nodes)]
         self.pend_u = [pend_count[i] if sched[i] else 0 for i in range(n_nodes)]
         self.pend_nodes = {i for i in range(n_nodes) if self.pend_u[i]}
         self.bk: list[list[int]] = [[] for _ in range(self.maxk + 1)]
-        for i in range(n_nodes):
-            if self.free_u[i]:
-                self.bk[self.free_u[i]].append(i)  # ascending: already a heap
+        bk = self.bk
+        for i, f in enumerate(self.free_u):
+            if f:
+                bk[f].append(i)  # ascending: already a heap
         self._mf = -1  # cached largest free count; -1 = stale
         self._taken: dict[int, list] = {}  # reclaim victims of the current decision: share -> [b0, atts]
 
@@ -521,13 +640,14 @@ class _TypePass:
         for s, atts in enumerate(by_share):
             if not atts:
                 continue
-            by_id = {a.view.attempt_id: a for a in atts}
-            part = _borrowed_part([a.view for a in atts], cap[s])
-            for view in part:
-                by_id[view.attempt_id].bnow = True
-            if part:
+            over = sum(a.gpus for a in atts) - cap[s]
+            if over > 0:
+                by_id = {a.view.attempt_id: a for a in atts}
+                part = _borrowed_atts(atts, over)
+                for a in part:
+                    by_id[a.view.attempt_id].bnow = True
                 vl = sorted(
-                    (by_id[v.attempt_id] for v in part), key=lambda a: _victim_key(a.view), reverse=True
+                    (by_id[a.view.attempt_id] for a in part), key=lambda a: _victim_key(a.view), reverse=True
                 )
                 for r, a in enumerate(vl):
                     a.vrank = r
@@ -716,6 +836,15 @@ class _TypePass:
             if h:
                 return h[0]
         return None
+
+    def _free_list(self, i: int) -> list[int]:
+        """Node i's free GPU indexes, ascending (what is left of them as admissions take them)."""
+        idx = self._free_idx.get(i)
+        if idx is None:
+            m = self._used[i]
+            idx = [x for x in range(self.size[i]) if not m >> x & 1] if self.sched[i] else []
+            self._free_idx[i] = idx
+        return idx
 
     def _max_free(self) -> int:
         if self._mf < 0:
@@ -1075,7 +1204,7 @@ class _TypePass:
         self._chg(s, dh=job.gpus, dp=-job.gpus)
         where = []
         for i, c in placement:
-            idx = self.free_idx[i]
+            idx = self._free_list(i)
             where.append((self.node_names[i], tuple(idx[:c])))
             del idx[:c]
             self._set_free(i, self.free_u[i] - c)
@@ -1158,6 +1287,8 @@ class _TypePass:
         if not self.size:
             return f"no {self.t} nodes in the cluster"
         M = self.M
+        if M == 0:  # only GPU-less nodes of this type
+            return f"no {self.t} node has any GPUs"
         if g > M:
             if g % M:
                 return f"{g} GPUs is more than one {M}-GPU node and not a multiple of it"

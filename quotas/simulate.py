@@ -309,6 +309,7 @@ class _Simulator:
 
         self.changed = False  # since the last pass: something the planner should look at
         self.dirty = True  # since the last accounting: usage may have changed
+        self.cluster_caps: dict[tuple[str, str, str], float] | None = None
         self.tick_pending: set[int] = set()
 
         for node in scenario.nodes:
@@ -445,6 +446,7 @@ class _Simulator:
         node = self.node_specs[name]
         self.ready[name] = NodeView(name=name, gpu_type=node.gpu_type, gpus=node.gpus)
         self.holders[name] = [None] * node.gpus
+        self.cluster_caps = None
         self.invalidate(usage=True)
 
     def on_lost(self, name: str) -> None:
@@ -452,6 +454,7 @@ class _Simulator:
             self.stop(self.running[attempt_id], NODE_LOST)
         del self.ready[name]
         del self.holders[name]
+        self.cluster_caps = None
         self.invalidate(usage=True)
 
     def on_event(self, event: sc.Event) -> None:
@@ -645,9 +648,14 @@ class _Simulator:
                 ):
                     if value:
                         values[(share, gpu_type, metric)] = value
-        for node in snapshot.nodes:
-            key = (Timeline.CLUSTER, node.gpu_type, "capacity")
-            values[key] = values.get(key, 0) + node.gpus
+        if self.cluster_caps is None:  # READY GPUs per type, recounted only when nodes come or go
+            caps: dict[tuple[str, str, str], float] = {}
+            for node in snapshot.nodes:
+                key = (Timeline.CLUSTER, node.gpu_type, "capacity")
+                caps[key] = caps.get(key, 0) + node.gpus
+            self.cluster_caps = caps
+        for key, gpus in self.cluster_caps.items():
+            values[key] = values.get(key, 0) + gpus
         self.timeline.record(t, values)
 
     def result(self, end: int, cut: bool) -> SimResult:
