@@ -101,6 +101,7 @@ def forecast(
     order: list[Hashable] = []
     waiting: dict[Hashable, str] = {}
     passes = 0
+    replayed = 0
     while wanted - set(eta) and passes < max_passes and time.monotonic() < deadline:
         snap = replace(
             snapshot,
@@ -128,7 +129,10 @@ def forecast(
             if adm.job_id in waiting_at_start and adm.job_id not in eta:
                 eta[adm.job_id] = t
                 order.append(adm.job_id)
-            attempt_id = ("forecast", adm.job_id, passes)
+            # Real attempt ids are positive ints; replayed ones count down from -1, so that all ids stay
+            # of one orderable type (the planner breaks ties by id).
+            replayed += 1
+            attempt_id = -replayed
             running[attempt_id] = RunningView(
                 attempt_id=attempt_id,
                 job_id=q.job_id,

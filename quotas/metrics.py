@@ -51,10 +51,6 @@ MODES = ("own", "borrowed")
 PREEMPTION_REASONS = (policy.RECLAIM, policy.PRIORITY)
 
 
-def _histogram(name: str, doc: str, labels: list[str]) -> HistogramMetricFamily:
-    return HistogramMetricFamily(name, doc, labels=labels)
-
-
 def _buckets(counts: list[int], total: int, bounds: tuple[float, ...]) -> list[tuple[str, int]]:
     """Cumulative (le, count) pairs as prometheus_client wants them, +Inf last."""
     return [*((floatToGoString(b), c) for b, c in zip(bounds, counts, strict=True)), ("+Inf", total)]
@@ -65,9 +61,10 @@ class GpuquotaCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         now = timezone.now()
-        snapshot = load_snapshot(now).snapshot
+        loaded = load_snapshot(now, queued=False)  # the queue's totals suffice: one aggregate, not 100k rows
+        snapshot = loaded.snapshot
         shares = sorted({s.name for s in snapshot.shares})
-        yield from self._shares(snapshot)
+        yield from self._shares(snapshot, loaded.queued_totals)
         yield from self._decisions(shares)
         yield from self._waits(shares)
         yield from self._passes()
@@ -75,7 +72,9 @@ class GpuquotaCollector(Collector):
 
     # -- shares: the policy's own accounting of the pass's snapshot ----------------------------------
 
-    def _shares(self, snapshot: policy.Snapshot) -> Iterator[Metric]:
+    def _shares(
+        self, snapshot: policy.Snapshot, queued_totals: dict[tuple[str, str], tuple[int, int]]
+    ) -> Iterator[Metric]:
         labels = ["share", "gpu_type"]
         gauges = {
             "capacity": GaugeMetricFamily(
@@ -111,12 +110,9 @@ class GpuquotaCollector(Collector):
                 lending.add_metric([gpu_type, lender, borrower], gpus)
         yield lending
 
-        queued: dict[tuple[str, str], int] = {}
+        queued = {key: jobs for key, (jobs, _) in queued_totals.items()}
         running: dict[tuple[str, str], int] = {}
         preempting: dict[tuple[str, str], int] = {}
-        for job in snapshot.queued:
-            key = (job.share, job.gpu_type)
-            queued[key] = queued.get(key, 0) + 1
         for run in snapshot.running:
             key = (run.share, run.gpu_type)
             into = preempting if run.preempting else running
@@ -188,8 +184,8 @@ class GpuquotaCollector(Collector):
             .annotate(n=Count("pk"), total=Sum("wait"), **buckets)
             .order_by()
         )
-        family = _histogram(
-            "gpuquota_wait_seconds", "From submission to the start of a job's first attempt", ["share"]
+        family = HistogramMetricFamily(
+            "gpuquota_wait_seconds", "From submission to the start of a job's first attempt", labels=["share"]
         )
         seen = set()
         for row in rows:
@@ -217,10 +213,9 @@ class GpuquotaCollector(Collector):
                 for i, b in enumerate(PASS_BUCKETS_S)
             },
         )
-        family = _histogram(
+        family = HistogramMetricFamily(
             "gpuquota_pass_duration_seconds",
             "Duration of the scheduling passes still on record (lock, snapshot, plan, apply)",
-            [],
         )
         counts = [row[f"le{i}"] for i in range(len(PASS_BUCKETS_S))]
         family.add_metric([], _buckets(counts, row["n"], PASS_BUCKETS_S), (row["total"] or 0.0) / 1000)
