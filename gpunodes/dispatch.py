@@ -24,9 +24,35 @@ def preempt_attempt(node: str, attempt_id: int, number: int, grace_s: int) -> No
     )
 
 
+def start_payloads(
+    *, attempt_id: int, number: int, job_id: int, placement, command, env, use_shell, max_runtime_s, grace_s
+) -> list[dict]:
+    """The start messages of one attempt ({"node", "payload"}, one per node of its placement, with its
+    rank in the gang): what the pass sends, and what a lost start is sent again as."""
+    world = [node for node, _ in placement]
+    return [
+        {
+            "node": node,
+            "payload": {
+                "attempt_id": attempt_id,
+                "number": number,
+                "job_id": job_id,
+                "command": command,
+                "env": env,
+                "use_shell": use_shell,
+                "gpus": list(gpus),
+                "max_runtime_s": max_runtime_s,
+                "grace_s": grace_s,
+                "rank": rank,
+                "world": world,
+            },
+        }
+        for rank, (node, gpus) in enumerate(placement)
+    ]
+
+
 def start_messages(attempt_ids, only_node: str | None = None) -> list[dict]:
-    """The start messages of live attempts ({"node", "payload"}, one per node of the placement), as
-    the pass sends them: for sending a lost start again."""
+    """The start messages of live attempts, read from the database (one query)."""
     from jobs.models import Attempt
 
     messages = []
@@ -42,26 +68,17 @@ def start_messages(attempt_ids, only_node: str | None = None) -> list[dict]:
         "job__preemption_grace_s",
     )
     for pk, number, job_id, placement, command, env, use_shell, max_runtime, grace in rows:
-        world = [p["node"] for p in placement]
-        for rank, p in enumerate(placement):
-            if only_node is not None and p["node"] != only_node:
-                continue
-            messages.append(
-                {
-                    "node": p["node"],
-                    "payload": {
-                        "attempt_id": pk,
-                        "number": number,
-                        "job_id": job_id,
-                        "command": command,
-                        "env": env,
-                        "use_shell": use_shell,
-                        "gpus": list(p["gpus"]),
-                        "max_runtime_s": max_runtime,
-                        "grace_s": grace,
-                        "rank": rank,
-                        "world": world,
-                    },
-                }
-            )
+        for message in start_payloads(
+            attempt_id=pk,
+            number=number,
+            job_id=job_id,
+            placement=[(p["node"], p["gpus"]) for p in placement],
+            command=command,
+            env=env,
+            use_shell=use_shell,
+            max_runtime_s=max_runtime,
+            grace_s=grace,
+        ):
+            if only_node is None or message["node"] == only_node:
+                messages.append(message)
     return messages

@@ -19,7 +19,7 @@ from django.db.models import Count, F, FloatField, Func, Sum
 from django.utils import timezone
 
 from gpunodes.choices import HOLDING_STATES, NodeState
-from gpunodes.dispatch import start_attempt
+from gpunodes.dispatch import start_attempt, start_payloads
 from gpunodes.models import Gpu, Node
 from jobs import lifecycle
 from jobs.choices import ATTEMPT_ACTIVE_STATES, AttemptState, EventKind, JobState, Outcome
@@ -343,30 +343,22 @@ def apply_admissions(loaded: Loaded, admissions: tuple[policy.Admission, ...], n
     claims, through, events, messages = [], [], [], []
     for attempt, (pk, count, command, env, use_shell, max_runtime, grace) in zip(attempts, rows, strict=True):
         adm = by_job[pk]
-        world = [n for n, _ in adm.placement]
-        for rank, (node, idx) in enumerate(adm.placement):
+        for node, idx in adm.placement:
             through.append(Attempt.nodes.through(attempt_id=attempt.pk, node_id=loaded.node_ids[node]))
             claims += [
                 GpuClaim(attempt=attempt, gpu_id=loaded.gpu_ids[(node, i)], claimed_at=now) for i in idx
             ]
-            messages.append(
-                {
-                    "node": node,
-                    "payload": {
-                        "attempt_id": attempt.pk,
-                        "number": count + 1,
-                        "job_id": pk,
-                        "command": command,
-                        "env": env,
-                        "use_shell": use_shell,
-                        "gpus": list(idx),
-                        "max_runtime_s": max_runtime,
-                        "grace_s": grace,
-                        "rank": rank,
-                        "world": world,
-                    },
-                }
-            )
+        messages += start_payloads(
+            attempt_id=attempt.pk,
+            number=count + 1,
+            job_id=pk,
+            placement=adm.placement,
+            command=command,
+            env=env,
+            use_shell=use_shell,
+            max_runtime_s=max_runtime,
+            grace_s=grace,
+        )
         events.append(
             JobEvent(
                 job_id=pk,
