@@ -38,7 +38,7 @@ class Forecast:
     positions: Mapping[Hashable, dict[str, int]] = field(default_factory=dict)
     # job id -> why it waits now (the first plan's words)
     waiting: Mapping[Hashable, str] = field(default_factory=dict)
-    # False when the planner could not be asked (not implemented yet, or it failed): positions are then
+    # False when the planner failed (a bug, logged): positions are then
     # the plain queue order and there are no ETAs.
     planned: bool = True
     passes: int = 0
@@ -111,8 +111,6 @@ def forecast(
         )
         try:
             decided = planner(snap)
-        except NotImplementedError:
-            return Forecast(positions=_positions(snapshot.queued, []), planned=False, passes=passes)
         except Exception:  # an ETA is advice: a planner bug must not break the page that shows it
             log.exception("forecast: the planner failed; showing the plain queue order")
             return Forecast(positions=_positions(snapshot.queued, []), planned=False, passes=passes)

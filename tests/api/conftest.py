@@ -81,20 +81,3 @@ def run(job: Job, node, gpu_indexes, *, borrowed=False, started_at=None) -> Atte
     record_event(job.pk, EventKind.STARTED, f"running on {node.name}", attempt_number=number)
     job.refresh_from_db()
     return attempt
-
-
-def policy_ready() -> bool:
-    """Whether quotas.policy.plan is implemented yet (it is being written beside this work)."""
-    from quotas.policy import Snapshot
-
-    try:
-        policy.plan(Snapshot(now=0.0, nodes=(), shares=()))
-    except NotImplementedError:
-        return False
-    return True
-
-
-needs_policy = pytest.mark.skipif(
-    not policy_ready(), reason="quotas.policy.plan raises NotImplementedError yet"
-)
-needs_usage = pytest.mark.skipif(not hasattr(policy, "usage"), reason="quotas.policy.usage is not there yet")

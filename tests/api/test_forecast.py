@@ -2,7 +2,6 @@
 
 from quotas import forecast, policy
 from quotas.policy import Admission, NodeView, Plan, Preemption, QueuedView, RunningView, ShareView, Snapshot
-from tests.api.conftest import needs_policy
 
 NODE = NodeView("n1", "a10g", 4)
 SHARE = ShareView("s", {"a10g": 4})
@@ -103,9 +102,9 @@ def test_a_preempted_victim_frees_its_gpus_after_its_grace_and_is_queued_again()
     assert f.eta == {2: 1030.0}
 
 
-def test_a_planner_that_is_not_implemented_gives_plain_queue_order():
-    def not_yet(s):
-        raise NotImplementedError
+def test_a_failing_planner_gives_plain_queue_order():
+    def broken(s):
+        raise RuntimeError("a planner bug")
 
     s = snap(
         [],
@@ -115,7 +114,7 @@ def test_a_planner_that_is_not_implemented_gives_plain_queue_order():
             queued(4, 1, priority=1, submitted_at=1),
         ],
     )
-    f = forecast.forecast(s, runtime_s={}, planner=not_yet)
+    f = forecast.forecast(s, runtime_s={}, planner=broken)
     assert f.planned is False and f.eta == {}
     assert [j for j, _ in sorted(f.positions.items(), key=lambda kv: kv[1]["overall"])] == [3, 4, 2]
 
@@ -128,7 +127,6 @@ def test_a_failing_planner_does_not_raise():
     assert f.planned is False and f.positions == {2: {"in_share": 1, "overall": 1}}
 
 
-@needs_policy
 def test_the_replay_with_the_real_policy_admits_in_queue_order():
     s = snap(
         [running(1, [0, 1, 2, 3], started_at=1000.0)],

@@ -8,7 +8,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from quotas.choices import Strategy
-from tests.api.conftest import needs_policy, run, submit
+from tests.api.conftest import run, submit
 from tests.conftest import make_share
 
 URL = "/api/v1/queue/"
@@ -25,7 +25,6 @@ def full(bob, charlie, vision_share, language, nodes):
     return t0, reserve
 
 
-@needs_policy
 def test_the_queue_is_in_admission_order_with_etas(as_bob, bob, vision_share, full):
     t0, _ = full
     first = submit(bob, vision_share, gpus=4, max_runtime_s=1800, name="first")
@@ -48,7 +47,6 @@ def test_the_queue_is_in_admission_order_with_etas(as_bob, bob, vision_share, fu
     assert data["jobs"][0]["waiting_reason"]
 
 
-@needs_policy
 def test_the_job_detail_shows_the_same_eta(as_bob, bob, vision_share, full):
     t0, _ = full
     job = submit(bob, vision_share, gpus=4)
@@ -87,11 +85,11 @@ def test_anonymous_gets_401(anon, db):
     assert anon.get(URL).status_code == 401
 
 
-def test_without_the_policy_the_queue_is_in_plain_order(as_bob, bob, vision_share, full, monkeypatch):
-    def not_yet(snapshot):
-        raise NotImplementedError
+def test_when_the_planner_fails_the_queue_is_in_plain_order(as_bob, bob, vision_share, full, monkeypatch):
+    def broken(snapshot):
+        raise RuntimeError("a planner bug")
 
-    monkeypatch.setattr("quotas.policy.plan", not_yet)
+    monkeypatch.setattr("quotas.policy.plan", broken)
     low = submit(bob, vision_share, gpus=1)
     high = submit(bob, vision_share, gpus=1, priority=5)
     data = as_bob.get(URL, {"share": "vision-main"}).json()

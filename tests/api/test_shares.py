@@ -4,7 +4,7 @@ import pytest
 
 from quotas.choices import ShareState, Strategy
 from quotas.models import Share, Team
-from tests.api.conftest import needs_usage, run, submit
+from tests.api.conftest import run, submit
 from tests.conftest import make_share
 
 URL = "/api/v1/shares/"
@@ -32,7 +32,6 @@ def test_a_member_reads_every_share_with_capacity_and_usage(as_bob, vision_share
     }
 
 
-@needs_usage
 def test_usage_counts_running_and_queued_work_of_other_teams_too(as_charlie, bob, vision_share, nodes):
     running = submit(bob, vision_share, gpus=4)
     run(running, nodes[0], [0, 1, 2, 3])
@@ -46,7 +45,6 @@ def test_usage_counts_running_and_queued_work_of_other_teams_too(as_charlie, bob
     assert usage["queued_gpus"] == 3
 
 
-@needs_usage
 def test_a_lender_shows_what_it_lends(as_bob, bob, vision_share, language_share, nodes):
     # vision borrows 2 beyond its 4; language (LEND, 2 idle) and the unassigned pool (2) can lend.
     run(submit(bob, vision_share, gpus=4), nodes[0], [0, 1, 2, 3])
