@@ -5,12 +5,11 @@ signals (kill -9), real broker restarts and real PostgreSQL backend terminations
 
 The process tests need PostgreSQL (DATABASE_URL) and the redis-server binary; elsewhere they skip
 with that reason. After each test the SEMANTICS.md invariants are checked on the database
-(tests/faults/audit.py). Approach copied from tests/live/conftest.py.
+(tests/faults/audit.py). The processes are tests/live's LiveCluster.
 """
 
 from __future__ import annotations
 
-import os
 import secrets
 import shutil
 import signal
@@ -22,9 +21,9 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
-from django.db import connection
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.live.conftest import LiveCluster, wait_for
+
 ON_POSTGRES = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
 HAVE_REDIS = shutil.which("redis-server") is not None
 
@@ -44,22 +43,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _database_url() -> str:
-    s = connection.settings_dict
-    auth = s["USER"] + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
-    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
-
-
-def wait_for(predicate, timeout: float = 30, every: float = 0.1, what: str = "condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 class PrivateRedis:
@@ -116,104 +99,26 @@ class PrivateRedis:
         self.start()
 
 
-class Cluster:
-    """The product's processes, each in its own session, on the test database and a private Redis."""
+class Cluster(LiveCluster):
+    """tests/live's cluster on a private Redis, with a web server, fast grace and no submit throttle."""
 
     def __init__(self, tmp: Path, redis: PrivateRedis):
-        self.tmp = tmp
         self.redis = redis
         self.var = tmp / "var"
         self.var.mkdir()
-        self.procs: dict[str, subprocess.Popen] = {}
         self.web_url: str | None = None
-        self.env = {
-            **os.environ,
-            "DATABASE_URL": _database_url(),
-            "REDIS_URL": redis.url,
-            "GPUQUOTA_VAR_DIR": str(self.var),
-            "SECRET_KEY": secrets.token_urlsafe(40),
-            "JOB_LOG_DIR": str(tmp / "logs"),
-            "CHECKPOINT_ROOT": str(tmp / "checkpoints"),
-            "SCHEDULER_INTERVAL_S": "1",
-            "HEARTBEAT_INTERVAL_S": "1",
-            "NODE_LOST_AFTER_S": "4",
-            "PREEMPT_ACK_TIMEOUT_S": "5",
-            "DEFAULT_PREEMPTION_GRACE_S": "2",
-            "SUBMIT_RATE": "1000000/min",
-            "DB_CONN_MAX_AGE": "60",
-            "LOG_LEVEL": "INFO",
-            "PYTHONUNBUFFERED": "1",
-        }
+        super().__init__(
+            tmp,
+            REDIS_URL=redis.url,
+            GPUQUOTA_VAR_DIR=str(self.var),
+            SECRET_KEY=secrets.token_urlsafe(40),
+            DEFAULT_PREEMPTION_GRACE_S="2",
+            SUBMIT_RATE="1000000/min",
+            DB_CONN_MAX_AGE="60",
+        )
 
     def agent_state_file(self, node: str) -> Path:
         return self.var / "agent" / node / "running.json"
-
-    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
-        out = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(
-            argv, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        self.procs[name] = proc
-        return proc
-
-    def start_control(self, name: str = "control", concurrency: int = 4) -> subprocess.Popen:
-        return self._spawn(
-            name,
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "config",
-                "worker",
-                "-Q",
-                "control",
-                "-P",
-                "threads",
-                "-c",
-                str(concurrency),
-                "-n",
-                f"{name}-{os.getpid()}-{time.monotonic_ns()}@%h",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-                "-l",
-                "INFO",
-            ],
-        )
-
-    def start_beat(self) -> subprocess.Popen:
-        return self._spawn(
-            "beat",
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "config",
-                "beat",
-                "-l",
-                "INFO",
-                "--schedule",
-                str(self.tmp / "beat-schedule"),
-            ],
-        )
-
-    def start_agent(self, name: str, gpus: int, gpu_type: str = "a10g") -> subprocess.Popen:
-        return self._spawn(
-            f"agent-{name}",
-            [
-                sys.executable,
-                "manage.py",
-                "gpu_agent",
-                "--name",
-                name,
-                "--fake-gpus",
-                str(gpus),
-                "--gpu-type",
-                gpu_type,
-            ],
-        )
 
     def start_web(self, workers: int = 2, threads: int = 8) -> str:
         port = free_port()
@@ -263,31 +168,6 @@ class Cluster:
             90,
             every=0.25,
             what=f"{len(agents)} READY nodes",
-        )
-
-    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        proc = self.procs.pop(name)
-        os.kill(proc.pid, sig)  # the process only, not its children: like a crash
-        proc.wait(timeout=20)
-
-    def stop_all(self) -> None:
-        for proc in self.procs.values():
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 15
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        self.procs.clear()
-
-    def logs(self, tail: int = 6000) -> str:
-        return "\n".join(
-            f"===== {p.name}\n{p.read_text(errors='replace')[-tail:]}" for p in sorted(self.tmp.glob("*.log"))
         )
 
 

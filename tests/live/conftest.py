@@ -39,7 +39,10 @@ def _purge_broker() -> None:
 
 
 class LiveCluster:
-    def __init__(self, tmp: Path):
+    """The product's processes, each in its own session, on the test database. tests/faults builds on
+    it (with a private Redis and a web server)."""
+
+    def __init__(self, tmp: Path, **env: str):
         self.tmp = tmp
         self.procs: dict[str, subprocess.Popen] = {}
         self.env = {
@@ -54,6 +57,7 @@ class LiveCluster:
             "PREEMPT_ACK_TIMEOUT_S": "5",
             "LOG_LEVEL": "INFO",
             "PYTHONUNBUFFERED": "1",
+            **env,
         }
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
@@ -64,9 +68,9 @@ class LiveCluster:
         self.procs[name] = proc
         return proc
 
-    def start_control(self) -> None:
-        self._spawn(
-            "control",
+    def start_control(self, name: str = "control", concurrency: int = 4) -> subprocess.Popen:
+        return self._spawn(
+            name,
             [
                 sys.executable,
                 "-m",
@@ -79,16 +83,19 @@ class LiveCluster:
                 "-P",
                 "threads",
                 "-c",
-                "4",
+                str(concurrency),
                 "-n",
-                f"control-{os.getpid()}@%h",
+                f"{name}-{os.getpid()}-{time.monotonic_ns()}@%h",
                 "--without-gossip",
                 "--without-mingle",
+                "--without-heartbeat",
                 "-l",
                 "INFO",
             ],
         )
-        self._spawn(
+
+    def start_beat(self) -> subprocess.Popen:
+        return self._spawn(
             "beat",
             [
                 sys.executable,
@@ -103,6 +110,10 @@ class LiveCluster:
                 str(self.tmp / "beat-schedule"),
             ],
         )
+
+    def start_control_plane(self) -> None:
+        self.start_control()
+        self.start_beat()
 
     def start_agent(self, name: str, gpus: int, gpu_type: str = "a10g") -> subprocess.Popen:
         return self._spawn(
@@ -140,9 +151,9 @@ class LiveCluster:
                 proc.wait()
         self.procs.clear()
 
-    def logs(self) -> str:
+    def logs(self, tail: int = 4000) -> str:
         return "\n".join(
-            f"===== {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in sorted(self.tmp.glob("*.log"))
+            f"===== {p.name}\n{p.read_text(errors='replace')[-tail:]}" for p in sorted(self.tmp.glob("*.log"))
         )
 
 

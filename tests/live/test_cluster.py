@@ -63,7 +63,7 @@ def nodes_ready(*names):
 def test_three_projects_borrow_and_reclaim_live(cluster, django_user_model):
     teams = {k: member(django_user_model, k) for k in "abc"}
     shares = {k: share(teams[k][0], f"project-{k}", 1) for k in "abc"}
-    cluster.start_control()
+    cluster.start_control_plane()
     for n in ("g5-1", "g5-2", "g5-3"):
         cluster.start_agent(n, 1)
     wait_for(lambda: nodes_ready("g5-1", "g5-2", "g5-3"), 60, what="three READY nodes")
@@ -108,7 +108,7 @@ def test_three_projects_borrow_and_reclaim_live(cluster, django_user_model):
 def test_a_killed_agent_requeues_its_jobs_and_comes_back_ready(cluster, django_user_model):
     team, user = member(django_user_model, "t")
     s = share(team, "team-t", 2)
-    cluster.start_control()
+    cluster.start_control_plane()
     cluster.start_agent("n1", 1)
     cluster.start_agent("n2", 1)
     wait_for(lambda: nodes_ready("n1", "n2"), 60, what="two READY nodes")
@@ -143,7 +143,7 @@ def test_a_killed_agent_requeues_its_jobs_and_comes_back_ready(cluster, django_u
 def test_submit_to_start_latency_is_event_driven(cluster, django_user_model):
     team, user = member(django_user_model, "lat")
     s = share(team, "team-lat", 4)
-    cluster.start_control()
+    cluster.start_control_plane()
     cluster.start_agent("l1", 4)
     wait_for(lambda: nodes_ready("l1"), 60, what="node READY")
     time.sleep(1)
