@@ -85,7 +85,8 @@ def end_attempt(
     """End a live attempt, free its GPUs, and move its job on:
 
     - a stopping attempt (pre-empted or cancelled) → the job is re-queued (or FAILED past
-      max_preemptions); a cancelled job stays CANCELLED;
+      max_preemptions); a cancelled job stays CANCELLED; a pre-empted one whose process still exited 0
+      within its grace has finished its work: SUCCEEDED;
     - a running attempt that exited → SUCCEEDED / FAILED (TIMED_OUT is a failure);
     - NODE_LOST → the job is re-queued with its original submit time.
     Returns whether this call ended it (False for a duplicate or an old attempt)."""
@@ -100,8 +101,11 @@ def end_attempt(
         return False
     job = attempt.job
     was_stopping = attempt.state == AttemptState.STOPPING
-    if was_stopping and outcome not in (Outcome.NODE_LOST,):
-        outcome = Outcome.CANCELLED if job.state == JobState.CANCELLED else Outcome.PREEMPTED
+    if was_stopping and outcome != Outcome.NODE_LOST:
+        if job.state == JobState.CANCELLED:
+            outcome = Outcome.CANCELLED
+        elif outcome != Outcome.SUCCEEDED:  # one that finished within its grace succeeded: not run again
+            outcome = Outcome.PREEMPTED
     Attempt.objects.filter(pk=attempt.pk).update(
         state=AttemptState.ENDED, outcome=outcome, exit_code=exit_code, ended_at=now, end_reason=reason[:300]
     )

@@ -103,6 +103,17 @@ def test_a_stopped_preempted_attempt_requeues_with_the_original_submit_time(job,
     assert EventKind.REQUEUED in kinds(job)
 
 
+def test_a_preempted_attempt_that_still_exits_0_within_its_grace_succeeds(job, nodes):
+    a = admit(job, nodes[0], state=AttemptState.RUNNING)
+    assert lifecycle.request_stop(a, grace_s=5, preempted_by=None, reason="test")
+    Job.objects.filter(pk=job.pk).update(state=JobState.PREEMPTING, preemption_count=1)
+    attempt_finished(a.pk, 1, "node-1", "exited", 0)
+    job.refresh_from_db()
+    a.refresh_from_db()
+    assert (job.state, a.outcome) == (JobState.SUCCEEDED, Outcome.SUCCEEDED)
+    assert not GpuClaim.objects.filter(attempt=a).exists()
+
+
 def test_pre_emption_past_max_preemptions_fails_the_job(job, nodes):
     Job.objects.filter(pk=job.pk).update(max_preemptions=0)
     a = admit(job, nodes[0], state=AttemptState.RUNNING)

@@ -70,11 +70,12 @@ def test_three_projects_borrow_and_reclaim_live(cluster, django_user_model):
 
     user_a = teams["a"][1]
     submit = dict(user=user_a, share=shares["a"], gpus=1, gpu_type="a10g", preemption_grace_s=5)
-    # a1 and a2 run long enough to still hold their GPUs when b1 arrives.
-    a1 = job_submit(name="a1", command=train(80), **submit)
-    a2 = job_submit(name="a2", command=train(80), **submit)
+    # a1 and a2 run long enough to still hold their GPUs when b1 arrives, and a3 to still be running
+    # when it is reclaimed, even on the file broker (SQLite runs), whose messages take a second or so.
+    a1 = job_submit(name="a1", command=train(160), **submit)
+    a2 = job_submit(name="a2", command=train(160), **submit)
     wait_for(lambda: state(a1) == state(a2) == JobState.RUNNING, 30, what="a1 and a2 running")
-    a3 = job_submit(name="a3", command=train(40), **submit)
+    a3 = job_submit(name="a3", command=train(100), **submit)
     wait_for(lambda: state(a3) == JobState.RUNNING, 30, what="a3 running on borrowed capacity")
     assert Attempt.objects.get(job=a3, number=1).borrowed
     wait_for(lambda: "step 10/" in log_text(a3, 1), 30, what="a3 making progress")
@@ -99,9 +100,9 @@ def test_three_projects_borrow_and_reclaim_live(cluster, django_user_model):
     assert b1.events.filter(kind=EventKind.ADMITTED, reason__startswith="ADMITTED_OWN").exists()
 
     # a3 resumes from its checkpoint once project-a has room again, and finishes.
-    wait_for(lambda: state(a3) == JobState.SUCCEEDED, 60, what="a3 to finish")
+    wait_for(lambda: state(a3) == JobState.SUCCEEDED, 90, what="a3 to finish")
     assert "resuming from step" in log_text(a3, 2)
-    wait_for(lambda: state(a1) == state(a2) == JobState.SUCCEEDED, 60, what="a1 and a2 to finish")
+    wait_for(lambda: state(a1) == state(a2) == JobState.SUCCEEDED, 90, what="a1 and a2 to finish")
     assert Job.objects.get(pk=a3.pk).submitted_at == a3.submitted_at
 
 
