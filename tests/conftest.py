@@ -2,10 +2,25 @@
 a small cluster of fake a10g nodes, and a share per strategy."""
 
 import pytest
+from django.core.cache import cache
 
 from gpunodes.services import fake_inventory, node_register
 from quotas.choices import Role, Strategy
 from quotas.models import Membership, Share, ShareCapacity, Team
+
+
+@pytest.fixture
+def no_messages(monkeypatch, settings):
+    """Nothing goes to Celery: tasks sent and passes asked for are recorded instead. A local cache and
+    a fast hasher (the tests log in a lot, and PBKDF2 is slow on purpose). The API, web and CLI tests
+    use it for every test."""
+    sent = []
+    monkeypatch.setattr("gpunodes.dispatch.app.send_task", lambda name, **kw: sent.append((name, kw)))
+    monkeypatch.setattr("quotas.triggers.request_pass", lambda why="": sent.append(("pass", why)))
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    cache.clear()
+    return sent
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from django.conf import settings
 from quotas import tasks, usage
 from quotas.models import UsageSample
 from tests.api.conftest import run
-from tests.web.conftest import no_messages, submit  # noqa: F401  (no_messages: autouse, nothing goes to Celery)
+from tests.web.conftest import submit
 
 pytestmark = pytest.mark.django_db
 

@@ -8,7 +8,7 @@ from rest_framework.test import APIClient
 
 from quotas.choices import Role
 from quotas.models import Membership, Team
-from tests.api.conftest import client_for, no_messages, submit  # noqa: F401 - no_messages is autouse
+from tests.api.conftest import client_for, submit  # noqa: F401
 from tests.conftest import make_share
 
 ROLES = ("admin", "manager", "member", "other", "anonymous", "revoked")
@@ -71,3 +71,8 @@ def client_as(world, role: str) -> APIClient:
     if role == "revoked":
         return revoked_client(world["users"]["revoked"])
     return client_for(world["users"][role])
+
+
+@pytest.fixture(autouse=True)
+def _quiet(no_messages):
+    return no_messages
