@@ -68,3 +68,16 @@ def test_nodes_page_runs_constant_queries(as_bob, bob, vision_share, nodes, cons
 
     constant_queries(as_bob, "/nodes/", grow)
     assert hx(as_bob, "/nodes/?part=grid").content.decode().lstrip().startswith("<section")
+
+
+def test_a_big_cluster_is_shown_a_page_of_nodes_at_a_time(as_bob, monkeypatch):
+    from gpunodes.services import fake_inventory, node_register
+
+    monkeypatch.setattr("gpunodes.views.NODES_PER_PAGE", 3)
+    for i in range(5):
+        node_register(name=f"big-{i}", gpu_type="a10g", gpus=fake_inventory(f"big-{i}", 1))
+    first = as_bob.get("/nodes/").content.decode()
+    second = as_bob.get("/nodes/?page=2").content.decode()
+    assert first.count('data-node="big-') == 3 and second.count('data-node="big-') == 2
+    assert "nodes 1–3 of 5" in first and "?page=2" in first
+    assert "part=grid&amp;page=2" in second  # the live refresh stays on its page
