@@ -17,6 +17,7 @@ from django.utils import timezone
 from jobs.choices import (
     ATTEMPT_ACTIVE_STATES,
     JOB_ACTIVE_STATES,
+    JOB_OPEN_STATES,
     AttemptState,
     EventKind,
     JobState,
@@ -216,38 +217,51 @@ def request_stop(
     return bool(changed)
 
 
+def _live_attempt(job_id: int) -> Attempt | None:
+    """The job's live attempt, locked (with its job) in the order end_attempt and the pass lock them:
+    attempt, then job, so a cancel racing either waits instead of deadlocking."""
+    return (
+        Attempt.objects.select_for_update()
+        .select_related("job")
+        .filter(job_id=job_id, state__in=list(ATTEMPT_ACTIVE_STATES))
+        .first()
+    )
+
+
 @transaction.atomic
 def cancel(job_id: int, *, by: str) -> bool:
-    """Cancel a job. Queued: at once. Live: the job is CANCELLED now and its attempt is stopped with
-    the job's grace; the GPUs are freed when the host confirms. False if it had already ended."""
+    """Cancel a job in any open state (queued, admitted, running, pre-empting) with one compare-and-set.
+    Queued: done at once. Live: the job is CANCELLED now and its attempt is stopped with the job's grace;
+    the GPUs are freed when the host confirms. False only if the job had already ended.
+
+    The state is not read first and then acted on: a pre-empted attempt being re-queued between the read
+    and the write used to make a cancel answer "already ended (QUEUED)" and leave the job queued."""
+    attempt = _live_attempt(job_id)
     now = timezone.now()
-    if transition(
-        job_id,
-        from_states=[JobState.QUEUED],
-        to_state=JobState.CANCELLED,
-        event=EventKind.CANCELLED,
-        reason=f"by {by}",
+    changed = Job.objects.filter(pk=job_id, state__in=[s.value for s in JOB_OPEN_STATES]).update(
+        state=JobState.CANCELLED,
+        state_reason=f"by {by}"[:300],
         finished_at=now,
-        beneficiary=False,
-    ):
-        _request_pass("cancel")
-        return True
-    job = Job.objects.select_for_update().filter(pk=job_id).first()
-    if job is None or job.state not in JOB_ACTIVE_STATES:
-        return False
-    attempt = job.attempts.filter(state__in=list(ATTEMPT_ACTIVE_STATES)).first()
-    transition(
-        job_id,
-        from_states=list(JOB_ACTIVE_STATES),
-        to_state=JobState.CANCELLED,
-        event=EventKind.CANCEL_REQUESTED,
-        reason=f"by {by}; stopping the running attempt",
-        attempt_number=attempt.number if attempt else None,
-        finished_at=now,
+        updated_at=now,
         beneficiary=False,
     )
-    if attempt is not None and attempt.state != AttemptState.STOPPING:
-        request_stop(attempt, grace_s=job.preemption_grace_s, reason=f"cancelled by {by}")
+    if not changed:
+        return False
+    if attempt is None:  # one admitted since the lock above was looked for, while the row was free
+        attempt = _live_attempt(job_id)
+    if attempt is None:
+        record_event(job_id, EventKind.CANCELLED, f"by {by}", at=now)
+        _request_pass("cancel")
+        return True
+    record_event(
+        job_id,
+        EventKind.CANCEL_REQUESTED,
+        f"by {by}; stopping the running attempt",
+        attempt_number=attempt.number,
+        at=now,
+    )
+    if attempt.state != AttemptState.STOPPING:
+        request_stop(attempt, grace_s=attempt.job.preemption_grace_s, reason=f"cancelled by {by}")
     return True
 
 
