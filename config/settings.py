@@ -168,6 +168,8 @@ else:
     for sub in ("queue", "processed", "control"):
         (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_URL = "filesystem://"
+    # Our subclass of kombu's transport: atomic puts, undecodable messages skipped, quick polling.
+    CELERY_BROKER_TRANSPORT = "config.filebroker:Transport"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(BROKER_DIR / "queue"),
         "data_folder_out": str(BROKER_DIR / "queue"),
