@@ -17,10 +17,12 @@ setup: $(STAMP)
 	$(BIN)/python manage.py seed_demo
 	$(BIN)/python manage.py ensure_admin
 
-# Web, control worker, beat and two simulated GPU hosts on SQLite and the file broker. Ctrl-C stops all.
+# Web, control worker, beat, two simulated GPU hosts and the demo traffic (DEMO=0: without it) on SQLite
+# and the file broker. A process that dies is restarted; Ctrl-C stops all (config/procman.py).
+DEMO ?= 1
 run: setup
 	@echo "gpuquota on http://127.0.0.1:8000/  (admin at /admin/)"
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/honcho -f Procfile.dev start
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m config.procman Procfile.dev $(if $(filter 0,$(DEMO)),--without demo)
 
 # The tests keep their files (broker, logs, agent state) apart from a `make run` in the same checkout.
 test: $(STAMP)
