@@ -11,16 +11,21 @@ Where SEMANTICS leaves room, this module decides:
 - Borrowed attempts (`borrowed_attempts`): per share and type the over-capacity part is filled by
   attempts admitted as borrowed first, then the most recently started (ties: later in queue order).
   An attempt with any GPU in that part is borrowed as a whole.
-- Reclaim victims: for the cover, rule 3's order (share with most borrowed, lowest priority, most
-  recently started); for a node, the victims on it that free the job's GPUs losing the fewest GPUs.
-  When both are needed, both orders are tried and the one pre-empting fewer GPUs wins (a tie keeps
-  rule 3's order). A share's victims may leave it below its own capacity only by less than its
-  largest victim (a 4-GPU attempt of a share borrowing 2 may go; nothing of that share after it).
+- Victims follow rules 3, 4 and 9 exactly (`_reclaim_candidates`, `_in_share_candidates`,
+  `_minimal_victims`): the order first, then the backward walk; no victim is chosen for being smaller
+  or cheaper. What is left to this module: "borrowed" is per attempt (above), so a share's victims
+  may leave it below its own capacity only by less than its largest victim (a 4-GPU attempt of a
+  share borrowing 2 may go; nothing of that share after it): a candidate that would break this is
+  skipped in the walk. Among the nodes of one tier (can start now / must wait) a beneficiary of an
+  earlier pass goes back to the nodes its victims free before best fit, so that two beneficiaries
+  do not swap nodes and pre-empt again. "Best fit" on a node where the job starts now counts the
+  GPUs free now; on a node where it waits, those free or being freed.
 - Over-commit: idle-lendable GPUs are clamped to what the hardware can hold (schedulable capacity -
   own use - RESERVE idle), so a guarantee that exceeds the hardware is never lent out twice.
-- Gangs: whole free nodes of the largest node size of the type, lowest names first.
-- In-share pre-emption is skipped when the job can borrow right now (its victim would only borrow
-  the same GPUs back); it sheds lowest priority first until the job fits its own capacity.
+- Gangs: whole nodes of the largest node size of the type: wholly free ones first, then those whose
+  GPUs are all free or being freed; each group by node name.
+- In-share pre-emption is skipped when the job can borrow right now (rule 4 says so; its victim
+  would only borrow the same GPUs back).
 - Beneficiaries of earlier pre-emptions go first, and may borrow ahead of everyone; while a job
   waits for GPUs held for it, jobs behind it in its share do not borrow in that pass.
 """
@@ -29,7 +34,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -361,10 +366,6 @@ def _mask(idxs: tuple[int, ...]) -> int:
     return m
 
 
-def _att_id(ac: tuple[_Att, int]) -> Hashable:
-    return ac[0].view.attempt_id
-
-
 def _borrowed_atts(atts: list[_Att], over: int) -> list[_Att]:
     """_borrowed_part() on the pass's attempts: `over` GPUs over capacity, taken in rule 8's order."""
     out: list[_Att] = []
@@ -436,7 +437,7 @@ def _node_table(gpu_type: str, nodes: list[NodeView] | tuple[NodeView, ...]) -> 
 class _Att:
     """A running attempt as the pass sees it (mutable: it may become a victim)."""
 
-    __slots__ = ("view", "s", "gpus", "prio", "on", "victim", "bnow", "vrank", "irank")
+    __slots__ = ("view", "s", "gpus", "prio", "on", "victim", "bnow")
 
     def __init__(self, view: RunningView, s: int, on: list[tuple[int, int]], gpus: int) -> None:
         self.view = view
@@ -446,8 +447,6 @@ class _Att:
         self.on = on  # [(node index, GPUs on it)] for the nodes of this type that it holds
         self.victim = False
         self.bnow = False  # in borrowed_attempts()
-        self.vrank = 0  # position in its share's reclaim victim order
-        self.irank = 0  # position in its share's in-share victim order
 
 
 class _Out:
@@ -492,7 +491,7 @@ class _Context:
 
 
 def plan(snapshot: Snapshot) -> Plan:
-    """One scheduling pass (SEMANTICS "One scheduling pass", rules 1-8). Pure and deterministic.
+    """One scheduling pass (SEMANTICS "One scheduling pass", rules 1-9). Pure and deterministic.
 
     GPU types are independent (capacity, cover, limits and nodes are all per type), so the pass runs
     once per type, in type-name order. Within a type:
@@ -500,6 +499,7 @@ def plan(snapshot: Snapshot) -> Plan:
       B. own capacity, shares by lowest own-use ratio, each share's queue in order; a job that fits
          its remaining own capacity is admitted own, waits for GPUs being freed, or reclaims
          (rules 2, 3); one that does not may pre-empt lower-priority work of its share (rule 4);
+         victims of both are a minimal set taken in order (rule 9);
       C. borrowing, shares by fewest borrowed GPUs relative to capacity (rule 5).
     Backfill (rule 6) is natural: a blocked job never stops the jobs behind it, except that a
     starving head job holds the node(s) it needs next.
@@ -514,6 +514,58 @@ def plan(snapshot: Snapshot) -> Plan:
         waiting=out.waiting,
         reserved=out.reserved,
     )
+
+
+class _Fit:
+    """Rule 9's node test for one job of g GPUs, kept as victims are taken and given back: does some
+    fitting node (or do the needed whole nodes) have the job's GPUs free or being freed?
+
+    Nodes that fit without any victim are counted once (`base`); a node touched by victims is looked
+    at again only when its victims change (`extra`: GPUs this job's victims free there)."""
+
+    __slots__ = ("tp", "g", "gang", "k", "base", "hits", "extra")
+
+    def __init__(self, tp: _TypePass, g: int) -> None:
+        self.tp = tp
+        self.g = g
+        self.gang = g > tp.M
+        self.extra: dict[int, int] = {}
+        self.hits = 0  # touched nodes that fit only thanks to the victims
+        if self.gang:
+            self.k = g // tp.M
+            fu, pu, M = tp.free_u, tp.pend_u, tp.M
+            self.base = sum(1 for i in tp.m_nodes if fu[i] + pu[i] == M)
+        else:
+            self.k = 1
+            self.base = 1 if tp._place(g, None, True) is not None else 0
+
+    def _fits(self, i: int) -> bool:
+        e = self.extra.get(i, 0)
+        if not e:
+            return False  # counted in `base` if it fits without victims
+        tp = self.tp
+        avail = tp.free_u[i] + tp.pend_u[i] + e
+        if self.gang:
+            return tp.size[i] == tp.M and avail == tp.M
+        return avail >= self.g and tp.free_u[i] + tp.pend_u[i] < self.g
+
+    def add(self, a: _Att, sign: int) -> None:
+        sched = self.tp.sched
+        for i, c in a.on:
+            if not sched[i]:
+                continue
+            before = self._fits(i)
+            e = self.extra.get(i, 0) + sign * c
+            if e:
+                self.extra[i] = e
+            else:
+                del self.extra[i]
+            self.hits += self._fits(i) - before
+
+    def ok(self) -> bool:
+        if self.gang:
+            return self.base + self.hits >= self.k
+        return bool(self.base or self.hits)
 
 
 class _TypePass:
@@ -564,7 +616,6 @@ class _TypePass:
         used = [0] * n_nodes
         full = st.full
         pend_count = [0] * n_nodes
-        self.atts_on = atts_on = [[] for _ in range(n_nodes)]
         by_share: list[list[_Att]] = [[] for _ in range(n_shares)]
         self.ben_nodes: dict[Hashable, set[int]] = {}
         sidx = ctx.sidx
@@ -612,12 +663,6 @@ class _TypePass:
             att = _Att(run, s, on, gpus)
             held[s] += gpus
             by_share[s].append(att)
-            for i, c in on:
-                atts_on[i].append((att, c))
-        # Deterministic whatever the input order.
-        for lst in atts_on:
-            if len(lst) > 1:
-                lst.sort(key=_att_id)
 
         self._used = used
         self._free_idx: dict[int, list[int]] = {}  # free GPU indexes, built when a node is first used
@@ -649,23 +694,13 @@ class _TypePass:
                 vl = sorted(
                     (by_id[a.view.attempt_id] for a in part), key=lambda a: _victim_key(a.view), reverse=True
                 )
-                for r, a in enumerate(vl):
-                    a.vrank = r
                 self.vlist[s] = vl
             if self.in_share[s]:
                 il = sorted(atts, key=lambda a: _victim_key(a.view), reverse=True)
-                for r, a in enumerate(il):
-                    a.irank = r
                 self.ilist[s] = il
                 self.iprio[s] = [a.prio for a in il]
         self.vshares = [s for s in range(n_shares) if self.vlist[s]]
         self.iptr = [0] * n_shares
-        # Reclaimable GPUs per node (borrowed attempts not yet victims): a quick bound for gangs.
-        self.rec = [0] * n_nodes
-        for lst in self.vlist:
-            for a in lst:
-                for i, c in a.on:
-                    self.rec[i] += c
 
         # -- cover aggregates (rule 3), kept incrementally
         self.own_total = self.B = self.lidle = self.ridle = 0
@@ -783,24 +818,13 @@ class _TypePass:
             self._taken.setdefault(a.s, [self._borrowed(a.s), []])[1].append(a)
         a.victim = True
         self._chg(a.s, dh=-a.gpus, dg=a.gpus)
-        if a.bnow:
-            for i, c in a.on:
-                self.rec[i] -= c
 
     def _unmark(self, a: _Att) -> None:
         a.victim = False
         self._chg(a.s, dh=a.gpus, dg=-a.gpus)
-        if a.bnow:
-            for i, c in a.on:
-                self.rec[i] += c
         st = self._taken.get(a.s)
         if st is not None and a in st[1]:
             st[1].remove(a)
-
-    def _undo(self, *victim_lists: list[tuple[_Att, str]]) -> None:
-        for lst in reversed(victim_lists):
-            for a, _ in reversed(lst):
-                self._unmark(a)
 
     def _fits_budget(self, s: int, more: list[int]) -> bool:
         """May reclaim take victims of these sizes from share s, on top of those this decision took?
@@ -876,16 +900,27 @@ class _TypePass:
         use_pend: bool = False,
         prefer: set[int] | None = None,
     ) -> list[tuple[int, int]] | None:
-        """Where g GPUs would go: on free GPUs, and if asked on GPUs being freed (`pend_u`, and
-        `extra` from victims chosen for this job). Single node: best fit; gang: whole nodes."""
+        """Where g GPUs would go (rule 9's last sentence): on free GPUs, and if asked on GPUs being
+        freed (`pend_u`, and `extra` from victims chosen for this job). A node where the job can start
+        now (its GPUs free, not being freed) comes first; then, for a beneficiary of an earlier pass,
+        the nodes its victims free (`prefer`); then best fit (fewest GPUs left free on the node);
+        ties: node name. Single node, or whole nodes for a gang."""
         if g > self.M:
             return self._place_gang(g // self.M, extra, use_pend)
         fu = self.free_u
         best = None
         i = self._best_free(g)
         if i is not None:
-            best = (0 if prefer is None or i in prefer else 1, fu[i] - g, 0, i)
-        if use_pend or extra:
+            # Every node with g free GPUs is in the first tier; among them, best fit on free GPUs.
+            if prefer:
+                for j in prefer:
+                    if fu[j] >= g and self.sched[j]:
+                        key = (0, 0, fu[j] - g, j)
+                        if best is None or key < best:
+                            best = key
+            if best is None:
+                best = (0, 0 if prefer is not None and i in prefer else 1, fu[i] - g, i)
+        if (use_pend or extra) and best is None:
             cand = set(self.pend_nodes) if use_pend else set()
             if extra:
                 cand.update(extra)
@@ -894,8 +929,7 @@ class _TypePass:
                 avail = fu[i] + nf
                 if not nf or avail < g or not self.sched[i]:
                     continue
-                # Best fit counting GPUs being freed; prefer them over GPUs that are free now.
-                key = (0 if prefer is None or i in prefer else 1, avail - g, -min(nf, g), i)
+                key = (1, 0 if prefer is not None and i in prefer else 1, avail - g, i)
                 if best is None or key < best:
                     best = key
         return None if best is None else [(best[3], g)]
@@ -903,270 +937,118 @@ class _TypePass:
     def _place_gang(
         self, k: int, extra: dict[int, int] | None, use_pend: bool
     ) -> list[tuple[int, int]] | None:
+        """k whole nodes of the type's largest size: wholly free ones first, then those whose GPUs are
+        all free or being freed; each group by node name."""
         M = self.M
         fu = self.free_u
         chosen: list[int] = []
-        if use_pend or extra:
+        if self.maxk >= M:
+            h = self.bk[M]
+            popped: list[int] = []
+            while h and len(chosen) < k:
+                i = heapq.heappop(h)
+                if fu[i] != M or i in popped:
+                    continue
+                popped.append(i)
+                chosen.append(i)
+            for i in popped:
+                heapq.heappush(h, i)  # only a proposal: the commit changes free_u
+        if len(chosen) < k and (use_pend or extra):
             cand = set(self.pend_nodes) if use_pend else set()
             if extra:
                 cand.update(extra)
-            pref = []
+            waiting = []
             for i in cand:
                 if self.size[i] != M or not self.sched[i]:
                     continue
                 nf = (self.pend_u[i] if use_pend else 0) + (extra.get(i, 0) if extra else 0)
                 if nf and fu[i] + nf == M:
-                    pref.append((-nf, i))
-            pref.sort()
-            chosen = [i for _, i in pref[:k]]
-        if len(chosen) < k and self.maxk >= M:
-            h = self.bk[M]
-            popped: list[int] = []
-            taken = set(chosen)
-            while h and len(chosen) < k:
-                i = heapq.heappop(h)
-                if fu[i] != M or i in taken:
-                    continue
-                popped.append(i)
-                taken.add(i)
-                chosen.append(i)
-            for i in popped:
-                heapq.heappush(h, i)  # only a proposal: the commit changes free_u
+                    waiting.append(i)
+            waiting.sort()
+            chosen.extend(waiting[: k - len(chosen)])
         if len(chosen) < k:
             return None
         return [(i, M) for i in sorted(chosen)]
 
-    # -- victims ---------------------------------------------------------------------------------------
+    # -- victims (rules 3, 4 and 9) ----------------------------------------------------------------
 
-    def _next_reclaim_victim(self) -> _Att | None:
-        """Rule 3's order: the share with the most borrowed GPUs, inside it lowest priority, then
-        most recently started; equal candidates of two shares: the later in queue order (rule 8)."""
-        best = None
-        best_key = None
-        for s in self.vshares:
+    def _reclaim_candidates(self, s_job: int) -> Iterator[_Att]:
+        """Rule 3's order: borrowed attempts of the other shares, the share with the most borrowed GPUs
+        first (counted now, when the reclaim starts; ties: share name), inside a share lowest priority
+        first, then most recently started, then later in queue order (rule 8)."""
+        order = sorted(
+            (s for s in self.vshares if s != s_job and self._borrowed(s) > 0),
+            key=lambda s: (-self._borrowed(s), s),  # share indexes follow name order
+        )
+        for s in order:
             lst = self.vlist[s]
-            for i in range(self.vptr[s], len(lst)):
-                a = lst[i]
-                if not a.victim and self._fits_budget(s, [a.gpus]):
-                    key = (self._borrowed(s), *_victim_key(a.view))
-                    if best_key is None or key > best_key:
-                        best, best_key = a, key
+            for idx in range(self.vptr[s], len(lst)):
+                a = lst[idx]
+                if not a.victim:
+                    yield a
+
+    def _in_share_candidates(self, s: int, n: int) -> Iterator[_Att]:
+        """Rule 4's order: the share's first n attempts of its in-share victim order (those of strictly
+        lower priority: lowest first, then most recently started, then later in queue order)."""
+        lst = self.ilist[s]
+        for idx in range(self.iptr[s], n):
+            if not lst[idx].victim:
+                yield lst[idx]
+
+    def _minimal_victims(
+        self, s: int, g: int, tol: int, cands: Iterator[tuple[_Att, str]], own_limit: bool
+    ) -> tuple[list[tuple[_Att, str]], _Fit] | str:
+        """Rule 9. Take candidates in order until the job (g GPUs of share s, already in `pend[s]`)
+        can run: the cover holds (deficit at most `tol`), some fitting node, or the needed whole nodes,
+        has its GPUs free or being freed, and with `own_limit` (rule 4) the share stays within its own
+        capacity. Then walk the victims taken backwards and give back each one without which the job
+        can still run. Returns (victims, what they free) with the victims marked, or why not ("cover",
+        "place", "own") with nothing marked. Reclaim victims must pass `_fits_budget`."""
+        fit = _Fit(self, g)
+
+        def can_run() -> bool:
+            return (
+                (not own_limit or self.held[s] + self.pend[s] <= self.cap[s])
+                and self._deficit() <= tol
+                and fit.ok()
+            )
+
+        taken: list[tuple[_Att, str]] = []
+        ok = can_run()
+        if not ok:
+            for a, reason in cands:
+                if reason == RECLAIM and not self._fits_budget(a.s, [a.gpus]):
+                    continue  # reclaim never takes a share's own capacity (beyond one indivisible job)
+                self._mark(a, reason == RECLAIM)
+                fit.add(a, 1)
+                taken.append((a, reason))
+                if can_run():
+                    ok = True
                     break
-        return best
-
-    def _cover(self, tol: int, victims: list[tuple[_Att, str]]) -> bool:
-        """Reclaim borrowed attempts until the deficit is at most `tol`; False if that is impossible."""
-        while self._deficit() > tol:
-            a = self._next_reclaim_victim()
-            if a is None:
-                return False
-            self._mark(a, True)
-            victims.append((a, RECLAIM))
-        return True
-
-    def _pick(
-        self, cands: list[tuple[_Att, int]], need: int, rank: Callable[[_Att], object], budget: bool
-    ) -> tuple[tuple, list[_Att]] | None:
-        """The victims on one node (with their GPUs there) that free `need` GPUs with the least loss
-        (GPUs pre-empted), then the fewest, then earliest in victim order. (key, victims) or None.
-        `budget`: reclaim, so _fits_budget() applies."""
-        options = []
-        used: dict[int, list[int]] = {}
-        chosen: list[tuple[_Att, int]] = []
-        freed = 0
-        for x, c in cands:
-            if freed >= need:
-                break
-            if budget:
-                sizes = used.get(x.s, []) + [x.gpus]
-                if not self._fits_budget(x.s, sizes):
-                    continue
-                used[x.s] = sizes
-            chosen.append((x, c))
-            freed += c
-        if freed >= need:
-            for xc in reversed(chosen[:-1]):  # drop what later, larger victims made unnecessary
-                if freed - xc[1] >= need:
-                    chosen.remove(xc)
-                    freed -= xc[1]
-            options.append([x for x, _ in chosen])
-        smallest = None  # cands are in victim order, so the first of the smallest wins a tie
-        for x, c in cands:
-            fits = c >= need and (not budget or self._fits_budget(x.s, [x.gpus]))
-            if fits and (smallest is None or x.gpus < smallest.gpus):
-                smallest = x
-        if smallest is not None:
-            options.append([smallest])
-        if not options:
-            return None
-        keyed = [((sum(x.gpus for x in o), len(o), tuple(rank(x) for x in o)), o) for o in options]
-        return min(keyed, key=lambda ko: ko[0])
-
-    def _node_search(
-        self,
-        g: int,
-        extra: dict[int, int],
-        victims: list[tuple[_Att, str]],
-        in_share: tuple[int, int] | None,
-    ) -> list[tuple[int, int]] | None:
-        """Choose (and mark) more victims so that g GPUs can be placed; the placement, or None.
-
-        Reclaim (in_share None): borrowed attempts of shares still borrowing. In-share (share, n): the
-        first n attempts of that share's in-share victim order (those of strictly lower priority).
-        Prefer the node whose freeing loses the fewest GPUs; nodes are examined in the order of their
-        best victim, so among equal losses the node of the earliest victim wins.
-        """
-        if in_share is None:
-            order = sorted(
-                (s for s in self.vshares if self._fits_budget(s, [1])), key=lambda s: (-self._borrowed(s), s)
+        if not ok:
+            why = (
+                "own"
+                if own_limit and self.held[s] + self.pend[s] > self.cap[s]
+                else "cover"
+                if self._deficit() > tol
+                else "place"
             )
-            pos = {s: n for n, s in enumerate(order)}
-            budget = True
-            reason = RECLAIM
-
-            def gen() -> Iterator[_Att]:
-                for s in order:
-                    lst = self.vlist[s]
-                    for idx in range(self.vptr[s], len(lst)):
-                        if not lst[idx].victim:
-                            yield lst[idx]
-
-            def ok(x: _Att) -> bool:
-                return x.bnow and not x.victim and x.s in pos
-
-            def rank(x: _Att) -> object:
-                return (pos[x.s], x.vrank)
-
-            upper = self.rec
-        else:
-            s0, n0 = in_share
-            budget = False
-            reason = PRIORITY
-            head = [a for a in self.ilist[s0][self.iptr[s0] : n0] if not a.victim]
-            upper = [0] * len(self.size)
-            for a in head:
-                for i, c in a.on:
-                    upper[i] += c
-
-            def gen() -> Iterator[_Att]:
-                return (a for a in head if not a.victim)
-
-            def ok(x: _Att) -> bool:
-                return x.s == s0 and x.irank < n0 and not x.victim
-
-            def rank(x: _Att) -> object:
-                return x.irank
-
-        if g > self.M:
-            return self._gang_search(g // self.M, extra, victims, ok, rank, budget, reason, upper)
-
-        fu, pu, sched, size = self.free_u, self.pend_u, self.sched, self.size
-        best = None
-
-        def consider(i: int, need: int) -> None:
-            nonlocal best
-            if need <= 0 or upper[i] < need or not sched[i] or size[i] < g:
-                return
-            cands = sorted((xc for xc in self.atts_on[i] if ok(xc[0])), key=lambda xc: rank(xc[0]))
-            found = self._pick(cands, need, rank, budget)
-            if found is not None and (best is None or found[0] < best[0]):
-                best = (found[0], i, found[1])
-
-        # A node loses at least what it lacks (g - free - being freed). Nodes with something free or
-        # being freed lack less than g: look at them first, fewest lacking first. Every other node
-        # lacks exactly g; among those the node of the earliest victim wins.
-        special = set(self.pend_nodes) | extra.keys()
-        for v in range(1, min(g, self.maxk + 1)):
-            special.update(i for i in self.bk[v] if fu[i] == v)
-        for lack, i in sorted((g - fu[i] - pu[i] - extra.get(i, 0), i) for i in special):
-            if best is not None and best[0][0] <= lack:
-                break
-            consider(i, lack)
-        seen = special
-        if best is None or best[0][0] > g:
-            for a in gen():
-                for i, _ in a.on:
-                    if i not in seen:
-                        seen.add(i)
-                        consider(i, g)
-                if best is not None and best[0][0] <= g:
-                    break  # no node can lose less
-        if best is None:
-            return None
-        for x in best[2]:
-            self._mark(x, budget)
-            victims.append((x, reason))
-        return [(best[1], g)]
-
-    def _gang_search(
-        self,
-        k: int,
-        extra: dict[int, int],
-        victims: list[tuple[_Att, str]],
-        ok: Callable[[_Att], bool],
-        rank: Callable[[_Att], object],
-        budget: bool,
-        reason: str,
-        upper: list[int],
-    ) -> list[tuple[int, int]] | None:
-        """k whole nodes freed by victims, the cheapest nodes first (loss, then name). `upper[i]`
-        bounds the candidates' GPUs on node i, so most nodes are ruled out without a look."""
-        M = self.M
-        fu, pu = self.free_u, self.pend_u
-        feasible = []
-        for i in self.m_nodes:
-            rest = M - fu[i] - pu[i]
-            if extra:
-                rest -= extra.get(i, 0)
-            if rest <= 0:
-                feasible.append(((0, 0, ()), i, []))
-                continue
-            if upper[i] < rest:
-                continue
-            pairs = [xc for xc in self.atts_on[i] if ok(xc[0])]
-            if sum(c for _, c in pairs) != rest:
-                continue  # something else holds GPUs there (own work, a reservation)
-            cands = sorted((x for x, _ in pairs), key=rank)
-            feasible.append(
-                ((sum(x.gpus for x in cands), len(cands), tuple(rank(x) for x in cands)), i, cands)
-            )
-        feasible.sort(key=lambda f: (f[0], f[1]))
-        used: dict[int, list[int]] = {}
-        picked: set[int] = set()  # a gang victim spans several nodes: count and mark it once
-        chosen = []
-        for _, i, cands in feasible:
-            new = [x for x in cands if id(x) not in picked]
-            if budget:
-                trial = {s: list(v) for s, v in used.items()}
-                for x in new:
-                    trial.setdefault(x.s, []).append(x.gpus)
-                if not all(self._fits_budget(s, v) for s, v in trial.items()):
-                    continue
-                used = trial
-            picked.update(id(x) for x in new)
-            chosen.append((i, new))
-            if len(chosen) == k:
-                break
-        if len(chosen) < k:
-            return None
-        for _, cands in chosen:
-            for x in cands:
-                self._mark(x, budget)
-                victims.append((x, reason))
-        return [(i, M) for i, _ in sorted(chosen, key=lambda c: c[0])]
-
-    def _prune(self, cover: list[tuple[_Att, str]], placement: list[tuple[int, int]], tol: int) -> None:
-        """Give back cover victims that later placement victims made unnecessary."""
-        on_placement = {i for i, _ in placement}
-        for entry in list(reversed(cover)):
+            for a, _ in reversed(taken):
+                fit.add(a, -1)
+                self._unmark(a)
+            return why
+        kept: list[tuple[_Att, str]] = []
+        for entry in reversed(taken):
             a = entry[0]
-            if any(i in on_placement for i, _ in a.on):
-                continue
+            fit.add(a, -1)
             self._unmark(a)
-            if self._deficit() > tol:
-                self._mark(a, True)
-            else:
-                cover.remove(entry)
+            if can_run():
+                continue  # not needed: it keeps running
+            self._mark(a, entry[1] == RECLAIM)
+            fit.add(a, 1)
+            kept.append(entry)
+        kept.reverse()
+        return kept, fit
 
     # -- decisions -------------------------------------------------------------------------------------
 
@@ -1429,7 +1311,9 @@ class _TypePass:
         )
 
     def _own(self, s: int, k: int, can_now: bool) -> int:
-        """Rules 2-3 for a job that fits its share's remaining own capacity."""
+        """Rules 2-3 for a job that fits its share's remaining own capacity: admitted own where a node
+        and the cover allow it, else it reclaims a minimal set of borrowed work in rule 3's order and
+        waits for those GPUs (rule 9)."""
         job = self.q[s][k]
         g = job.gpus
         d = self._deficit()
@@ -1438,36 +1322,12 @@ class _TypePass:
             return self._blocked_on_placement(s, k, tol)
         self._taken = {}
         self._chg(s, dp=g)
-        needs_cover = self._deficit() > tol
-        if can_now:
-            cover: list[tuple[_Att, str]] = []
-            if needs_cover and not self._cover(tol, cover):
-                self._undo(cover)
-                self._chg(s, dp=-g)
-                return self._wait(s, k, ("cover",))
-            placement = self._place(g)
-            if placement is not None:
-                # GPUs in grace count as freed: the job may start now while the victims stop.
-                return self._admit(s, k, placement, False, cover)
-            self._undo(cover)
-        # No free node: wait for GPUs being freed, or reclaim. When the cover needs victims too, try
-        # both orders (cover in victim order first, or the cheapest fitting node first) and keep the
-        # one that pre-empts fewer GPUs; a tie keeps rule 3's victim order.
-        prefer = self.ben_nodes.get(job.job_id)
-        best = None
-        for first_cover in (True, False) if needs_cover else (False,):
-            found = self._reclaim_for(g, tol, first_cover, prefer)
-            if isinstance(found, tuple):
-                placement, cover, more = found
-                loss = sum(a.gpus for a, _ in cover + more)
-                self._undo(cover, more)
-                if best is None or loss < best[0]:
-                    best = (loss, first_cover)
-            elif not first_cover:
-                why = found  # "place" or "cover"
-        if best is None:
+        found = self._minimal_victims(
+            s, g, tol, ((a, RECLAIM) for a in self._reclaim_candidates(s)), own_limit=False
+        )
+        if isinstance(found, str):
             self._chg(s, dp=-g)
-            if why == "cover":
+            if found == "cover":
                 return self._wait(s, k, ("cover",))
             memo = (g // self.M if g > self.M else g, self.epoch)
             if g > self.M:
@@ -1475,39 +1335,13 @@ class _TypePass:
             else:
                 self.fail_single = memo
             return self._blocked_on_placement(s, k, tol)
-        placement, cover, more = self._reclaim_for(g, tol, best[1], prefer)
-        return self._earmark(s, k, placement, cover + more)
-
-    def _reclaim_for(
-        self, g: int, tol: int, first_cover: bool, prefer: set[int] | None
-    ) -> tuple[list[tuple[int, int]], list[tuple[_Att, str]], list[tuple[_Att, str]]] | str:
-        """Mark victims so that g GPUs can go on a node (free, being freed, or freed by reclaim) with
-        the cover held: (placement, cover victims, placement victims), or why not ("place"/"cover")."""
-        cover: list[tuple[_Att, str]] = []
-        more: list[tuple[_Att, str]] = []
-        if first_cover:
-            if not self._cover(tol, cover):
-                self._undo(cover)
-                return "cover"
-            extra = self._extra(cover)
-            placement = self._place(g, extra, True, prefer)
-            if placement is None:
-                placement = self._node_search(g, extra, more, None)
-            if placement is None:
-                self._undo(cover)
-                return "place"
-            if more:
-                self._prune(cover, placement, tol)
-            return placement, cover, more
-        placement = self._place(g, None, True, prefer)
-        if placement is None:
-            placement = self._node_search(g, {}, more, None)
-        if placement is None:
-            return "place"
-        if not self._cover(tol, cover):
-            self._undo(more, cover)
-            return "cover"
-        return placement, cover, more
+        victims, fit = found
+        placement = self._place(g, fit.extra, True, self.ben_nodes.get(job.job_id))
+        # GPUs in grace count as freed: with its share's limit holding now, the job starts at once on
+        # free GPUs while its victims (if any, for the cover) stop.
+        if can_now and all(self.free_u[i] >= c for i, c in placement):
+            return self._admit(s, k, placement, False, victims)
+        return self._earmark(s, k, placement, victims)
 
     def _in_share(self, s: int, k: int) -> bool:
         """Rule 4: pre-empt strictly lower-priority work of the share, only if that makes the job fit
@@ -1524,6 +1358,9 @@ class _TypePass:
         return False
 
     def _try_in_share(self, s: int, k: int, n: int) -> bool:
+        """Rule 4 with rule 9: one candidate list, the share's strictly-lower-priority attempts in rule
+        4's order, then other shares' borrowed attempts in rule 3's order; a minimal set of them so
+        that the job runs as own."""
         if not n:
             return False
         job = self.q[s][k]
@@ -1531,39 +1368,21 @@ class _TypePass:
         d = self._deficit()
         tol = d if d > 0 else 0
         self._taken = {}
-
-        own: list[tuple[_Att, str]] = []
-        ilist = self.ilist[s]
-        need = self.held[s] + self.pend[s] + g - self.cap[s]  # GPUs to shed to fit own capacity
-        for r in range(self.iptr[s], n):
-            if need <= 0:
-                break
-            a = ilist[r]
-            if not a.victim:
-                self._mark(a, False)
-                own.append((a, PRIORITY))
-                need -= a.gpus
-        if need > 0:
-            self._undo(own)
-            return False
         self._chg(s, dp=g)
-        cover: list[tuple[_Att, str]] = []
-        if self._deficit() > tol and not self._cover(tol, cover):
-            self._undo(own, cover)
+
+        def cands() -> Iterator[tuple[_Att, str]]:
+            for a in self._in_share_candidates(s, n):
+                yield a, PRIORITY
+            for a in self._reclaim_candidates(s):
+                yield a, RECLAIM
+
+        found = self._minimal_victims(s, g, tol, cands(), own_limit=True)
+        if isinstance(found, str):
             self._chg(s, dp=-g)
             return False
-        extra = self._extra(own, cover)
-        placement = self._place(g, extra, True)
-        more: list[tuple[_Att, str]] = []
-        if placement is None:
-            placement = self._node_search(g, extra, more, (s, n))
-        if placement is None:
-            self._undo(own, cover)
-            self._chg(s, dp=-g)
-            return False
-        if more:
-            self._prune(cover, placement, tol)
-        self._earmark(s, k, placement, own + cover + more)
+        victims, fit = found
+        placement = self._place(g, fit.extra, True)
+        self._earmark(s, k, placement, victims)
         return True
 
     # -- rule 5: borrowing ---------------------------------------------------------------------------

@@ -448,9 +448,10 @@ def test_reclaim_victim_comes_from_another_share_and_is_borrowed():
     assert "a2" in borrowed_attempts(s)
 
 
-def test_reclaim_prefers_the_victim_that_frees_a_fitting_node_with_least_loss():
+def test_reclaim_takes_victims_in_order_even_when_a_smaller_one_would_do():
     # b needs 2 GPUs on one node. a's borrowed work: a 4-GPU attempt alone on n1 (first in victim
-    # order: lowest priority) and two 1-GPU attempts filling n2 with a free GPU pair... n2 needs one.
+    # order: lowest priority) and a 1-GPU attempt on n2 next to a free GPU. Rule 9: the order comes
+    # first, so the 4-GPU attempt goes although the 1-GPU one would lose less.
     s = snap(
         [node("n1", 4), node("n2", 4)],
         [share("a", 2), share("b", 6)],
@@ -462,8 +463,8 @@ def test_reclaim_prefers_the_victim_that_frees_a_fitting_node_with_least_loss():
         queued=[job("b1", "b", 2)],
     )
     p = plan(s)
-    assert list(preempted(p)) == ["a-one"]  # frees n2:2 next to free n2:3, losing 1 GPU, not 4
-    assert p.reserved["b1"] == (("n2", 2),)
+    assert list(preempted(p)) == ["a-big"]
+    assert p.reserved["b1"] == (("n1", 2),)
 
 
 def test_reclaim_for_a_gang_frees_whole_nodes():

@@ -40,10 +40,18 @@ NOW = 5000.0
 
 
 @st.composite
-def snapshots(draw, *, grace: bool = True, one_queue: bool = False, fresh: bool = False) -> Snapshot:
+def snapshots(
+    draw,
+    *,
+    grace: bool = True,
+    one_queue: bool = False,
+    fresh: bool = False,
+    queued: tuple[int, int] = (0, 8),
+) -> Snapshot:
     """Random nodes, shares, running attempts consistent with the nodes (no GPU used twice) and
-    queued jobs. grace=False: no pre-empting attempts and no beneficiaries. one_queue: only one
-    share has queued jobs. fresh: nobody has waited past starvation_s."""
+    queued jobs (between queued[0] and queued[1] of them). grace=False: no pre-empting attempts and
+    no beneficiaries. one_queue: only one share has queued jobs. fresh: nobody has waited past
+    starvation_s."""
     types = draw(st.lists(st.sampled_from(TYPES), min_size=1, max_size=2, unique=True))
     nodes = []
     for t in types:
@@ -70,7 +78,7 @@ def snapshots(draw, *, grace: bool = True, one_queue: bool = False, fresh: bool 
             )
         )
     names = [s.name for s in shares]
-    queued_ids = [f"q{i}" for i in range(draw(st.integers(0, 8)))]
+    queued_ids = [f"q{i}" for i in range(draw(st.integers(*queued)))]
 
     rng = random.Random(draw(st.integers(0, 2**32 - 1)))
     runs = []
