@@ -9,11 +9,16 @@ after that read asks for the next pass.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 
 from django.core.cache import cache
 
 PENDING_KEY = "gpuquota:pass-pending"
 PENDING_TTL_S = 10  # a lost pass message must not block triggers for long
+# Submits within this window of one process share one request (the first at once, one more at the end
+# of the window for those that came after it): a burst costs no cache round trip per submit.
+COALESCE_S = 0.25
 
 log = logging.getLogger(__name__)
 
@@ -37,3 +42,43 @@ def clear_pending() -> None:
         cache.delete(PENDING_KEY)
     except Exception:
         log.warning("could not clear the pass-pending flag", exc_info=True)
+
+
+class _Coalescer:
+    """Per process: the first request in a quiet period goes out at once (a lone submit starts without
+    delay); later ones within COALESCE_S are folded into one trailing request when the window ends, so
+    a job submitted after a pass read its snapshot still gets a pass of its own."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last = float("-inf")
+        self._timer: threading.Timer | None = None
+
+    def request(self, why: str) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._last >= COALESCE_S and self._timer is None:
+                self._last = now
+                send = True
+            else:
+                send = False
+                if self._timer is None:
+                    self._timer = threading.Timer(max(0.0, self._last + COALESCE_S - now), self._fire, (why,))
+                    self._timer.daemon = True
+                    self._timer.start()
+        if send:
+            request_pass(why)
+
+    def _fire(self, why: str) -> None:
+        with self._lock:
+            self._timer = None
+            self._last = time.monotonic()
+        request_pass(why)
+
+
+_coalescer = _Coalescer()
+
+
+def request_pass_soon(why: str = "") -> None:
+    """Ask for a pass soon, coalesced in this process first (for the submit path)."""
+    _coalescer.request(why)

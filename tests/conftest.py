@@ -9,6 +9,17 @@ from quotas.choices import Role, Strategy
 from quotas.models import Membership, Share, ShareCapacity, Team
 
 
+@pytest.fixture(autouse=True)
+def own_submit_cache(monkeypatch):
+    """Each test its own keys for the submit cache (jobs.submit_cache): a rolled-back test fires no
+    signals, so what it cached must not be seen by the next one."""
+    import uuid
+
+    from jobs import submit_cache
+
+    monkeypatch.setattr(submit_cache, "PREFIX", f"gpuquota:test:{uuid.uuid4().hex}:")
+
+
 @pytest.fixture
 def no_messages(monkeypatch, settings):
     """Nothing goes to Celery: tasks sent and passes asked for are recorded instead. A local cache and

@@ -2,6 +2,7 @@
 queue as the policy would admit it. Members see and act on their teams' jobs; other teams' jobs show
 only as anonymous entries of the queue."""
 
+import functools
 import logging
 
 from django.db.models import Prefetch
@@ -118,8 +119,12 @@ class JobViewSet(ApiViewMixin, viewsets.ModelViewSet):
         job = services.job_submit(user=request.user, **serializer.validated_data)
         # The forecast replays the whole queue: worth it for a read, not on the submit hot path, where
         # it would cap throughput at a few submits a second with a long queue. `?forecast=1` asks for it.
-        forecast = request.query_params.get("forecast") in ("1", "true", "yes")
-        return self._detail(job, status.HTTP_201_CREATED, forecast=forecast)
+        if request.query_params.get("forecast") in ("1", "true", "yes"):
+            return self._detail(job, status.HTTP_201_CREATED)
+        # A new job has no attempts and one event, all in hand: answered without reading it back, by
+        # one serializer kept for the purpose (building a ModelSerializer's fields costs more than
+        # using them; to_representation keeps no state, so threads can share it).
+        return Response(_submitted_serializer().to_representation(job), status=status.HTTP_201_CREATED)
 
     def retrieve(self, request, *args, **kwargs):
         """A job with its queue position, ETA, attempts and events."""
@@ -152,6 +157,11 @@ class JobViewSet(ApiViewMixin, viewsets.ModelViewSet):
         query = LogQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         return Response(services.job_logs(job=job, **query.validated_data))
+
+
+@functools.cache
+def _submitted_serializer() -> JobDetailSerializer:
+    return JobDetailSerializer(context={"queue": None})
 
 
 class QueueView(ApiViewMixin, APIView):
