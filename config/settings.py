@@ -4,15 +4,24 @@ Local default (nothing set): SQLite under var/, Celery's file-system broker unde
 unless asked. Production: DATABASE_URL (PostgreSQL) and REDIS_URL (broker + cache).
 """
 
+import hashlib
 import os
 import secrets
+import sys
 from pathlib import Path
 
 import dj_database_url
 
+# Everything gpuquota writes (database, broker messages, logs, keys) is private to its user: set before
+# anything is written. The state directory itself is 0700.
+os.umask(0o077)
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("GPUQUOTA_VAR_DIR", BASE_DIR / "var"))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
+if VAR_DIR.stat().st_uid == os.geteuid():
+    VAR_DIR.chmod(0o700)
+# The GPU host agent needs only the broker: no database, no secret key (README, "Security model").
+AGENT_PROCESS = sys.argv[1:2] == ["gpu_agent"]
 
 
 def env_bool(name: str, default: bool = False) -> bool:
@@ -36,6 +45,8 @@ def _secret_key() -> str:
     # production: there it comes from the environment only).
     if os.environ.get("SECRET_KEY"):
         return os.environ["SECRET_KEY"]
+    if AGENT_PROCESS:
+        return secrets.token_urlsafe(50)  # signs nothing: the agent serves no pages
     if os.environ.get("DJANGO_ENV", "development") == "production":
         raise RuntimeError("SECRET_KEY must come from the environment when DJANGO_ENV=production")
     path = VAR_DIR / "secret_key"
@@ -106,7 +117,9 @@ DATABASES = {
         conn_max_age=env_int("DB_CONN_MAX_AGE", 60),
     )
 }
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+if AGENT_PROCESS:
+    DATABASES = {"default": {"ENGINE": "django.db.backends.dummy"}}  # any database use fails loudly
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # IMMEDIATE transactions take SQLite's write lock up front, which is what serialises scheduling
     # passes on the embedded default (PostgreSQL uses an advisory lock instead).
     DATABASES["default"]["OPTIONS"] = {
@@ -195,7 +208,18 @@ PREEMPT_ACK_TIMEOUT_S = env_int("PREEMPT_ACK_TIMEOUT_S", 30)
 STARVATION_S = env_int("STARVATION_S", 3600)
 DEFAULT_PREEMPTION_GRACE_S = env_int("DEFAULT_PREEMPTION_GRACE_S", 30)
 JOB_LOG_DIR = Path(os.environ.get("JOB_LOG_DIR", VAR_DIR / "logs"))
-CHECKPOINT_ROOT = Path(os.environ.get("CHECKPOINT_ROOT", VAR_DIR / "checkpoints"))
+# Where jobs on an agent host get their private working directories (and, by default, checkpoints):
+# outside the checkout and the state directory, reachable by the jobs' uids. The default is per state
+# directory, so that two checkouts on one host stay apart.
+JOB_ROOT = Path(
+    os.environ.get("JOB_ROOT")
+    or f"/var/tmp/gpuquota-jobs-{hashlib.sha256(str(VAR_DIR.resolve()).encode()).hexdigest()[:10]}"
+)
+CHECKPOINT_ROOT = Path(os.environ.get("CHECKPOINT_ROOT", JOB_ROOT / "checkpoints"))
+# A root agent runs each attempt as a uid of its own from this range (no accounts may lie in it).
+JOB_UID_RANGE = os.environ.get("JOB_UID_RANGE", "2000000-2099999")
+# Bytes of one attempt's output kept on the control side (first half and last half).
+JOB_LOG_CAP_BYTES = env_int("JOB_LOG_CAP_BYTES", 8 * 1024 * 1024)
 # /metrics (Prometheus): a bearer token, or client addresses/networks allowed without one. Neither: 403.
 METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
 METRICS_ALLOWED_IPS = env_list("METRICS_ALLOWED_IPS")
@@ -246,7 +270,7 @@ LOGGING = {
 if DJANGO_ENV == "production":
     if DEBUG:
         raise RuntimeError("DEBUG must be off when DJANGO_ENV=production")
-    if not os.environ.get("SECRET_KEY"):
+    if not os.environ.get("SECRET_KEY") and not AGENT_PROCESS:
         raise RuntimeError("SECRET_KEY must come from the environment when DJANGO_ENV=production")
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)

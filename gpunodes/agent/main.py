@@ -16,10 +16,39 @@ from django.conf import settings
 from config.celery import CONTROL_QUEUE, app, node_queue
 from gpunodes.agent import AGENT_VERSION, inventory
 from gpunodes.agent import tasks as agent_tasks
+from gpunodes.agent.identity import UidPool
 from gpunodes.agent.runner import Runner
 
 log = logging.getLogger("gpunodes.agent")
 HEARTBEAT = "gpunodes.tasks.node_heartbeat"
+UNSAFE_FLAG = "--unsafe-run-jobs-as-agent-user"
+
+
+def job_uids(*, uid_range: str, unsafe_run_as_self: bool = False) -> UidPool | None:
+    """Who the jobs run as. A root agent: a uid of their own per attempt, from `uid_range`. A non-root
+    agent cannot switch users, and running jobs as itself hands every job the agent's files, broker
+    credentials and the other jobs of the host: it refuses, unless explicitly told (single-user demo)."""
+    if os.geteuid() == 0:
+        if unsafe_run_as_self:
+            log.warning(
+                "%s ignored: a root agent runs each job as a uid of its own, never as root", UNSAFE_FLAG
+            )
+        return UidPool.parse(uid_range)
+    if not unsafe_run_as_self:
+        raise ValueError(
+            f"this agent runs as uid {os.geteuid()}, not root: it cannot give each job a uid of its own, "
+            "and it will not run jobs as itself (any job could then read the agent's files and broker "
+            "credentials, and every other job on this host). Start it as root, or pass "
+            f"{UNSAFE_FLAG} for a single-user setup such as `make run`."
+        )
+    for _ in range(3):
+        log.warning(
+            "UNSAFE: %s: jobs run as this agent's own user (uid %d) and can read and change everything "
+            "it can, including the state directory, the broker and each other. Single-user demos only.",
+            UNSAFE_FLAG,
+            os.geteuid(),
+        )
+    return None
 
 
 def new_boot_id() -> str:
@@ -43,8 +72,9 @@ class Agent:
         name: str,
         gpu_type: str | None,
         fake_gpus: int | None,
-        run_as: str | None = None,
+        uids: UidPool | None = None,
         workdir: Path | None = None,
+        pass_env: tuple[str, ...] = (),
         labels: dict | None = None,
     ):
         self.name = name
@@ -66,8 +96,11 @@ class Agent:
             checkpoint_root=settings.CHECKPOINT_ROOT,
             report=send_report,
             state_path=state_dir / "running.json",
+            work_root=settings.JOB_ROOT / "work",
             workdir=workdir,
-            run_as=run_as,
+            uids=uids,
+            pass_env=pass_env,
+            log_cap_bytes=settings.JOB_LOG_CAP_BYTES,
         )
         self._stop = threading.Event()
 

@@ -1,17 +1,19 @@
-"""Runs attempts as child process groups on a GPU host, stops them gracefully, and reports back.
+"""Runs attempts on a GPU host, stops them gracefully, and reports back.
 
-Each attempt runs in its own session (process group), so a stop reaches everything it spawned:
-SIGTERM to the group, SIGKILL once the job's grace has run out. The process groups are written to a
-state file, so that an agent that was killed and restarted kills the orphans it left behind. The
-output goes to a per-attempt log file whose new bytes are shipped to the control side as they come.
+Each attempt runs in its own session, its own cgroup (containment.py) and, on a root agent, as a uid of
+its own in a private working directory (identity.py). A stop sends SIGTERM to everything of the attempt,
+and once the job's grace has run out, or when the attempt ends in any way, the whole cgroup is killed:
+no `setsid` child outlives it. The attempts are written to a state file, so that an agent that was
+killed and restarted kills the orphans it left behind. The output goes to a per-attempt log file (0600,
+the agent's) whose new bytes are shipped to the control side as they come, up to a cap.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-import pwd
 import signal
 import subprocess
 import threading
@@ -20,9 +22,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpunodes.agent import identity
+from gpunodes.agent.containment import AttemptCgroup, CgroupTree, cgroup2_mount, kill_attempt
+from gpunodes.agent.identity import JobUser, UidPool
+
 log = logging.getLogger(__name__)
 
 LOG_CHUNK_BYTES = 64 * 1024
+# What one attempt's log may hold on the control side: the first half and the last half of this are
+# kept, what lies between is dropped with a note (a job printing without end fills no database).
+LOG_CAP_BYTES = 8 * 1024 * 1024
 # Finished reports are repeated in the heartbeats for this long (the most recent ones, up to a cap): a
 # report lost with the broker (a Redis restart drops what it held) still reaches the control side.
 FINISHED_RESEND_S = 120.0
@@ -35,71 +44,32 @@ LOG = "jobs.tasks.attempt_log"
 Report = Callable[[str, dict], None]
 
 
-@dataclass(frozen=True)
-class RunAs:
-    """The unprivileged account jobs run as: uid, primary gid and supplementary groups all dropped
-    (Popen's `user=` alone would leave the child in root's groups)."""
-
-    name: str
-    uid: int
-    gid: int
-    groups: tuple[int, ...]
-    home: str
-
-    @classmethod
-    def resolve(cls, name: str | None) -> RunAs | None:
-        """None: jobs run as the agent's own user. Raises ValueError for root, an unknown user, or a
-        --run-as the agent cannot switch to (it is not root and is not that user)."""
-        if not name:
-            return None
-        try:
-            pw = pwd.getpwnam(name)
-        except KeyError:
-            raise ValueError(f"--run-as: no user named {name!r} on this host") from None
-        if pw.pw_uid == 0:
-            raise ValueError("--run-as must name an unprivileged user, not root")
-        if os.geteuid() != 0 and os.geteuid() != pw.pw_uid:
-            raise ValueError(f"--run-as {name}: the agent must be started as root to switch users")
-        groups = tuple(g for g in os.getgrouplist(pw.pw_name, pw.pw_gid) if g != 0)
-        return cls(pw.pw_name, pw.pw_uid, pw.pw_gid, groups, pw.pw_dir)
-
-    def popen_kwargs(self) -> dict:
-        if os.geteuid() == self.uid:
-            return {}  # already that user
-        return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
-
-    def env(self) -> dict[str, str]:
-        return {"USER": self.name, "LOGNAME": self.name, "HOME": self.home}
-
-
-# The agent's own configuration never reaches a job: with the broker's or the database's URL a job
-# could queue starts on any host or rewrite the database. Dropped by name, and anything that looks
-# like a credential.
+# A job's environment is built from an allow-list, never from the agent's own environment minus a
+# deny-list: whatever else the agent holds (broker and database URLs, cloud keys, proxy passwords)
+# stays with the agent. The operator adds names with --pass-env.
+ALLOWED_ENV = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "TERM"})
+# Never passed, not even with --pass-env: with these a job could queue work on any host or rewrite
+# the database.
 AGENT_ONLY_ENV = frozenset(
     {
         "SECRET_KEY",
         "DATABASE_URL",
         "REDIS_URL",
         "METRICS_TOKEN",
-        "METRICS_ALLOWED_IPS",
         "DJANGO_SETTINGS_MODULE",
-        "DJANGO_ENV",
-        "ALLOWED_HOSTS",
-        "CSRF_TRUSTED_ORIGINS",
+        "CELERY_BROKER_URL",
     }
 )
-SECRET_MARKERS = ("SECRET", "PASSWORD", "PASSWD", "TOKEN", "CREDENTIAL", "PRIVATE_KEY", "API_KEY")
 
 
-def job_base_env(environ) -> dict[str, str]:
-    """The agent's environment as a job may see it: without the agent's configuration and secrets."""
-    return {
-        k: v
-        for k, v in environ.items()
-        if k not in AGENT_ONLY_ENV
-        and not k.startswith(("CELERY_", "GPUQUOTA_"))
-        and not any(marker in k.upper() for marker in SECRET_MARKERS)
-    }
+def job_base_env(environ, pass_env=()) -> dict[str, str]:
+    """The part of the agent's environment a job sees: the allow-list (PATH, LANG, LC_*, TZ, TERM) and
+    the operator's --pass-env names."""
+    extra = set(pass_env)
+    refused = extra & AGENT_ONLY_ENV
+    if refused:
+        raise ValueError(f"--pass-env may not pass the agent's own secrets: {', '.join(sorted(refused))}")
+    return {k: v for k, v in environ.items() if k in ALLOWED_ENV or k.startswith("LC_") or k in extra}
 
 
 def _process_start(pid: int) -> str | None:
@@ -125,9 +95,16 @@ class Proc:
     kill_at: float | None = None
     log_sent: int = 0
     log_file: object = field(default=None, repr=False)
+    user: JobUser | None = None
+    cgroup: AttemptCgroup | None = None
+    workdir: Path | None = None
 
 
 class Runner:
+    """The attempts of one host. `uids`: a root agent's per-attempt uid range (None: jobs run as the
+    agent's own user, which only a non-root agent started with the explicit opt-out does, or a test).
+    `cgroups`: "auto" makes a cgroup per attempt where the host allows (containment.py)."""
+
     def __init__(
         self,
         *,
@@ -136,18 +113,31 @@ class Runner:
         checkpoint_root: Path,
         report: Report,
         state_path: Path,
+        work_root: Path | None = None,
         workdir: Path | None = None,
-        run_as: str | None = None,
+        uids: UidPool | None = None,
         base_env: dict[str, str] | None = None,
+        pass_env: tuple[str, ...] = (),
+        cgroups: CgroupTree | str | None = "auto",
+        log_cap_bytes: int = LOG_CAP_BYTES,
     ) -> None:
         self.node = node
-        self.log_dir = Path(log_dir)
-        self.checkpoint_root = Path(checkpoint_root)
+        self.log_dir = identity.ensure_root(Path(log_dir), 0o700)  # the jobs never read the logs
+        # Reachable (0711, not listable) by the jobs' uids, each of which owns only its own entry.
+        reachable = uids is not None
+        self.checkpoint_root = identity.ensure_root(Path(checkpoint_root), 0o711, reachable=reachable)
+        self.work_root = identity.ensure_root(
+            Path(work_root) if work_root else self.checkpoint_root.parent / "work", 0o711, reachable=reachable
+        )
         self.report = report
         self.state_path = Path(state_path)
-        self.workdir = Path(workdir) if workdir else None
-        self.run_as = RunAs.resolve(run_as)
-        self.base_env = job_base_env(base_env if base_env is not None else os.environ)
+        self.workdir = Path(workdir) if workdir else None  # where jobs start (default: their own dir)
+        self.uids = uids
+        self.base_env = job_base_env(base_env if base_env is not None else os.environ, pass_env)
+        if cgroups == "auto":
+            cgroups = CgroupTree.create(f"{node}-{os.getpid()}")
+        self.cgroups: CgroupTree | None = cgroups
+        self.log_cap_bytes = log_cap_bytes
         self._lock = threading.RLock()
         self._procs: dict[int, Proc] = {}
         # Attempts told to stop before their start arrived: a late start for them is refused.
@@ -178,42 +168,19 @@ class Runner:
                 return "duplicate"
             if key in self._tombstones:
                 return "refused"
-            checkpoint_dir = self.checkpoint_root / f"job-{job_id}"
-            checkpoint_dir.mkdir(parents=True, exist_ok=True)
-            if self.run_as is not None and os.geteuid() == 0:
-                os.chown(checkpoint_dir, self.run_as.uid, self.run_as.gid)  # the job writes its checkpoints
-            log_path = self.log_dir / f"job-{job_id}" / f"attempt-{number}.{self.node}.log"
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            child_env = {
-                **self.base_env,
-                **(self.run_as.env() if self.run_as else {}),
-                **(env or {}),
-                "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpus),
-                "GPUQUOTA_JOB_ID": str(job_id),
-                "GPUQUOTA_ATTEMPT": str(number),
-                "GPUQUOTA_CHECKPOINT_DIR": str(checkpoint_dir),
-                "GPUQUOTA_NODE": self.node,
-                "GPUQUOTA_NODE_RANK": str(rank),
-                "GPUQUOTA_NODES": ",".join(world or [self.node]),
-                "PYTHONUNBUFFERED": "1",
-            }
-            # argv as given; a shell only when the job asked for it explicitly.
-            argv = ["/bin/sh", "-c", command[0]] if use_shell else list(command)
-            log_file = open(log_path, "ab")  # noqa: SIM115 - closed when the process ends
+            user = self.uids.acquire() if self.uids is not None else None
+            cgroup = workdir = None
             try:
-                popen = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    env=child_env,
-                    cwd=self.workdir,
-                    start_new_session=True,
-                    **(self.run_as.popen_kwargs() if self.run_as else {}),
-                )
-            except OSError as e:
-                log_file.write(f"gpuquota: could not start {argv[0]!r}: {e}\n".encode())
-                log_file.close()
+                checkpoint_dir = identity.checkpoint_dir(self.checkpoint_root, job_id, user)
+                workdir = identity.make_workdir(self.work_root, f"{self.node}-a{attempt_id}-{number}", user)
+                log_path = identity.inside(self.log_dir, f"job-{job_id}")
+                log_path.mkdir(mode=0o700, exist_ok=True)
+                log_path = identity.inside(log_path, f"attempt-{number}.{self.node}.log")
+                if self.cgroups is not None:
+                    cgroup = self.cgroups.attempt(f"attempt-{attempt_id}-{number}")
+            except (OSError, ValueError) as e:
+                self._cleanup(user, cgroup, workdir)
+                log.error("refusing attempt %s/%s: %s", attempt_id, number, e)
                 self._finished.add(key)
                 self._report_finished(
                     {
@@ -222,17 +189,90 @@ class Runner:
                         "node": self.node,
                         "how": "failed_to_start",
                         "exit_code": 127,
-                        "detail": f"could not start {argv[0]!r}: {e.strerror}",
+                        "detail": f"the host could not prepare the attempt: {e}",
+                    },
+                )
+                return "failed"
+            child_env = {
+                **self.base_env,
+                **(user.env(workdir) if user else {"HOME": str(workdir), "TMPDIR": str(workdir)}),
+                **(env or {}),
+                "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpus),
+                "GPUQUOTA_JOB_ID": str(job_id),
+                "GPUQUOTA_ATTEMPT": str(number),
+                "GPUQUOTA_CHECKPOINT_DIR": str(checkpoint_dir),
+                "GPUQUOTA_WORKDIR": str(workdir),
+                "GPUQUOTA_NODE": self.node,
+                "GPUQUOTA_NODE_RANK": str(rank),
+                "GPUQUOTA_NODES": ",".join(world or [self.node]),
+                "PYTHONUNBUFFERED": "1",
+            }
+            # argv as given; a shell only when the job asked for it explicitly.
+            argv = ["/bin/sh", "-c", command[0]] if use_shell else list(command)
+            fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            log_file = os.fdopen(fd, "ab")
+            enter = cgroup.enter_fn() if cgroup else None
+            preexec = identity.drop_privileges_fn(user, before=enter) if user else enter
+            try:
+                popen = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env=child_env,
+                    cwd=self.workdir or workdir,
+                    start_new_session=True,
+                    umask=0o077,
+                    preexec_fn=preexec,  # noqa: PLW1509 - only os calls: safe with threads
+                )
+            except (OSError, subprocess.SubprocessError) as e:
+                why = getattr(e, "strerror", None) or str(e)
+                log_file.write(f"gpuquota: could not start {argv[0]!r}: {why}\n".encode())
+                log_file.close()
+                self._cleanup(user, cgroup, workdir)
+                self._finished.add(key)
+                self._report_finished(
+                    {
+                        "attempt_id": attempt_id,
+                        "number": number,
+                        "node": self.node,
+                        "how": "failed_to_start",
+                        "exit_code": 127,
+                        "detail": f"could not start {argv[0]!r}: {why}",
                     },
                 )
                 return "failed"
             deadline = time.monotonic() + max_runtime_s if max_runtime_s else None
             self._procs[attempt_id] = Proc(
-                attempt_id, number, job_id, popen, log_path, grace_s, deadline, log_file=log_file
+                attempt_id,
+                number,
+                job_id,
+                popen,
+                log_path,
+                grace_s,
+                deadline,
+                log_file=log_file,
+                user=user,
+                cgroup=cgroup,
+                workdir=workdir,
             )
             self._save_state()
         self.report(STARTED, {"attempt_id": attempt_id, "number": number, "node": self.node})
         return "started"
+
+    def _cleanup(self, user: JobUser | None, cgroup: AttemptCgroup | None, workdir: Path | None) -> None:
+        """After an attempt: nothing of it runs, its cgroup and working directory are gone, its uid is
+        free again. A uid whose processes could not all be killed is not handed out again."""
+        empty = kill_attempt(cgroup=cgroup, pgid=None, uid=user.uid if user else None)
+        if cgroup is not None and empty:
+            cgroup.remove()
+        if workdir is not None:
+            identity.remove_tree(workdir)
+        if user is not None:
+            if empty:
+                self.uids.release(user.uid)
+            else:
+                log.error("uid %d still has processes; it is not handed out again", user.uid)
 
     def stop(self, *, attempt_id: int, number: int, grace_s: int) -> str:
         with self._lock:
@@ -261,14 +301,36 @@ class Runner:
     def _terminate(self, proc: Proc, how: str, grace_s: int) -> None:
         proc.stop_how = how
         proc.kill_at = time.monotonic() + max(0, grace_s)
-        self._signal(proc, signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
+        if grace_s > 0:
+            self._signal(proc, signal.SIGTERM)
+        else:
+            self._kill(proc)
 
     @staticmethod
     def _signal(proc: Proc, sig: int) -> None:
+        """A signal to the attempt's process group and, where it has one, to everything in its cgroup
+        (a `setsid` child gets its SIGTERM too)."""
         try:
             os.killpg(proc.popen.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+        if proc.cgroup is not None:
+            proc.cgroup.signal(sig)
+
+    @staticmethod
+    def _kill(proc: Proc) -> bool:
+        return kill_attempt(cgroup=proc.cgroup, pgid=proc.popen.pid, uid=proc.user.uid if proc.user else None)
+
+    def fence(self) -> list[tuple[int, int]]:
+        """Kill every attempt of this host at once, without a grace (the agent lost its right to run
+        them). Their ends are reported by the next poll."""
+        with self._lock:
+            procs = list(self._procs.values())
+        for proc in procs:
+            if proc.stop_how is None:
+                proc.stop_how = "stopped"
+            self._kill(proc)
+        return [(p.attempt_id, p.number) for p in procs]
 
     # --- the reaper ------------------------------------------------------------------------------
 
@@ -288,11 +350,15 @@ class Runner:
                 log.info("attempt %s ran past max_runtime_s; stopping it", proc.attempt_id)
                 self._terminate(proc, "timed_out", proc.grace_s)
             elif proc.kill_at is not None and now >= proc.kill_at:
-                self._signal(proc, signal.SIGKILL)
+                self._kill(proc)
                 proc.kill_at = None
         for proc in done:
-            # Whatever the leader left behind in its group goes with it.
-            self._signal(proc, signal.SIGKILL)
+            # Whatever the leader left behind (its group, its cgroup, its uid) goes with it.
+            try:
+                os.killpg(proc.popen.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self._cleanup(proc.user, proc.cgroup, proc.workdir)
             self._ship_log(proc, final=True)
             proc.log_file.close()
             with self._lock:
@@ -310,30 +376,50 @@ class Runner:
                 },
             )
 
+    def _send_log(self, proc: Proc, offset: int, data: bytes) -> None:
+        self.report(
+            LOG,
+            {
+                "attempt_id": proc.attempt_id,
+                "number": proc.number,
+                "node": self.node,
+                "offset": offset,
+                "text": data.decode("utf-8", "replace"),
+            },
+        )
+
     def _ship_log(self, proc: Proc, final: bool = False) -> None:
+        """Ship new log bytes: at most the first half of `log_cap_bytes` as they come, and at the end the
+        last half, with a line that says how many bytes in between were dropped."""
         try:
             size = proc.log_path.stat().st_size
         except FileNotFoundError:
             return
-        while proc.log_sent < size:
+        head = self.log_cap_bytes // 2
+        while proc.log_sent < min(size, head):
             with open(proc.log_path, "rb") as f:
                 f.seek(proc.log_sent)
-                data = f.read(LOG_CHUNK_BYTES)
+                data = f.read(min(LOG_CHUNK_BYTES, head - proc.log_sent))
             if not data:
                 break
-            self.report(
-                LOG,
-                {
-                    "attempt_id": proc.attempt_id,
-                    "number": proc.number,
-                    "node": self.node,
-                    "offset": proc.log_sent,
-                    "text": data.decode("utf-8", "replace"),
-                },
-            )
+            self._send_log(proc, proc.log_sent, data)
             proc.log_sent += len(data)
             if not final:
-                break
+                return
+        if not final or proc.log_sent >= size:
+            return
+        tail_from = max(proc.log_sent, size - (self.log_cap_bytes - head))
+        if tail_from > proc.log_sent:
+            dropped = tail_from - proc.log_sent
+            note = f"\n[gpuquota: {dropped} bytes of output dropped here (log cap {self.log_cap_bytes})]\n"
+            self._send_log(proc, proc.log_sent, note.encode())
+        offset = tail_from
+        with open(proc.log_path, "rb") as f:
+            f.seek(offset)
+            while data := f.read(LOG_CHUNK_BYTES):
+                self._send_log(proc, offset, data)
+                offset += len(data)
+        proc.log_sent = offset
 
     def _report_finished(self, kwargs: dict) -> None:
         with self._lock:
@@ -363,22 +449,40 @@ class Runner:
                 "number": p.number,
                 "pgid": p.popen.pid,
                 "started": _process_start(p.popen.pid),
+                "cgroup": str(p.cgroup.path) if p.cgroup else None,
+                "uid": p.user.uid if p.user else None,
+                "workdir": str(p.workdir) if p.workdir else None,
             }
             for p in self._procs.values()
         ]
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        self.state_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = self.state_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(state))
         tmp.replace(self.state_path)
 
     def kill_orphans(self) -> list[int]:
-        """Kill the process groups a previous agent on this host left running."""
+        """Kill what a previous agent on this host left running: its attempts' cgroups, their uids, their
+        process groups."""
         try:
             state = json.loads(self.state_path.read_text())
         except (FileNotFoundError, ValueError):
             return []
         killed = []
         for entry in state:
+            cgroup = _orphan_cgroup(entry.get("cgroup"))
+            uid = entry.get("uid")
+            if not (self.uids and type(uid) is int and self.uids.first <= uid <= self.uids.last):
+                uid = None
+            if cgroup is not None or uid is not None:
+                kill_attempt(cgroup=cgroup, pgid=None, uid=uid)
+                if cgroup is not None:
+                    cgroup.remove()
+                    with contextlib.suppress(OSError):
+                        cgroup.path.parent.rmdir()  # the previous agent's tree, once empty
+            workdir = entry.get("workdir")
+            if isinstance(workdir, str):
+                with contextlib.suppress(ValueError):
+                    identity.remove_tree(identity.inside(self.work_root, Path(workdir).name))
             pgid = int(entry["pgid"])
             if pgid <= 1 or pgid == os.getpgrp():
                 continue
@@ -399,7 +503,7 @@ class Runner:
         return killed
 
     def shutdown(self, grace_s: float = 5) -> None:
-        """Stop everything (the agent is going away): SIGTERM, then SIGKILL after grace_s."""
+        """Stop everything (the agent is going away): SIGTERM, then kill every attempt after grace_s."""
         with self._lock:
             procs = list(self._procs.values())
         for proc in procs:
@@ -408,8 +512,24 @@ class Runner:
         while time.monotonic() < end and any(p.popen.poll() is None for p in procs):
             time.sleep(0.05)
         for proc in procs:
-            self._signal(proc, signal.SIGKILL)
+            self._kill(proc)
             proc.popen.wait()
             if proc.stop_how is None:
                 proc.stop_how = "unknown"
         self.poll()
+        if self.cgroups is not None:
+            self.cgroups.remove()
+
+
+def _orphan_cgroup(path) -> AttemptCgroup | None:
+    """A cgroup named in the state file, only if it is an attempt cgroup of an agent (under a
+    `gpuquota-*` directory in the cgroup v2 hierarchy): the file is ours, but trust it no further."""
+    mount = cgroup2_mount()
+    if not isinstance(path, str) or mount is None:
+        return None
+    p = Path(path)
+    if not (
+        p.is_relative_to(mount) and p.parent.name.startswith("gpuquota-") and p.name.startswith("attempt-")
+    ):
+        return None
+    return AttemptCgroup(p) if p.is_dir() else None

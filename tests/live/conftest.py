@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,12 +46,16 @@ class LiveCluster:
     def __init__(self, tmp: Path, **env: str):
         self.tmp = tmp
         self.procs: dict[str, subprocess.Popen] = {}
+        # The jobs' directories must be reachable by their uids (a root agent): not under pytest's 0700 tmp.
+        self.jobs = Path(tempfile.mkdtemp(prefix="gpuquota-live-", dir="/var/tmp"))
+        self.jobs.chmod(0o711)
         self.env = {
             **os.environ,
             "DATABASE_URL": _database_url(),
             "GPUQUOTA_VAR_DIR": str(settings.VAR_DIR),
             "JOB_LOG_DIR": str(tmp / "logs"),
-            "CHECKPOINT_ROOT": str(tmp / "checkpoints"),
+            "JOB_ROOT": str(self.jobs),
+            "CHECKPOINT_ROOT": str(self.jobs / "checkpoints"),
             "SCHEDULER_INTERVAL_S": "1",
             "HEARTBEAT_INTERVAL_S": "1",
             "NODE_LOST_AFTER_S": "4",
@@ -150,6 +155,7 @@ class LiveCluster:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         self.procs.clear()
+        shutil.rmtree(self.jobs, ignore_errors=True)
 
     def logs(self, tail: int = 4000) -> str:
         return "\n".join(

@@ -2,7 +2,6 @@
 
 import json
 import os
-import sys
 import time
 
 import pytest
@@ -15,15 +14,17 @@ from jobs.models import Attempt, Job, LogChunk
 from jobs.services import job_submit
 from quotas.choices import Role
 from quotas.models import Membership, Share, ShareCapacity, Team
-from tests.live.conftest import wait_for
+from tests.live.conftest import ROOT, wait_for
+from tests.security.agent_helpers import job_python
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
 
 def train(steps, step_s=0.25):
+    # Absolute: a job starts in its own private directory. The Python must be one the jobs' uids can run.
     return [
-        sys.executable,
-        "examples/train.py",
+        job_python(),
+        str(ROOT / "examples" / "train.py"),
         "--steps",
         str(steps),
         "--step-seconds",

@@ -10,6 +10,7 @@ from quotas.choices import Role
 from quotas.models import Membership, Team
 from tests.api.conftest import client_for, submit  # noqa: F401
 from tests.conftest import make_share
+from tests.security.agent_helpers import reports, root_dir, root_runner  # noqa: F401 - host-side fixtures
 
 ROLES = ("admin", "manager", "member", "other", "anonymous", "revoked")
 

@@ -1,7 +1,8 @@
-"""The GPU host agent: it refuses work meant for another node, drops every privilege of root for the
-jobs when told to run them as an unprivileged user, and kills only its own orphans."""
+"""The GPU host agent: it refuses work meant for another node, never runs jobs as itself unless told so
+loudly, gives jobs an allow-listed environment, and kills only its own orphans."""
 
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -10,10 +11,10 @@ import time
 import pytest
 
 from gpunodes.agent import tasks as agent_tasks
-from gpunodes.agent.runner import FINISHED, LOG, RunAs, Runner, _process_start
+from gpunodes.agent.identity import UidPool
+from gpunodes.agent.main import UNSAFE_FLAG, job_uids
+from gpunodes.agent.runner import FINISHED, LOG, Runner, _process_start
 from tests.gpunodes.test_runner import Reports, wait_finished
-
-as_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs the agent to run as root")
 
 
 def make_runner(tmp_path, reports, **kw):
@@ -52,32 +53,40 @@ def test_an_agent_without_a_runner_refuses_everything(monkeypatch):
     )
 
 
-def test_run_as_root_or_an_unknown_user_is_refused():
-    with pytest.raises(ValueError, match="not root"):
-        RunAs.resolve("root")
-    with pytest.raises(ValueError, match="no user named"):
-        RunAs.resolve("no-such-user-here")
-    assert RunAs.resolve(None) is None
+def test_a_non_root_agent_refuses_to_run_jobs_as_itself(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(ValueError, match=UNSAFE_FLAG):
+        job_uids(uid_range="2000000-2000099")
 
 
-@as_root
-def test_jobs_run_as_the_configured_user_with_its_groups_only(tmp_path, reports):
-    import pwd
+def test_the_opt_out_is_explicit_and_loud(monkeypatch, caplog):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert job_uids(uid_range="2000000-2000099", unsafe_run_as_self=True) is None
+    assert [r for r in caplog.records if r.levelname == "WARNING" and "UNSAFE" in r.getMessage()]
 
-    nobody = pwd.getpwnam("nobody")
-    runner = make_runner(tmp_path, reports, run_as="nobody")
-    try:
-        # /bin/sh: the venv's python may not be readable by nobody.
-        start(runner, ["id -u; id -g; id -G; echo $HOME"], use_shell=True, gpus=[0])
-        assert wait_finished(runner, reports)["exit_code"] == 0, "".join(k["text"] for k in reports.of(LOG))
-        uid, gid, groups, home = "".join(k["text"] for k in reports.of(LOG)).splitlines()
-        assert (int(uid), int(gid)) == (nobody.pw_uid, nobody.pw_gid)
-        assert "0" not in groups.split(), groups  # root's groups are dropped too
-        assert home == nobody.pw_dir
-        ckpt = tmp_path / "ckpt" / "job-7"
-        assert ckpt.stat().st_uid == nobody.pw_uid  # the job may write its checkpoints
-    finally:
-        runner.shutdown(grace_s=1)
+
+def test_the_agent_command_refuses_without_the_opt_out(monkeypatch):
+    from django.core.management import CommandError, call_command
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr("gpunodes.agent.main.Agent.run", lambda self, **kw: None)
+    with pytest.raises(CommandError, match=UNSAFE_FLAG):
+        call_command("gpu_agent", "--name", "n1", "--fake-gpus", "1", "--gpu-type", "a10g")
+
+
+def test_a_root_agent_gives_each_attempt_a_uid_of_its_own(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    pool = job_uids(uid_range="2000000-2000099", unsafe_run_as_self=True)  # the opt-out is ignored
+    first, second = pool.acquire(), pool.acquire()
+    assert first.uid != second.uid and 0 not in (first.uid, second.uid)
+
+
+def test_a_uid_range_with_root_or_existing_accounts_is_refused():
+    with pytest.raises(ValueError):
+        UidPool.parse("0-100")
+    nobody = pwd.getpwnam("nobody").pw_uid
+    with pytest.raises(ValueError, match="existing accounts"):
+        UidPool(nobody - 1, nobody + 1)
 
 
 def test_a_reused_pid_is_not_killed_as_an_orphan(tmp_path, reports):
@@ -129,30 +138,58 @@ def test_the_state_file_records_the_start_time(tmp_path, reports):
     assert reports.of(FINISHED)
 
 
-def test_a_job_does_not_inherit_the_agents_configuration_or_secrets(tmp_path, reports):
-    agent_env = {
-        "PATH": os.environ["PATH"],
-        "HF_HOME": "/data/hf",
-        "DATABASE_URL": "postgres://gpuquota:hunter2@db/gpuquota",
-        "REDIS_URL": "redis://:hunter2@broker:6379/0",
-        "SECRET_KEY": "k",
-        "METRICS_TOKEN": "t",
-        "AWS_SECRET_ACCESS_KEY": "a",
-        "PGPASSWORD": "p",
-        "GPUQUOTA_TOKEN": "g",
-        "CELERY_BROKER_URL": "redis://broker",
-    }
-    runner = make_runner(tmp_path, reports, base_env=agent_env)
+def job_env(tmp_path, reports, agent_env, **kw) -> dict[str, str]:
+    runner = make_runner(tmp_path, reports, base_env=agent_env, **kw)
     try:
         start(runner, ["env"], gpus=[0], env={"MY_SETTING": "1"})
         assert wait_finished(runner, reports)["exit_code"] == 0
-        seen = dict(
+        return dict(
             line.split("=", 1)
             for line in "".join(k["text"] for k in reports.of(LOG)).splitlines()
             if "=" in line
         )
     finally:
         runner.shutdown(grace_s=1)
-    assert seen["HF_HOME"] == "/data/hf" and seen["MY_SETTING"] == "1" and seen["CUDA_VISIBLE_DEVICES"] == "0"
-    leaked = (set(agent_env) - {"PATH", "HF_HOME"}) & set(seen)
+
+
+AGENT_ENV = {
+    "PATH": "/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "TZ": "UTC",
+    "HF_HOME": "/data/hf",
+    "DATABASE_URL": "postgres://gpuquota:hunter2@db/gpuquota",
+    "REDIS_URL": "redis://:hunter2@broker:6379/0",
+    "SECRET_KEY": "k",
+    "METRICS_TOKEN": "t",
+    "AWS_SECRET_ACCESS_KEY": "a",
+    "PGPASSWORD": "p",
+    "GPUQUOTA_TOKEN": "g",
+    "CELERY_BROKER_URL": "redis://broker",
+    # What a deny-list let through (issue 18):
+    "SENTRY_DSN": "https://key@sentry.example/1",
+    "OPENAI_KEY": "sk-1",
+    "DB_PASS": "hunter2",
+    "BROKER_URL": "redis://:pw@broker",
+    "https_proxy": "http://user:pw@proxy:3128",
+}
+
+
+def test_a_job_gets_only_the_allow_listed_environment(tmp_path, reports):
+    seen = job_env(tmp_path, reports, AGENT_ENV)
+    assert seen["MY_SETTING"] == "1" and seen["CUDA_VISIBLE_DEVICES"] == "0"
+    kept = ("PATH", "LANG", "LC_ALL", "TZ")
+    assert {k: seen[k] for k in kept} == {k: AGENT_ENV[k] for k in kept}
+    leaked = (set(AGENT_ENV) - set(kept)) & set(seen)
     assert not leaked, sorted(leaked)
+    assert seen["GPUQUOTA_JOB_ID"] == "7"  # the runner's own GPUQUOTA_* only
+
+
+def test_the_operator_passes_more_names_with_pass_env(tmp_path, reports):
+    seen = job_env(tmp_path, reports, AGENT_ENV, pass_env=("HF_HOME",))
+    assert seen["HF_HOME"] == "/data/hf" and "SENTRY_DSN" not in seen
+
+
+def test_pass_env_cannot_pass_the_agents_own_secrets(tmp_path, reports):
+    with pytest.raises(ValueError, match="REDIS_URL"):
+        make_runner(tmp_path, reports, pass_env=("REDIS_URL",))

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from gpunodes.agent.main import Agent
+from gpunodes.agent.main import UNSAFE_FLAG, Agent, job_uids
 from gpunodes.models import node_name_validator
 from quotas.models import gpu_type_validator
 
@@ -13,12 +13,41 @@ class Command(BaseCommand):
         parser.add_argument("--fake-gpus", type=int, help="simulate N GPUs instead of asking NVML")
         parser.add_argument("--gpu-type", help="GPU type (default: from the real GPUs' model name)")
         parser.add_argument("--concurrency", type=int, default=4)
-        parser.add_argument("--run-as", help="run jobs as this unprivileged user (when started as root)")
-        parser.add_argument("--workdir", help="working directory of the jobs (default: the current one)")
+        parser.add_argument(
+            "--uid-range",
+            help="uids for the attempts of a root agent, one each, FIRST-LAST (default: JOB_UID_RANGE)",
+        )
+        parser.add_argument(
+            UNSAFE_FLAG,
+            action="store_true",
+            dest="unsafe_run_as_self",
+            help="a non-root agent runs jobs as its own user: every job can read and change what the agent "
+            "can (single-user demos only; logged loudly)",
+        )
+        parser.add_argument(
+            "--pass-env",
+            default="",
+            help="comma-separated names of the agent's environment variables that jobs also get "
+            "(besides PATH, LANG, LC_*, TZ, TERM)",
+        )
+        parser.add_argument(
+            "--workdir", help="directory jobs start in (default: each attempt's private directory)"
+        )
 
-    def handle(self, *args, name, fake_gpus, gpu_type, concurrency, run_as, workdir, **options):
-        import os
-
+    def handle(
+        self,
+        *args,
+        name,
+        fake_gpus,
+        gpu_type,
+        concurrency,
+        uid_range,
+        unsafe_run_as_self,
+        pass_env,
+        workdir,
+        **options,
+    ):
+        from django.conf import settings
         from django.core.exceptions import ValidationError
 
         try:
@@ -29,10 +58,18 @@ class Command(BaseCommand):
             raise CommandError(e.messages[0]) from e
         if fake_gpus is not None and fake_gpus <= 0:
             raise CommandError("--fake-gpus must be at least 1")
-        if os.geteuid() == 0 and not run_as:
-            self.stderr.write("warning: running jobs as root; pass --run-as USER to drop privileges")
         try:
-            agent = Agent(name=name, gpu_type=gpu_type, fake_gpus=fake_gpus, run_as=run_as, workdir=workdir)
+            uids = job_uids(
+                uid_range=uid_range or settings.JOB_UID_RANGE, unsafe_run_as_self=unsafe_run_as_self
+            )
+            agent = Agent(
+                name=name,
+                gpu_type=gpu_type,
+                fake_gpus=fake_gpus,
+                uids=uids,
+                workdir=workdir,
+                pass_env=tuple(n.strip() for n in pass_env.split(",") if n.strip()),
+            )
         except (ValueError, RuntimeError) as e:
             raise CommandError(str(e)) from e
         agent.run(concurrency=concurrency)

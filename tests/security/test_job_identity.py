@@ -1,0 +1,138 @@
+"""A job reaches nothing but its own (issue 18): on a root agent each attempt runs as a uid of its own,
+in a private working directory, with real processes. A job of team A cannot read team B's environment,
+log or checkpoint, nor the state directory, the database or the broker, nor signal B's processes."""
+
+import os
+import stat
+from pathlib import Path
+
+from django.conf import settings
+
+from tests.security.agent_helpers import as_root, job_python, wait_until
+
+pytestmark = as_root
+
+# Team B's job: a secret in its environment and its log, a checkpoint, then it keeps running.
+VICTIM = 'echo "victim-log-secret"; echo weights > "$GPUQUOTA_CHECKPOINT_DIR/model.pt"; exec sleep 60'
+
+
+def attack_script(pid: int, log: Path, ckpt: Path) -> str:
+    """Everything team A's job tries; each success prints a LEAK line."""
+    tries = [
+        (f"tr '\\0' '\\n' < /proc/{pid}/environ | grep HF_TOKEN", "environ"),
+        (f"cat {log}", "log"),
+        (f"cat {ckpt}/model.pt", "checkpoint-read"),
+        (f"echo attacker > {ckpt}/model.pt", "checkpoint-write"),
+        (f"ls {settings.VAR_DIR}", "state-dir"),
+        (f"cat {settings.VAR_DIR / 'secret_key'}", "secret-key"),
+        (f"touch {settings.BROKER_DIR / 'queue' / 'forged.msg'}", "broker-write"),
+        (f"kill -9 {pid}", "kill"),
+    ]
+    db = settings.DATABASES["default"]
+    if db["ENGINE"].endswith("sqlite3"):
+        tries.append((f"cat {db['TEST']['NAME']} {db['NAME']}", "database"))
+    return "; ".join(f"{cmd} >/dev/null 2>&1 && echo LEAK:{what}" for cmd, what in tries) + "; echo done"
+
+
+def test_a_job_cannot_reach_another_teams_env_log_checkpoint_state_or_processes(root_runner, reports):
+    root_runner.start(
+        attempt_id=2, number=1, job_id=8, command=[VICTIM], use_shell=True, env={"HF_TOKEN": "hf-team-b"}
+    )
+    victim = root_runner._procs[2]
+    ckpt = root_runner.checkpoint_root / "job-8"
+    wait_until(lambda: (ckpt / "model.pt").exists(), runner=root_runner, what="the victim's checkpoint")
+    root_runner.start(
+        attempt_id=1,
+        number=1,
+        job_id=7,
+        command=[attack_script(victim.popen.pid, victim.log_path, ckpt)],
+        use_shell=True,
+    )
+    attacker = root_runner._procs[1]
+    wait_until(lambda: reports.finished(1), runner=root_runner, what="the attacker to finish")
+    out = reports.log_of(1)
+    assert "done" in out and "LEAK" not in out, out
+    assert {attacker.user.uid, victim.user.uid}.isdisjoint({0, os.getuid()})
+    assert attacker.user.uid != victim.user.uid
+    assert victim.popen.poll() is None  # not killed
+    assert (ckpt / "model.pt").read_text() == "weights\n"
+    assert "victim-log-secret" in reports.log_of(2)
+
+
+def test_each_attempt_has_a_private_working_directory_outside_checkout_and_state(root_runner, reports):
+    root_runner.start(
+        attempt_id=1,
+        number=1,
+        job_id=7,
+        command=['pwd; echo "$HOME $TMPDIR"; id -u; id -G; stat -c "%a %u" .'],
+        use_shell=True,
+    )
+    proc = root_runner._procs[1]
+    wait_until(lambda: reports.finished(1), runner=root_runner)
+    cwd, dirs, uid, groups, mode_owner = reports.log_of(1).splitlines()
+    assert dirs == f"{cwd} {cwd}" and Path(cwd) == proc.workdir
+    assert int(uid) == proc.user.uid and groups.split() == [uid]  # no supplementary groups, no root's
+    assert mode_owner == f"700 {uid}"
+    assert not Path(cwd).is_relative_to(settings.BASE_DIR) and not Path(cwd).is_relative_to(settings.VAR_DIR)
+    assert not Path(cwd).exists()  # removed with the attempt
+
+
+def test_checkpoints_follow_the_job_across_attempts_each_with_its_own_uid(root_runner, reports):
+    write = 'id -u > "$GPUQUOTA_CHECKPOINT_DIR/step"'
+    root_runner.start(attempt_id=1, number=1, job_id=7, command=[write], use_shell=True)
+    wait_until(lambda: reports.finished(1), runner=root_runner)
+    first_uid = int((root_runner.checkpoint_root / "job-7" / "step").read_text())
+    read = 'cat "$GPUQUOTA_CHECKPOINT_DIR/step" && id -u >> "$GPUQUOTA_CHECKPOINT_DIR/step"'
+    root_runner.start(attempt_id=1, number=2, job_id=7, command=[read], use_shell=True)
+    second_uid = root_runner._procs[1].user.uid
+    wait_until(lambda: reports.finished(1) and reports.finished(1)["number"] == 2, runner=root_runner)
+    assert reports.finished(1)["exit_code"] == 0, reports.log_of(1)
+    assert first_uid != second_uid
+    ckpt = root_runner.checkpoint_root / "job-7"
+    st = ckpt.stat()
+    assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == second_uid
+    assert (ckpt / "step").read_text().split() == [str(first_uid), str(second_uid)]
+
+
+def test_logs_and_the_state_file_are_the_agents_alone(root_runner, reports):
+    root_runner.start(attempt_id=1, number=1, job_id=7, command=["sleep 5"], use_shell=True)
+    proc = root_runner._procs[1]
+    assert stat.S_IMODE(proc.log_path.stat().st_mode) == 0o600 and proc.log_path.stat().st_uid == 0
+    assert stat.S_IMODE(root_runner.log_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE(root_runner.state_path.stat().st_mode) == 0o600
+
+
+def test_the_state_directory_and_its_files_are_private():
+    assert stat.S_IMODE(Path(settings.VAR_DIR).stat().st_mode) == 0o700
+    assert stat.S_IMODE((Path(settings.VAR_DIR) / "secret_key").stat().st_mode) == 0o600
+    assert os.umask(0o077) == 0o077  # set by the settings, before anything is written
+
+
+def test_the_job_runs_with_no_new_privileges(root_runner, reports):
+    root_runner.start(
+        attempt_id=1, number=1, job_id=7, command=["grep NoNewPrivs /proc/self/status"], use_shell=True
+    )
+    wait_until(lambda: reports.finished(1), runner=root_runner)
+    assert reports.log_of(1).split() == ["NoNewPrivs:", "1"]
+
+
+def test_a_start_whose_paths_escape_their_root_is_refused(root_runner, reports, tmp_path):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    outside.chmod(0o755)
+    (root_runner.checkpoint_root / "job-9").symlink_to(outside)
+    assert root_runner.start(attempt_id=1, number=1, job_id=9, command=["true"]) == "failed"
+    assert os.stat(outside).st_uid == 0 and stat.S_IMODE(os.stat(outside).st_mode) == 0o755  # not chowned
+    assert reports.finished(1)["how"] == "failed_to_start"
+    # A job id that is a path: refused before any directory is made.
+    bad = "0/../../../../tmp/x"
+    assert root_runner.start(attempt_id=2, number=1, job_id=bad, command=["true"]) == "failed"
+    assert not Path("/tmp/x").exists() and reports.finished(2)["how"] == "failed_to_start"
+
+
+def test_python_jobs_work_as_a_uid_without_an_account(root_runner, reports):
+    root_runner.start(
+        attempt_id=1, number=1, job_id=7, command=[job_python(), "-c", "import os; print(os.getuid())"]
+    )
+    wait_until(lambda: reports.finished(1), runner=root_runner)
+    assert reports.finished(1)["exit_code"] == 0, reports.log_of(1)
