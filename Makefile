@@ -22,6 +22,7 @@ setup: $(STAMP)
 DEMO ?= 1
 run: setup
 	@echo "gpuquota on http://127.0.0.1:8000/  (admin at /admin/)"
+	@$(BIN)/python manage.py credentials
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m config.procman Procfile.dev $(if $(filter 0,$(DEMO)),--without demo)
 
 # The tests keep their files (broker, logs, agent state) apart from a `make run` in the same checkout.

@@ -264,7 +264,19 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    # A 4xx is one line, without the traceback of the PermissionDenied / Http404 behind it.
+    "filters": {"client_errors_one_line": {"()": "config.logfilters.ClientErrorsWithoutTraceback"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        "django.request": {"filters": ["client_errors_one_line"]},
+        # Quiet at INFO: no line per request (errors come from django.request), per task received or
+        # done (a heartbeat, a log chunk, a pass every 2 s) or per beat send. The pass logs at INFO
+        # when it decides something; failures are still logged.
+        "django.server": {"level": "ERROR"},
+        "celery.app.trace": {"level": "WARNING"},
+        "celery.worker.strategy": {"level": "WARNING"},
+        "celery.beat": {"level": "WARNING"},
+    },
 }
 
 if DJANGO_ENV == "production":

@@ -15,6 +15,7 @@ from gpunodes.services import fake_inventory, node_register
 from jobs.models import Job
 from jobs.services import job_submit
 from quotas.choices import Role, Strategy
+from quotas.credentials import remember_credentials
 from quotas.models import Membership, Share, ShareCapacity, Team
 
 GPU_TYPE = "a10g"
@@ -64,7 +65,8 @@ class Command(BaseCommand):
                 user = User.objects.create_user(
                     username=username, password=password, email=f"{username}@example.com"
                 )
-                self.stdout.write(f"demo user {username} (team {slug}) password: {password}")
+                remember_credentials(username, password, f"team {slug}")
+                created.append(f"user {username}")
             Membership.objects.get_or_create(team=team, user=user, defaults={"role": Role.MANAGER})
             share, new = Share.objects.get_or_create(
                 name=share_name,
