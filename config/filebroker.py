@@ -148,3 +148,8 @@ class Transport(filesystem.Transport):
     Channel = Channel
     polling_interval = POLLING_INTERVAL_S
     global_state = virtual.BrokerState()
+
+    @property
+    def default_connection_params(self):
+        # No host: the broker is a folder (kombu warns on every connection that it defaults to localhost).
+        return {"port": self.default_port, "hostname": ""}
