@@ -9,7 +9,7 @@ from rest_framework.routers import DefaultRouter
 
 from config.api_auth import CurrentTokenView, ObtainTokenView, TokenViewSet
 from gpunodes.api.views import NodeViewSet
-from jobs.api.views import JobViewSet, QueueView
+from jobs.api.views import JobArrayViewSet, JobViewSet, QueueView
 from quotas.api.views import AuditEntryViewSet, ShareViewSet, TeamViewSet
 
 router = DefaultRouter()
@@ -18,6 +18,7 @@ router.register("teams", TeamViewSet, basename="team")
 router.register("shares", ShareViewSet, basename="share")
 router.register("nodes", NodeViewSet, basename="node")
 router.register("jobs", JobViewSet, basename="job")
+router.register("arrays", JobArrayViewSet, basename="array")
 router.register("auth/tokens", TokenViewSet, basename="token")
 router.register("audit", AuditEntryViewSet, basename="audit")
 

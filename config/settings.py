@@ -207,6 +207,10 @@ HEARTBEAT_INTERVAL_S = env_int("HEARTBEAT_INTERVAL_S", 5)
 PREEMPT_ACK_TIMEOUT_S = env_int("PREEMPT_ACK_TIMEOUT_S", 30)
 STARVATION_S = env_int("STARVATION_S", 3600)
 DEFAULT_PREEMPTION_GRACE_S = env_int("DEFAULT_PREEMPTION_GRACE_S", 30)
+# Job arrays: the most tasks one array may have, and the most jobs a share may hold queued once an array
+# is added (an array that would pass it is refused whole, with both numbers in the error).
+MAX_ARRAY_SIZE = env_int("MAX_ARRAY_SIZE", 10_000)
+MAX_QUEUED_PER_SHARE = env_int("MAX_QUEUED_PER_SHARE", 100_000)
 JOB_LOG_DIR = Path(os.environ.get("JOB_LOG_DIR", VAR_DIR / "logs"))
 # Where jobs on an agent host get their private working directories (and, by default, checkpoints):
 # outside the checkout and the state directory, reachable by the jobs' uids. The default is per state

@@ -18,6 +18,32 @@ from quotas.models import gpu_type_validator
 MAX_PRIORITY = 9999
 
 
+class JobArray(models.Model):
+    """N jobs submitted as one that differ only by their index (GPUQUOTA_ARRAY_INDEX): each task is a
+    Job of its own, with its own queue entry, attempts and events; the array lists, re-prioritises
+    and cancels them as one."""
+
+    share = models.ForeignKey("quotas.Share", on_delete=models.PROTECT, related_name="job_arrays")
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="job_arrays"
+    )
+    name = models.CharField(max_length=200, blank=True)
+    first_index = models.PositiveIntegerField(default=0)
+    size = models.PositiveIntegerField()
+    submitted_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-submitted_at", "-id"]
+        constraints = [models.CheckConstraint(condition=Q(size__gt=0), name="jobarray_size_positive")]
+
+    def __str__(self) -> str:
+        return f"array {self.pk} {self.name}".strip()
+
+    @property
+    def last_index(self) -> int:
+        return self.first_index + self.size - 1
+
+
 class Job(models.Model):
     share = models.ForeignKey("quotas.Share", on_delete=models.PROTECT, related_name="jobs")
     submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
@@ -42,6 +68,9 @@ class Job(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # A task of an array: its index is in its env as GPUQUOTA_ARRAY_INDEX.
+    array = models.ForeignKey(JobArray, on_delete=models.CASCADE, null=True, blank=True, related_name="tasks")
+    array_index = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["-submitted_at", "-id"]
@@ -62,6 +91,7 @@ class Job(models.Model):
             models.Index(fields=["share", "-submitted_at"], name="job_share_submitted_idx"),
             models.Index(fields=["submitted_by", "state"], name="job_user_state_idx"),
             models.Index(fields=["-submitted_at", "-id"], name="job_submitted_idx"),
+            models.Index(fields=["array", "state"], name="job_array_state_idx"),
             # Queue totals per share and type (pages, metrics) by an index-only scan of the queued rows.
             models.Index(
                 fields=["share", "gpu_type", "gpus"],

@@ -13,8 +13,8 @@ from django.db.models import Count
 from django.utils import timezone
 
 from gpunodes.models import Node
-from jobs.choices import JOB_TERMINAL_STATES, EventKind
-from jobs.models import MAX_PRIORITY, Job, JobEvent
+from jobs.choices import JOB_ACTIVE_STATES, JOB_OPEN_STATES, JOB_TERMINAL_STATES, EventKind, JobState
+from jobs.models import MAX_PRIORITY, Job, JobArray, JobEvent
 from quotas.choices import Role
 from quotas.models import GPU_TYPE_RE, Membership, Share
 
@@ -217,6 +217,52 @@ def job_submit(
     submitted_at=None,
 ) -> Job:
     """Validate and queue a job. Raises PermissionDenied or ValidationError({field: message})."""
+    job = _new_job(
+        user=user,
+        share=share,
+        gpus=gpus,
+        gpu_type=gpu_type,
+        command=command,
+        name=name,
+        priority=priority,
+        env=env,
+        max_runtime_s=max_runtime_s,
+        preemption_grace_s=preemption_grace_s,
+        max_preemptions=max_preemptions,
+        use_shell=use_shell,
+        submitted_at=submitted_at,
+    )
+    event = JobEvent(
+        kind=EventKind.SUBMITTED,
+        reason=f"by {user.get_username()} to share {share.name}"[:300],
+        detail={"gpus": gpus, "gpu_type": gpu_type, "priority": priority},
+        at=job.submitted_at,
+    )
+    insert_job_with_event(job, event)
+    _after_commit_request_pass("submit", coalesce=True)
+    _known_related(job, attempts=[], events=[event])
+    return job
+
+
+def _new_job(
+    *,
+    user,
+    share: Share,
+    gpus: int,
+    gpu_type: str,
+    command: Sequence[str],
+    name: str = "",
+    priority: int = 0,
+    env: Mapping[str, str] | None = None,
+    max_runtime_s: int | None = None,
+    preemption_grace_s: int | None = None,
+    max_preemptions: int = -1,
+    use_shell: bool = False,
+    submitted_at=None,
+    errors: dict[str, str] | None = None,
+) -> Job:
+    """A validated, unsaved job: the rules every submit (single or array) goes through. `errors` are
+    the caller's own, reported together with these."""
     from django.conf import settings
 
     from jobs import submit_cache
@@ -227,7 +273,7 @@ def job_submit(
         raise PermissionDenied(
             f'You are not a member of team "{share.team}", which owns share "{share.name}".'
         )
-    errors: dict[str, str] = {}
+    errors = dict(errors or {})
     if not share.is_enabled:
         errors["share"] = f'Share "{share.name}" is disabled and takes no new jobs.'
     if not isinstance(gpu_type, str) or not re.match(GPU_TYPE_RE, gpu_type):
@@ -259,7 +305,7 @@ def job_submit(
     if errors:
         raise ValidationError(errors)
 
-    job = Job(
+    return Job(
         share=share,
         submitted_by=user,
         name=name or "",
@@ -276,16 +322,236 @@ def job_submit(
         max_preemptions=max_preemptions,
         submitted_at=submitted_at or timezone.now(),
     )
-    event = JobEvent(
-        kind=EventKind.SUBMITTED,
-        reason=f"by {user.get_username()} to share {share.name}"[:300],
-        detail={"gpus": gpus, "gpu_type": gpu_type, "priority": priority},
-        at=job.submitted_at,
+
+
+ARRAY_INDEX_ENV = "GPUQUOTA_ARRAY_INDEX"
+MAX_INDEX = 2**31 - 1
+
+
+def job_array_submit(*, user, share: Share, size: int, first_index: int = 0, **fields: Any) -> JobArray:
+    """Validate and queue an array: `size` jobs alike but for their index (first_index, first_index+1,
+    ...), each with GPUQUOTA_ARRAY_INDEX in its env, all created in one transaction. Refused whole when
+    it is larger than MAX_ARRAY_SIZE or would take the share's queue past MAX_QUEUED_PER_SHARE."""
+    from django.conf import settings
+
+    errors = {}
+    limit = settings.MAX_ARRAY_SIZE
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        errors["array"] = "An array has at least 1 task."
+    elif size > limit:
+        errors["array"] = (
+            f"An array may have at most {limit:,} tasks (MAX_ARRAY_SIZE); this one has {size:,}."
+        )
+    elif not isinstance(first_index, int) or isinstance(first_index, bool) or first_index < 0:
+        errors["array"] = "The first index of an array is 0 or more."
+    elif first_index + size - 1 > MAX_INDEX:
+        errors["array"] = f"Array indexes go up to {MAX_INDEX}."
+    proto = _new_job(user=user, share=share, errors=errors, **fields)
+    cap = settings.MAX_QUEUED_PER_SHARE
+    with transaction.atomic():
+        # The share's row lock serialises arrays into one share, so two cannot both pass the cap.
+        Share.objects.select_for_update().filter(pk=share.pk).values_list("pk").first()
+        queued = Job.objects.filter(share=share, state=JobState.QUEUED).count()
+        if queued + size > cap:
+            raise ValidationError(
+                {
+                    "array": f'Share "{share.name}" has {queued:,} jobs queued; {size:,} more would pass its '
+                    f"limit of {cap:,} (MAX_QUEUED_PER_SHARE). Submit at most {max(0, cap - queued):,} now, "
+                    "or wait for the queue to drain."
+                }
+            )
+        array = JobArray.objects.create(
+            share=share,
+            submitted_by=user,
+            name=proto.name,
+            first_index=first_index,
+            size=size,
+            submitted_at=proto.submitted_at,
+        )
+        proto.array = array
+        reason = f"by {user.get_username()} to share {share.name}, array {array.pk} task "
+        detail = {
+            "gpus": proto.gpus,
+            "gpu_type": proto.gpu_type,
+            "priority": proto.priority,
+            "array": array.pk,
+        }
+        _insert_tasks(proto, range(first_index, first_index + size), reason, detail)
+        _after_commit_request_pass("array submitted")
+    return array
+
+
+def _insert_tasks(proto: Job, indexes: range, reason: str, detail: dict) -> None:
+    """Insert one job per index, copies of `proto`, each with its SUBMITTED event. On PostgreSQL one
+    statement builds them all on the server (generate_series); elsewhere two bulk inserts."""
+    conn = connections[router.db_for_write(Job)]
+    if conn.vendor != "postgresql":
+        tasks = []
+        for i in indexes:
+            task = Job(
+                **{
+                    f.attname: getattr(proto, f.attname)
+                    for f in Job._meta.concrete_fields
+                    if not f.primary_key
+                }
+            )
+            task.array_index, task.env = i, {**proto.env, ARRAY_INDEX_ENV: str(i)}
+            tasks.append(task)
+        Job.objects.bulk_create(tasks, batch_size=500)
+        JobEvent.objects.bulk_create(
+            [
+                JobEvent(
+                    job_id=t.pk,
+                    kind=EventKind.SUBMITTED,
+                    reason=f"{reason}{t.array_index}"[:300],
+                    detail=detail,
+                    at=t.submitted_at,
+                )
+                for t in tasks
+            ],
+            batch_size=500,
+        )
+        return
+    qn = conn.ops.quote_name
+    fields = [f for f in Job._meta.concrete_fields if not f.primary_key]
+    exprs, params = [], []
+    for f in fields:
+        if f.attname == "array_index":
+            exprs.append("g")
+        elif f.attname == "env":
+            exprs.append(f"(CAST(%s AS jsonb) || jsonb_build_object('{ARRAY_INDEX_ENV}', g::text))")
+            params.append(f.get_db_prep_save(f.pre_save(proto, True), connection=conn))
+        else:
+            exprs.append(f"CAST(%s AS {f.cast_db_type(conn)})")
+            params.append(f.get_db_prep_save(f.pre_save(proto, True), connection=conn))
+    at = JobEvent._meta.get_field("at")
+    detail_field = JobEvent._meta.get_field("detail")
+    sql = (
+        f"WITH t AS (INSERT INTO {qn(Job._meta.db_table)} ({', '.join(qn(f.column) for f in fields)}) "
+        f"SELECT {', '.join(exprs)} FROM generate_series(%s, %s) AS g ORDER BY g "
+        f"RETURNING {qn('id')}, {qn('array_index')}) "
+        f"INSERT INTO {qn(JobEvent._meta.db_table)} ({qn('job_id')}, {qn('attempt_number')}, {qn('at')}, "
+        f"{qn('kind')}, {qn('reason')}, {qn('detail')}) "
+        f"SELECT t.{qn('id')}, NULL, CAST(%s AS {at.cast_db_type(conn)}), %s, "
+        f"LEFT(CAST(%s AS text) || t.{qn('array_index')}::text, 300), CAST(%s AS jsonb) FROM t"
     )
-    insert_job_with_event(job, event)
-    _after_commit_request_pass("submit", coalesce=True)
-    _known_related(job, attempts=[], events=[event])
-    return job
+    params += [
+        indexes.start,
+        indexes.stop - 1,
+        at.get_db_prep_save(proto.submitted_at, connection=conn),
+        EventKind.SUBMITTED.value,
+        reason,
+        detail_field.get_db_prep_save(detail, connection=conn),
+    ]
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def array_tasks(array: JobArray):
+    return Job.objects.filter(array=array)
+
+
+def array_counts(array_ids: Sequence[int]) -> dict[int, dict[str, int]]:
+    """{array id: {state: number of tasks}} in one aggregate."""
+    out: dict[int, dict[str, int]] = {a: {} for a in array_ids}
+    rows = (
+        Job.objects.filter(array_id__in=list(array_ids))
+        .values_list("array_id", "state")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for array_id, state, n in rows:
+        out[array_id][state] = n
+    return out
+
+
+def can_manage_array(user, array: JobArray) -> bool:
+    if not user.is_authenticated:
+        return False
+    if user.is_superuser or array.submitted_by_id == user.pk:
+        return True
+    return role_in_team(user, array.share.team_id) == Role.MANAGER
+
+
+def array_set_priority(*, user, array: JobArray, priority: int) -> int:
+    """Set the priority of every task that has not ended. Returns how many changed."""
+    if not can_manage_array(user, array):
+        raise PermissionDenied("Only the array's owner, a team manager or an admin may change its priority.")
+    if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= MAX_PRIORITY:
+        raise ValidationError({"priority": f"Priority is an integer from 0 to {MAX_PRIORITY}."})
+    now = timezone.now()
+    with transaction.atomic():
+        rows = list(
+            Job.objects.select_for_update()
+            .filter(array=array, state__in=[s.value for s in JOB_OPEN_STATES])
+            .exclude(priority=priority)
+            .values_list("pk", "priority")
+        )
+        if (
+            not rows
+            and not Job.objects.filter(array=array, state__in=[s.value for s in JOB_OPEN_STATES]).exists()
+        ):
+            raise Conflict(f"Every task of array {array.pk} has ended; its priority no longer matters.")
+        Job.objects.filter(pk__in=[pk for pk, _ in rows]).update(priority=priority, updated_at=now)
+        who = user.get_username()
+        JobEvent.objects.bulk_create(
+            [
+                JobEvent(
+                    job_id=pk,
+                    kind=EventKind.PRIORITY_CHANGED,
+                    reason=f"{old} → {priority} by {who} (array)",
+                    detail={"from": old, "to": priority, "array": array.pk},
+                    at=now,
+                )
+                for pk, old in rows
+            ],
+            batch_size=1000,
+        )
+        if rows:
+            _after_commit_request_pass("priority")
+    return len(rows)
+
+
+def array_cancel(*, user, array: JobArray) -> int:
+    """Cancel every task that has not ended: the queued ones at once, in bulk; live ones through the
+    job's own cancel (their attempts are stopped with their grace). Returns how many were cancelled."""
+    if not can_manage_array(user, array):
+        raise PermissionDenied("Only the array's owner, a team manager or an admin may cancel it.")
+    from jobs import lifecycle
+
+    who = user.get_username()
+    now = timezone.now()
+    with transaction.atomic():
+        queued = list(
+            Job.objects.select_for_update()
+            .filter(array=array, state=JobState.QUEUED)
+            .values_list("pk", flat=True)
+        )
+        Job.objects.filter(pk__in=queued, state=JobState.QUEUED).update(
+            state=JobState.CANCELLED,
+            state_reason=f"by {who} (array)"[:300],
+            finished_at=now,
+            updated_at=now,
+            beneficiary=False,
+        )
+        JobEvent.objects.bulk_create(
+            [
+                JobEvent(job_id=pk, kind=EventKind.CANCELLED, reason=f"by {who} (array)", at=now)
+                for pk in queued
+            ],
+            batch_size=1000,
+        )
+        if queued:
+            _after_commit_request_pass("cancel")
+    live = list(
+        Job.objects.filter(
+            array=array, state__in=[s.value for s in JOB_ACTIVE_STATES] + [JobState.QUEUED]
+        ).values_list("pk", flat=True)
+    )
+    cancelled = len(queued) + sum(1 for pk in live if lifecycle.cancel(pk, by=who))
+    if not cancelled:
+        raise Conflict(f"Every task of array {array.pk} has already ended; there is nothing to cancel.")
+    return cancelled
 
 
 def _known_related(job: Job, **related: list) -> None:

@@ -5,7 +5,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from config.api import StrictSerializer
-from jobs.models import Attempt, Job, JobEvent
+from jobs.models import Attempt, Job, JobArray, JobEvent
 from quotas.models import Share
 
 MAX_INT = 2**31 - 1
@@ -29,6 +29,15 @@ class ShareByName(serializers.SlugRelatedField):
             names = ", ".join(qs.values_list("name", flat=True)) or "none"
             raise serializers.ValidationError(f'No share named "{data}". Shares you can submit to: {names}.')
         return share
+
+
+class ArraySpecSerializer(StrictSerializer):
+    size = serializers.IntegerField(
+        min_value=1, max_value=MAX_INT, help_text="Number of tasks (at most MAX_ARRAY_SIZE)."
+    )
+    start = serializers.IntegerField(
+        required=False, default=0, min_value=0, max_value=MAX_INT, help_text="Index of the first task."
+    )
 
 
 class JobSubmitSerializer(StrictSerializer):
@@ -59,6 +68,54 @@ class JobSubmitSerializer(StrictSerializer):
     use_shell = serializers.BooleanField(
         required=False, default=False, help_text="Run command[0] through /bin/sh -c (one string)."
     )
+    array = ArraySpecSerializer(
+        required=False,
+        help_text="Submit an array: `size` tasks alike but for GPUQUOTA_ARRAY_INDEX (start, start+1, ...). "
+        "The answer is then the array.",
+    )
+
+
+class JobArraySerializer(serializers.ModelSerializer):
+    share = serializers.CharField(source="share.name", read_only=True)
+    team = serializers.CharField(source="share.team.slug", read_only=True)
+    submitted_by = serializers.CharField(source="submitted_by.username", read_only=True)
+    last_index = serializers.IntegerField(read_only=True)
+    counts = serializers.SerializerMethodField(help_text="Tasks per state.")
+    done = serializers.SerializerMethodField(help_text="Every task has ended.")
+
+    class Meta:
+        model = JobArray
+        fields = [
+            "id",
+            "name",
+            "share",
+            "team",
+            "submitted_by",
+            "first_index",
+            "last_index",
+            "size",
+            "submitted_at",
+            "counts",
+            "done",
+        ]
+        read_only_fields = fields
+
+    def _counts(self, array) -> dict[str, int]:
+        known = self.context.get("counts")
+        if known is not None and array.pk in known:
+            return known[array.pk]
+        from jobs.services import array_counts
+
+        return array_counts([array.pk])[array.pk]
+
+    @extend_schema_field(serializers.DictField(child=serializers.IntegerField()))
+    def get_counts(self, array):
+        return self._counts(array)
+
+    @extend_schema_field(serializers.BooleanField())
+    def get_done(self, array) -> bool:
+        counts = self._counts(array)
+        return not any(counts.get(s, 0) for s in ("QUEUED", "ADMITTED", "RUNNING", "PREEMPTING"))
 
 
 class JobPrioritySerializer(StrictSerializer):
@@ -94,6 +151,8 @@ class JobSerializer(serializers.ModelSerializer):
             "attempt_count",
             "preemption_count",
             "exit_code",
+            "array",
+            "array_index",
         ]
         read_only_fields = fields
 

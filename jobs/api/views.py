@@ -7,7 +7,7 @@ import logging
 
 from django.db.models import Prefetch
 from django_filters import rest_framework as filters
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
 from rest_framework import status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 from config.api import ApiSchema, ApiViewMixin
 from jobs import services
 from jobs.api.serializers import (
+    JobArraySerializer,
     JobDetailSerializer,
     JobPrioritySerializer,
     JobSerializer,
@@ -27,7 +28,7 @@ from jobs.api.serializers import (
     QueueSerializer,
 )
 from jobs.choices import JobState
-from jobs.models import Attempt, Job, JobEvent
+from jobs.models import Attempt, Job, JobArray, JobEvent
 from quotas import services as quota_services
 from quotas.models import Share
 
@@ -56,10 +57,11 @@ class JobFilter(filters.FilterSet):
     team = filters.CharFilter(field_name="share__team__slug", help_text="Team slug.")
     state = filters.MultipleChoiceFilter(choices=JobState.choices, help_text="Repeat for several states.")
     mine = filters.BooleanFilter(method="filter_mine", help_text="Only jobs I submitted.")
+    array = filters.NumberFilter(field_name="array_id", help_text="Only the tasks of this array.")
 
     class Meta:
         model = Job
-        fields = ["share", "team", "state", "mine"]
+        fields = ["share", "team", "state", "mine", "array"]
 
     def filter_mine(self, queryset, name, value):
         if value is None:
@@ -102,7 +104,13 @@ class JobViewSet(ApiViewMixin, viewsets.ModelViewSet):
 
     @extend_schema(
         request=JobSubmitSerializer,
-        responses={201: JobDetailSerializer},
+        responses={
+            201: PolymorphicProxySerializer(
+                component_name="SubmitAnswer",
+                serializers=[JobDetailSerializer, JobArraySerializer],
+                resource_type_field_name=None,
+            )
+        },
         parameters=[
             OpenApiParameter(
                 "forecast",
@@ -116,7 +124,14 @@ class JobViewSet(ApiViewMixin, viewsets.ModelViewSet):
         """Submit a job to a share of one of your teams."""
         serializer = JobSubmitSerializer(data=request.data, context={"request": request})
         serializer.is_valid(raise_exception=True)
-        job = services.job_submit(user=request.user, **serializer.validated_data)
+        fields = dict(serializer.validated_data)
+        spec = fields.pop("array", None)
+        if spec is not None:
+            array = services.job_array_submit(
+                user=request.user, size=spec["size"], first_index=spec["start"], **fields
+            )
+            return Response(JobArraySerializer(array).data, status=status.HTTP_201_CREATED)
+        job = services.job_submit(user=request.user, **fields)
         # The forecast replays the whole queue: worth it for a read, not on the submit hot path, where
         # it would cap throughput at a few submits a second with a long queue. `?forecast=1` asks for it.
         if request.query_params.get("forecast") in ("1", "true", "yes"):
@@ -157,6 +172,51 @@ class JobViewSet(ApiViewMixin, viewsets.ModelViewSet):
         query = LogQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         return Response(services.job_logs(job=job, **query.validated_data))
+
+
+class JobArrayViewSet(ApiViewMixin, viewsets.ReadOnlyModelViewSet):
+    """Job arrays: each with its number of tasks per state. The tasks are jobs (`GET jobs/?array=ID`).
+    Re-prioritise (PATCH) or cancel (POST cancel/) every task that has not ended, as one."""
+
+    schema = ApiSchema()
+    serializer_class = JobArraySerializer
+    queryset = JobArray.objects.none()
+    filterset_class = None
+    http_method_names = ["get", "post", "patch", "head", "options"]
+
+    def get_queryset(self):
+        qs = JobArray.objects.select_related("share__team", "submitted_by").order_by("-submitted_at", "-id")
+        user = self.request.user
+        if not user.is_superuser:
+            qs = qs.filter(share__team_id__in=services.team_ids_of(user))
+        return qs
+
+    def list(self, request, *args, **kwargs):
+        """Arrays of your teams, newest first, with their task counts."""
+        page = self.paginate_queryset(self.get_queryset())
+        counts = services.array_counts([a.pk for a in page])
+        return self.get_paginated_response(
+            JobArraySerializer(page, many=True, context={"counts": counts}).data
+        )
+
+    @extend_schema(request=JobPrioritySerializer, responses={200: JobArraySerializer})
+    def partial_update(self, request, *args, **kwargs):
+        """Set the priority of every task that has not ended (owner, team manager, admin)."""
+        array = self.get_object()
+        serializer = JobPrioritySerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        services.array_set_priority(
+            user=request.user, array=array, priority=serializer.validated_data["priority"]
+        )
+        return Response(JobArraySerializer(array).data)
+
+    @extend_schema(request=None, responses={200: JobArraySerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        """Cancel every task that has not ended (owner, team manager, admin). 409 if all have ended."""
+        array = self.get_object()
+        services.array_cancel(user=request.user, array=array)
+        return Response(JobArraySerializer(array).data)
 
 
 @functools.cache
