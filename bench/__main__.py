@@ -98,7 +98,12 @@ def _pass(quick: bool) -> list[dict]:
 def _submit(quick: bool) -> list[dict]:
     from bench import bench_api
 
-    return bench_api.run(jobs=600 if quick else 3000, clients=8 if quick else 16, max_s=10 if quick else 30)
+    return bench_api.run(
+        jobs=600 if quick else 3000,
+        clients=8 if quick else 16,
+        max_s=10 if quick else 30,
+        arrays=4 if quick else 20,
+    )
 
 
 def _latency(quick: bool) -> list[dict]:

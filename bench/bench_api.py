@@ -79,12 +79,65 @@ def _prepare(clients: int) -> list[str]:
     return tokens
 
 
-def run(
-    jobs: int = 3000, clients: int = 16, max_s: float = 30.0, workers: int = WORKERS, threads: int = THREADS
-) -> list[dict]:
-    setup_django()
+def _hammer(url: str, tokens: list[str], per_client: int, payload: dict, max_s: float, web_pid: int) -> dict:
+    """Each token's client posts `payload` per_client times, all clients at once. Latencies, errors, wall
+    time and the CPU seconds of the web server and of the clients."""
     import requests
 
+    latencies: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(len(tokens) + 1)
+
+    def client(token: str) -> None:
+        session = requests.Session()
+        session.headers["Authorization"] = f"Token {token}"
+        mine, bad = [], []
+        barrier.wait()
+        deadline = time.perf_counter() + max_s
+        for _ in range(per_client):
+            if time.perf_counter() > deadline:
+                break  # slow: stop at max_s and report the rate reached
+            t0 = time.perf_counter()
+            try:
+                r = session.post(f"{url}/api/v1/jobs/", json=payload, timeout=60)
+                if r.status_code != 201:
+                    bad.append(f"{r.status_code} {r.text[:100]}")
+            except requests.RequestException as exc:
+                bad.append(str(exc))
+            mine.append(time.perf_counter() - t0)
+        with lock:
+            latencies.extend(mine)
+            errors.extend(bad)
+
+    pool = [threading.Thread(target=client, args=(t,)) for t in tokens]
+    for t in pool:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    server0, client0 = _cpu_s(web_pid), time.process_time()
+    for t in pool:
+        t.join()
+    return {
+        "latencies": latencies,
+        "errors": errors,
+        "wall": time.perf_counter() - t0,
+        "server_cpu": _cpu_s(web_pid) - server0,
+        "client_cpu": time.process_time() - client0,
+    }
+
+
+def run(
+    jobs: int = 3000,
+    clients: int = 16,
+    max_s: float = 30.0,
+    workers: int = WORKERS,
+    threads: int = THREADS,
+    arrays: int = 20,
+    array_size: int = 1000,
+    array_clients: int = 4,
+) -> list[dict]:
+    setup_django()
     from jobs.models import Job
 
     wipe()
@@ -94,72 +147,62 @@ def run(
     web = spawn(
         gunicorn_argv(port, workers, threads),
         log,
-        env={"SUBMIT_RATE": "1000000/min", "DB_CONN_MAX_AGE": "60", "LOG_LEVEL": "WARNING"},
+        env={
+            "SUBMIT_RATE": "1000000/min",
+            "DB_CONN_MAX_AGE": "60",
+            "LOG_LEVEL": "WARNING",
+            "MAX_QUEUED_PER_SHARE": "100000000",
+        },
     )
     url = f"http://127.0.0.1:{port}"
+    job = {"share": "bench-main", "gpu_type": "a10g", "gpus": 1, "command": ["true"]}
+    rows = []
     try:
         wait_for(lambda: _up(url), 30, "gunicorn")
-        per_client = jobs // clients
-        latencies: list[float] = []
-        errors: list[str] = []
-        lock = threading.Lock()
-        barrier = threading.Barrier(clients + 1)
-
-        def client(token: str) -> None:
-            session = requests.Session()
-            session.headers["Authorization"] = f"Token {token}"
-            mine, bad = [], []
-            barrier.wait()
-            deadline = time.perf_counter() + max_s
-            for _ in range(per_client):
-                if time.perf_counter() > deadline:
-                    break  # slow: stop at max_s and report the rate reached
-                t0 = time.perf_counter()
-                try:
-                    r = session.post(
-                        f"{url}/api/v1/jobs/",
-                        json={"share": "bench-main", "gpu_type": "a10g", "gpus": 1, "command": ["true"]},
-                        timeout=30,
-                    )
-                    if r.status_code != 201:
-                        bad.append(f"{r.status_code} {r.text[:100]}")
-                except requests.RequestException as exc:
-                    bad.append(str(exc))
-                mine.append(time.perf_counter() - t0)
-            with lock:
-                latencies.extend(mine)
-                errors.extend(bad)
-
-        pool = [threading.Thread(target=client, args=(t,)) for t in tokens]
-        for t in pool:
-            t.start()
-        barrier.wait()
-        t0 = time.perf_counter()
-        server0, client0 = _cpu_s(web.pid), time.process_time()
-        for t in pool:
-            t.join()
-        wall = time.perf_counter() - t0
-        server_cpu, client_cpu = _cpu_s(web.pid) - server0, time.process_time() - client0
+        got = _hammer(url, tokens, jobs // clients, job, max_s, web.pid)
+        sent, errors = len(got["latencies"]), got["errors"]
+        stored = Job.objects.count()
+        rate = sent / got["wall"]
+        ok = not errors and stored == sent
+        rows.append(
+            row(
+                "3 submit",
+                f"{sent:,} submits, {clients} clients, gunicorn {workers}x{threads} gthread",
+                got["latencies"],
+                target=">= 250 submits/s, no errors",
+                met=ok and rate >= 250,
+                note=f"{rate:.0f} submits/s; {len(errors)} errors; {stored:,}/{sent:,} in the database; CPU per "
+                f"submit: web {got['server_cpu'] / max(sent, 1) * 1000:.1f} ms, "
+                f"clients {got['client_cpu'] / max(sent, 1) * 1000:.1f} ms"
+                + (f"; first error: {errors[0]}" if errors else ""),
+                rate=rate,
+            )
+        )
+        if arrays:
+            before = Job.objects.count()
+            payload = {**job, "array": {"size": array_size}}
+            got = _hammer(url, tokens[:array_clients], arrays // array_clients, payload, max_s, web.pid)
+            sent, errors = len(got["latencies"]), got["errors"]
+            tasks = Job.objects.count() - before
+            rate = tasks / got["wall"]
+            ok = not errors and tasks == sent * array_size
+            rows.append(
+                row(
+                    "3 arrays",
+                    f"{sent} arrays of {array_size:,}, {array_clients} clients",
+                    got["latencies"],
+                    target=">= 5,000 tasks/s, no errors",
+                    met=ok and rate >= 5000,
+                    note=f"{rate:,.0f} tasks/s; {len(errors)} errors; {tasks:,}/{sent * array_size:,} tasks in the "
+                    f"database; web CPU per task {got['server_cpu'] / max(tasks, 1) * 1e6:.0f} us"
+                    + (f"; first error: {errors[0]}" if errors else ""),
+                    rate=rate,
+                )
+            )
     finally:
         stop([web])
-    sent = len(latencies)
-    stored = Job.objects.count()
-    rate = sent / wall
     wipe()
-    ok = not errors and stored == sent
-    return [
-        row(
-            "3 submit",
-            f"{sent:,} submits, {clients} clients, gunicorn {workers}x{threads} gthread",
-            latencies,
-            target=">= 250 submits/s, no errors",
-            met=ok and rate >= 250,
-            note=f"{rate:.0f} submits/s; {len(errors)} errors; {stored:,}/{sent:,} in the database; CPU per "
-            f"submit: web {server_cpu / max(sent, 1) * 1000:.1f} ms, clients {client_cpu / max(sent, 1) * 1000:.1f} ms"
-            + (f"; first error: {errors[0]}" if errors else ""),
-            rate=rate,
-        )
-    ]
+    return rows
 
 
 def _up(url: str) -> bool:
@@ -178,6 +221,12 @@ if __name__ == "__main__":
     parser.add_argument("--max-s", type=float, default=30.0)
     parser.add_argument("--workers", type=int, default=WORKERS)
     parser.add_argument("--threads", type=int, default=THREADS)
+    parser.add_argument(
+        "--arrays", type=int, default=20, help="arrays to submit after the single jobs (0: none)"
+    )
+    parser.add_argument("--array-size", type=int, default=1000)
     args = parser.parse_args()
-    for r in run(args.jobs, args.clients, args.max_s, args.workers, args.threads):
+    for r in run(
+        args.jobs, args.clients, args.max_s, args.workers, args.threads, args.arrays, args.array_size
+    ):
         print(r)
