@@ -7,6 +7,7 @@ import shlex
 
 from django import forms
 
+from jobs.limits import MAX_INT
 from jobs.models import MAX_PRIORITY
 
 
@@ -20,7 +21,9 @@ class SubmitForm(forms.Form):
         max_length=16 * 1024,
         help_text="Split like a shell would (quotes group words); it is not run through a shell.",
     )
-    max_runtime_s = forms.IntegerField(min_value=1, required=False, label="Max runtime (s)")
+    max_runtime_s = forms.IntegerField(
+        min_value=1, max_value=MAX_INT, required=False, label="Max runtime (s)"
+    )
     preemption_grace_s = forms.IntegerField(min_value=0, max_value=86400, required=False, label="Grace (s)")
 
     def __init__(self, *args, shares=(), gpu_types=(), **kwargs):

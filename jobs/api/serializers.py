@@ -5,10 +5,9 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from config.api import StrictSerializer
+from jobs.limits import MAX_INT
 from jobs.models import Attempt, Job, JobArray, JobEvent
 from quotas.models import Share
-
-MAX_INT = 2**31 - 1
 
 
 class ShareByName(serializers.SlugRelatedField):

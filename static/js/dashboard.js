@@ -74,4 +74,35 @@
   document.addEventListener("DOMContentLoaded", function () {
     if (window.htmx) { htmx.onLoad(render); } else { render(document); }
   });
+
+  // A request htmx sent that failed (a 5xx, a refusal it does not swap, or no answer at all) is said on
+  // the page, not only in the console; the notice goes when the same element's next request succeeds.
+  var failed = null;
+  function notice(text, elt) {
+    failed = text ? elt : null;
+    var box = document.getElementById("request-error");
+    if (!text) { if (box) box.remove(); return; }
+    if (!box) {
+      box = document.createElement("div");
+      box.id = "request-error";
+      box.className = "errors request-error";
+      box.setAttribute("role", "alert");
+      (document.getElementById("main") || document.body).prepend(box);
+    }
+    box.textContent = text;
+  }
+  document.addEventListener("htmx:responseError", function (e) {
+    var xhr = e.detail.xhr, what = xhr.status + (xhr.statusText ? " " + xhr.statusText : "");
+    var body = (xhr.getResponseHeader("Content-Type") || "").indexOf("text/plain") === 0 ? xhr.responseText : "";
+    notice(xhr.status >= 500
+      ? "The server failed to answer (" + what + "): this part of the page did not update. " +
+        "Try again; if it keeps failing, the server's log says why."
+      : (body && body.length < 300 ? body : "Refused (" + what + ")."), e.detail.elt);
+  });
+  document.addEventListener("htmx:sendError", function (e) {
+    notice("The server cannot be reached: the page shows what it last knew.", e.detail.elt);
+  });
+  document.addEventListener("htmx:afterRequest", function (e) {
+    if (e.detail.successful && failed && e.detail.elt === failed) notice("");
+  });
 })();
