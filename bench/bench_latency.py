@@ -37,6 +37,7 @@ def _cluster(tmp: Path) -> list:
         "JOB_LOG_DIR": str(tmp / "logs"),
         "CHECKPOINT_ROOT": str(tmp / "checkpoints"),
         "HEARTBEAT_INTERVAL_S": "2",
+        "NODE_JOIN_TOKEN": "bench-join-token",  # the bench's agents join READY (else PENDING on Redis)
         "SCHEDULER_INTERVAL_S": "3600",  # beat is not started anyway
         "LOG_LEVEL": "WARNING",
     }

@@ -227,6 +227,11 @@ JOB_LOG_CAP_BYTES = env_int("JOB_LOG_CAP_BYTES", 8 * 1024 * 1024)
 # /metrics (Prometheus): a bearer token, or client addresses/networks allowed without one. Neither: 403.
 METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
 METRICS_ALLOWED_IPS = env_list("METRICS_ALLOWED_IPS")
+# A node heard of for the first time joins PENDING until an admin accepts it, unless its agent presents
+# this token (`gpu_agent --join-token`, or the same variable on the agent host). On the embedded file
+# broker (no REDIS_URL: only this user's own processes can write it) new nodes are accepted at once.
+NODE_JOIN_TOKEN = os.environ.get("NODE_JOIN_TOKEN", "")
+NODE_AUTO_ACCEPT = env_bool("NODE_AUTO_ACCEPT", not REDIS_URL)
 
 # --- REST framework -----------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -18,7 +18,7 @@ class NodeAdmin(AuditedAdmin):
     search_fields = ["name", "hostname"]
     readonly_fields = ["registered_at", "state_changed_at"]
     inlines = [GpuInline]
-    actions = ["cordon", "uncordon", "drain"]
+    actions = ["accept", "cordon", "uncordon", "drain"]
 
     def get_queryset(self, request):
         return super().get_queryset(request).prefetch_related("gpus")
@@ -40,6 +40,10 @@ class NodeAdmin(AuditedAdmin):
                 self.message_user(request, f"{node.name}: {e}", messages.WARNING)
         if done:
             self.message_user(request, f"{verb} {done} node(s).", messages.SUCCESS)
+
+    @admin.action(description="Accept: a node that asked to join (PENDING) takes work")
+    def accept(self, request, queryset):
+        self._apply(request, queryset, services.node_accept, "Accepted")
 
     @admin.action(description="Cordon: take no new work")
     def cordon(self, request, queryset):

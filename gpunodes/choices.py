@@ -4,6 +4,8 @@ from django.db import models
 
 
 class NodeState(models.TextChoices):
+    # A node heard of for the first time, not yet accepted by an admin (or a join token): no work.
+    PENDING = "PENDING", "Pending acceptance"
     READY = "READY", "Ready"
     CORDONED = "CORDONED", "Cordoned"
     DRAINING = "DRAINING", "Draining"

@@ -10,6 +10,7 @@ from config.celery import app, node_queue
 
 START = "gpunodes.agent.tasks.start_attempt"
 PREEMPT = "gpunodes.agent.tasks.preempt_attempt"
+NODE_STATE = "gpunodes.agent.tasks.node_state"
 
 
 def start_attempt(node: str, payload: dict) -> None:
@@ -22,6 +23,11 @@ def preempt_attempt(node: str, attempt_id: int, number: int, grace_s: int) -> No
         kwargs={"node": node, "attempt_id": attempt_id, "number": number, "grace_s": grace_s},
         queue=node_queue(node),
     )
+
+
+def node_state(node: str, state: str) -> None:
+    """Tell a node's agent its state: it refuses starts unless READY (cordoned, draining, pending)."""
+    app.send_task(NODE_STATE, kwargs={"node": node, "state": state}, queue=node_queue(node))
 
 
 def start_payloads(

@@ -1,7 +1,8 @@
-"""Node verbs: register an inventory, cordon, uncordon, drain."""
+"""Node verbs: register an inventory, join (PENDING until accepted), accept, cordon, uncordon, drain."""
 
 from __future__ import annotations
 
+import hmac
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,14 +60,16 @@ def node_register(
     agent_version: str = "",
     labels: dict | None = None,
     state: str | None = None,
+    initial_state: str | None = None,
 ) -> tuple[Node, bool]:
     """Create or update a node and make its GPU rows match the inventory. Returns (node, created).
-    GPUs the host no longer reports are removed unless an attempt still holds them."""
+    GPUs the host no longer reports are removed unless an attempt still holds them. `initial_state`
+    applies only to a node created here, `state` to any."""
     node, created = Node.objects.select_for_update().get_or_create(
         name=name,
         defaults={
             "gpu_type": gpu_type,
-            "state": state or NodeState.READY,
+            "state": state or initial_state or NodeState.READY,
             "hostname": hostname,
             "agent_version": agent_version,
             "labels": labels or {},
@@ -108,6 +111,25 @@ def node_register(
     return node, created
 
 
+def join_state(join_token: str = "") -> str:
+    """The state a node heard of for the first time joins in: READY with the join token, or where new
+    nodes are accepted at once (the embedded file broker); else PENDING until an admin accepts it."""
+    from django.conf import settings
+
+    expected = settings.NODE_JOIN_TOKEN
+    if expected and join_token and hmac.compare_digest(expected.encode(), str(join_token).encode()):
+        return NodeState.READY
+    return NodeState.READY if settings.NODE_AUTO_ACCEPT else NodeState.PENDING
+
+
+def tell_agent(node: Node | str, state: str) -> None:
+    """After commit, tell the node's agent its state (it refuses starts unless READY)."""
+    from .dispatch import node_state
+
+    name = node if isinstance(node, str) else node.name
+    transaction.on_commit(lambda: node_state(name, state))
+
+
 def node_heartbeat(
     *,
     name: str,
@@ -119,10 +141,14 @@ def node_heartbeat(
     hostname: str = "",
     labels: dict | None = None,
     sent_at: float | None = None,
+    join_token: str = "",
 ) -> dict:
     """Register or refresh a node from its agent's heartbeat, and reconcile what it runs:
 
-    - a LOST (or new) node that heartbeats again is READY; cordoned/draining nodes stay so;
+    - a new node joins PENDING (no work) until an admin accepts it, or READY with the join token (or on
+      the embedded broker, join_state); a PENDING node's reports change nothing else;
+    - a LOST node that heartbeats again is READY; cordoned/draining nodes stay so, and their agent is
+      told (it refuses starts);
     - after an agent restart (a new boot id), attempts the host no longer reports are lost;
     - attempts the host runs that are over (or unknown) are to be stopped: returned in "stop" and sent;
     - lost messages are made good: an attempt the host runs but that is still ADMITTED here is marked
@@ -137,6 +163,7 @@ def node_heartbeat(
     from .dispatch import preempt_attempt
 
     now = timezone.now()
+    joining = join_state(join_token)
     with transaction.atomic():
         node, created = node_register(
             name=name,
@@ -145,7 +172,21 @@ def node_heartbeat(
             hostname=hostname,
             agent_version=agent_version,
             labels=labels,
+            initial_state=joining,
         )
+        if node.state == NodeState.PENDING:
+            if joining != NodeState.READY:
+                if created:
+                    log.warning(
+                        "node %s (host %r) asked to join: PENDING until an admin accepts it", name, hostname
+                    )
+                Node.objects.filter(pk=node.pk).update(last_heartbeat=now, boot_id=boot_id)
+                tell_agent(name, NodeState.PENDING)
+                return {"state": NodeState.PENDING, "lost": [], "stop": [], "resent": [], "ignored": True}
+            log.info("node %s joined with the join token", name)
+            Node.objects.filter(pk=node.pk).update(state=NodeState.READY, state_changed_at=now)
+            node.state = NodeState.READY
+            created = True  # as good as new: READY from now on
         previous_boot = node.boot_id  # read under the row lock node_register took
         if previous_boot and is_older_boot(boot_id, previous_boot):
             # The last words of a previous agent process on this host, applied after its successor's
@@ -204,6 +245,8 @@ def node_heartbeat(
             transaction.on_commit(lambda a_id=a_id, n=n: preempt_attempt(name, a_id, n, 0))
         if came_back or lost:
             transaction.on_commit(lambda: request_pass("node ready" if came_back else "node restarted"))
+        if came_back or node.state != NodeState.READY:
+            tell_agent(name, NodeState.READY if came_back else node.state)
     return {
         "state": NodeState.READY if came_back else node.state,
         "lost": lost,
@@ -238,8 +281,18 @@ def _set_node_state(
 
             audit.record_audit(actor, action, node, before, audit.snapshot(node))
             transaction.on_commit(lambda: request_pass(why))
+            tell_agent(node.name, to_state)
     node.refresh_from_db()
     return node
+
+
+def node_accept(*, node: Node, actor=None) -> Node:
+    """An admin accepts a node that asked to join (PENDING): it becomes READY and takes work."""
+    if node.state != NodeState.PENDING:
+        return node
+    return _set_node_state(
+        node, NodeState.READY, [NodeState.PENDING], "node accepted", action="accept", actor=actor
+    )
 
 
 def node_cordon(*, node: Node, actor=None) -> Node:

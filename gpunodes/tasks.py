@@ -22,9 +22,27 @@ def node_heartbeat(
     labels: dict | None = None,
     sent_at: float | None = None,
     finished: list[dict] | None = None,
+    join_token: str = "",
 ) -> dict:
+    from django.core.exceptions import ValidationError
+
+    from gpunodes.models import node_name_validator
+    from quotas.models import gpu_type_validator
+
+    try:
+        node_name_validator(name)
+        gpu_type_validator(gpu_type)
+    except (ValidationError, TypeError):
+        log.warning("refusing a heartbeat with a malformed node name or GPU type: %r, %r", name, gpu_type)
+        return {"refused": True}
     if finished:
-        _repeat_finished(finished)
+        from gpunodes.choices import NodeState
+        from gpunodes.models import Node
+
+        # Before the reconciliation (a restarted host's reports are its last word on what ended); only
+        # from a node that was accepted.
+        if Node.objects.filter(name=name).exclude(state=NodeState.PENDING).exists():
+            _repeat_finished(name, finished)
     return services.node_heartbeat(
         name=name,
         gpu_type=gpu_type,
@@ -35,10 +53,11 @@ def node_heartbeat(
         hostname=hostname,
         labels=labels,
         sent_at=sent_at,
+        join_token=join_token,
     )
 
 
-def _repeat_finished(reports: list[dict]) -> None:
+def _repeat_finished(node: str, reports: list[dict]) -> None:
     """The heartbeat repeats the host's recent finished reports, so that one lost with the broker is
     not lost for good. Only those about attempts still live here are applied (one query for the rest);
     applying one twice changes nothing (compare-and-set on the attempt number)."""
@@ -54,11 +73,11 @@ def _repeat_finished(reports: list[dict]) -> None:
     )
     for key in sorted(live & set(wanted)):
         r = wanted[key]
-        log.info("applying a repeated finished report of attempt %s/%s from %s", *key, r.get("node"))
+        log.info("applying a repeated finished report of attempt %s/%s from %s", *key, node)
         attempt_finished(
             attempt_id=key[0],
             number=key[1],
-            node=str(r.get("node", "")),
+            node=node,  # the heartbeat's sender, whatever the report says
             how=str(r.get("how", "exited")),
             exit_code=r.get("exit_code"),
             detail=str(r.get("detail", "")),

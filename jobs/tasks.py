@@ -22,12 +22,24 @@ HOST_OUTCOMES = {
 }
 
 
+def _in_placement(placement, node: str, attempt_id, what: str) -> bool:
+    """A report about an attempt counts only from a node of its placement (the sender's name, as the
+    transport authenticates it: README, "Security model"); any other is refused and logged."""
+    if any(p.get("node") == node for p in placement or ()):
+        return True
+    log.warning("refusing %s about attempt %s from node %r: not in its placement", what, attempt_id, node)
+    return False
+
+
 def _is_current(attempt_id: int, number: int) -> bool:
     return Attempt.objects.filter(pk=attempt_id, number=number).exclude(state=AttemptState.ENDED).exists()
 
 
 @shared_task(name="jobs.tasks.attempt_started", ignore_result=True)
 def attempt_started(attempt_id: int, number: int, node: str) -> bool:
+    placement = Attempt.objects.filter(pk=attempt_id).values_list("placement", flat=True).first()
+    if placement is None or not _in_placement(placement, node, attempt_id, "a start report"):
+        return False
     changed = lifecycle.mark_started(attempt_id, number, node)
     if not changed and not _is_current(attempt_id, number):
         # A start that arrived after the attempt was over: the host must not keep it running.
@@ -47,6 +59,8 @@ def attempt_finished(
 ) -> bool:
     attempt = Attempt.objects.filter(pk=attempt_id, number=number).first()
     if attempt is None or attempt.state == AttemptState.ENDED:
+        return False
+    if not _in_placement(attempt.placement, node, attempt_id, "an end report"):
         return False
     if how == "exited":
         outcome = Outcome.SUCCEEDED if exit_code == 0 else Outcome.FAILED
@@ -74,7 +88,10 @@ def attempt_finished(
 def attempt_log(attempt_id: int, number: int, node: str, offset: int, text: str) -> bool:
     from jobs.models import LogChunk
 
-    if not Attempt.objects.filter(pk=attempt_id, number=number).exists():
+    placement = (
+        Attempt.objects.filter(pk=attempt_id, number=number).values_list("placement", flat=True).first()
+    )
+    if placement is None or not _in_placement(placement, node, attempt_id, "a log chunk"):
         return False
     _, created = LogChunk.objects.get_or_create(
         attempt_id=attempt_id, node=node, offset=offset, defaults={"text": text}

@@ -76,6 +76,7 @@ class Agent:
         workdir: Path | None = None,
         pass_env: tuple[str, ...] = (),
         labels: dict | None = None,
+        join_token: str = "",
     ):
         self.name = name
         if fake_gpus is not None:
@@ -102,6 +103,8 @@ class Agent:
             pass_env=pass_env,
             log_cap_bytes=settings.JOB_LOG_CAP_BYTES,
         )
+        self.runner.gpu_indexes = {g.index for g in self.gpus}
+        self.join_token = join_token
         self._stop = threading.Event()
 
     def heartbeat(self) -> None:
@@ -118,6 +121,7 @@ class Agent:
                 "hostname": socket.gethostname(),
                 "labels": self.labels,
                 "sent_at": time.time(),
+                "join_token": self.join_token,
             },
         )
 

@@ -138,6 +138,9 @@ class Runner:
             cgroups = CgroupTree.create(f"{node}-{os.getpid()}")
         self.cgroups: CgroupTree | None = cgroups
         self.log_cap_bytes = log_cap_bytes
+        # The control side's word on this node (agent/tasks.py node_state): starts only while READY.
+        self.node_state = "READY"
+        self.gpu_indexes: set[int] | None = None  # the host's GPUs, where the agent knows them
         self._lock = threading.RLock()
         self._procs: dict[int, Proc] = {}
         # Attempts told to stop before their start arrived: a late start for them is refused.
@@ -259,6 +262,22 @@ class Runner:
             self._save_state()
         self.report(STARTED, {"attempt_id": attempt_id, "number": number, "node": self.node})
         return "started"
+
+    def refuse(self, attempt_id: int, number: int, why: str) -> None:
+        """A start this host will not run (it is cordoned, draining or pending): a late start of it is
+        refused too, and the control side hears at once that it does not run here (it re-queues it)."""
+        with self._lock:
+            self._tombstones.add((attempt_id, number))
+        self._report_finished(
+            {
+                "attempt_id": attempt_id,
+                "number": number,
+                "node": self.node,
+                "how": "unknown",
+                "exit_code": None,
+                "detail": f"refused: {why}",
+            },
+        )
 
     def _cleanup(self, user: JobUser | None, cgroup: AttemptCgroup | None, workdir: Path | None) -> None:
         """After an attempt: nothing of it runs, its cgroup and working directory are gone, its uid is

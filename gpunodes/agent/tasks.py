@@ -1,9 +1,13 @@
 """The tasks of a host's own queue `node.<name>`. They run only inside the agent process (Celery's
-threads pool, so they share the one Runner), and refuse a message meant for another node."""
+threads pool, so they share the one Runner), refuse a message meant for another node, refuse starts
+while the node is not READY (cordoned, draining, pending), and validate every field before anything
+touches the host: ints are ints, names match their pattern, the command is a list of strings, the
+environment maps valid names to strings. A refused message is logged."""
 
 from __future__ import annotations
 
 import logging
+import re
 
 from celery import shared_task
 
@@ -13,8 +17,81 @@ log = logging.getLogger(__name__)
 
 RUNNER: Runner | None = None
 
+NODE_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$")  # gpunodes.models.NODE_NAME_RE
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+STATES = {"PENDING", "READY", "CORDONED", "DRAINING", "LOST"}
+MAX_ARGV = 4096
+MAX_ARG_BYTES = 256 * 1024
 
-def _mine(node: str) -> bool:
+
+class Invalid(ValueError):
+    pass
+
+
+def _int(name: str, value, *, minimum: int = 0, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if type(value) is not int or value < minimum:
+        raise Invalid(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def _name(what: str, value) -> str:
+    if not isinstance(value, str) or not NODE_NAME.match(value):
+        raise Invalid(f"{what} must be a node name, got {value!r}")
+    return value
+
+
+def validate_start(msg: dict) -> dict:
+    """The fields of a start message, checked; Invalid names the first bad one."""
+    command = msg.get("command")
+    if (
+        not isinstance(command, list)
+        or not command
+        or len(command) > MAX_ARGV
+        or not all(isinstance(a, str) and "\x00" not in a for a in command)
+        or sum(len(a) for a in command) > MAX_ARG_BYTES
+    ):
+        raise Invalid("command must be a non-empty list of strings")
+    env = msg.get("env") or {}
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and ENV_NAME.match(k) and isinstance(v, str) and "\x00" not in v
+        for k, v in env.items()
+    ):
+        raise Invalid("env must map variable names to strings")
+    use_shell = msg.get("use_shell", False)
+    if type(use_shell) is not bool or (use_shell and len(command) != 1):
+        raise Invalid("use_shell must be a bool, with a single command string")
+    gpus = msg.get("gpus") or []
+    if not isinstance(gpus, list | tuple) or len(set(gpus)) != len(gpus):
+        raise Invalid("gpus must be a list of distinct GPU indexes")
+    for g in gpus:
+        _int("gpu index", g)
+    world = msg.get("world")
+    if world is not None:
+        if not isinstance(world, list) or not world:
+            raise Invalid("world must be a list of node names")
+        for w in world:
+            _name("world", w)
+    rank = _int("rank", msg.get("rank", 0))
+    if world is not None and rank >= len(world):
+        raise Invalid("rank must index world")
+    return {
+        "attempt_id": _int("attempt_id", msg.get("attempt_id"), minimum=1),
+        "number": _int("number", msg.get("number"), minimum=1),
+        "job_id": _int("job_id", msg.get("job_id"), minimum=1),
+        "command": list(command),
+        "env": dict(env),
+        "use_shell": use_shell,
+        "gpus": list(gpus),
+        "max_runtime_s": _int("max_runtime_s", msg.get("max_runtime_s"), minimum=1, optional=True),
+        "grace_s": _int("grace_s", msg.get("grace_s", 30)),
+        "rank": rank,
+        "world": list(world) if world is not None else None,
+    }
+
+
+def _mine(node) -> bool:
     if RUNNER is None or node != RUNNER.node:
         log.error("refusing a message for node %r: this agent is %r", node, RUNNER and RUNNER.node)
         return False
@@ -22,40 +99,49 @@ def _mine(node: str) -> bool:
 
 
 @shared_task(name="gpunodes.agent.tasks.start_attempt", ignore_result=True, acks_late=True)
-def start_attempt(
-    *,
-    node: str,
-    attempt_id: int,
-    number: int,
-    job_id: int,
-    command: list[str],
-    env: dict | None = None,
-    use_shell: bool = False,
-    gpus: list[int] = (),
-    max_runtime_s: int | None = None,
-    grace_s: int = 30,
-    rank: int = 0,
-    world: list[str] | None = None,
-) -> str:
+def start_attempt(*, node: str, **fields) -> str:
     if not _mine(node):
         return "refused"
-    return RUNNER.start(
-        attempt_id=attempt_id,
-        number=number,
-        job_id=job_id,
-        command=command,
-        env=env,
-        use_shell=use_shell,
-        gpus=list(gpus),
-        max_runtime_s=max_runtime_s,
-        grace_s=grace_s,
-        rank=rank,
-        world=world,
-    )
+    try:
+        msg = validate_start(fields)
+    except Invalid as e:
+        log.error("refusing a start message: %s", e)
+        return "refused"
+    inventory = RUNNER.gpu_indexes
+    if inventory is not None and not set(msg["gpus"]) <= inventory:
+        log.error(
+            "refusing a start of attempt %s: GPUs %s are not on this host", msg["attempt_id"], msg["gpus"]
+        )
+        return "refused"
+    if RUNNER.node_state != "READY":
+        log.warning("refusing the start of attempt %s: this node is %s", msg["attempt_id"], RUNNER.node_state)
+        RUNNER.refuse(msg["attempt_id"], msg["number"], f"{RUNNER.node} is {RUNNER.node_state}")
+        return "refused"
+    return RUNNER.start(**msg)
 
 
 @shared_task(name="gpunodes.agent.tasks.preempt_attempt", ignore_result=True, acks_late=True)
 def preempt_attempt(*, node: str, attempt_id: int, number: int, grace_s: int = 30) -> str:
     if not _mine(node):
         return "refused"
+    try:
+        attempt_id, number = _int("attempt_id", attempt_id, minimum=1), _int("number", number, minimum=1)
+        grace_s = _int("grace_s", grace_s)
+    except Invalid as e:
+        log.error("refusing a stop message: %s", e)
+        return "refused"
     return RUNNER.stop(attempt_id=attempt_id, number=number, grace_s=grace_s)
+
+
+@shared_task(name="gpunodes.agent.tasks.node_state", ignore_result=True)
+def node_state(*, node: str, state: str) -> str:
+    """The control side's word on this node's state: starts are refused unless READY."""
+    if not _mine(node):
+        return "refused"
+    if state not in STATES:
+        log.error("refusing a node state %r", state)
+        return "refused"
+    if RUNNER.node_state != state:
+        log.info("node %s is now %s", node, state)
+        RUNNER.node_state = state
+    return state

@@ -55,6 +55,8 @@ class LiveCluster:
             "GPUQUOTA_VAR_DIR": str(settings.VAR_DIR),
             "JOB_LOG_DIR": str(tmp / "logs"),
             "JOB_ROOT": str(self.jobs),
+            # Control side and agents share it: new nodes join READY on Redis too (else PENDING).
+            "NODE_JOIN_TOKEN": "live-cluster-join-token",
             "CHECKPOINT_ROOT": str(self.jobs / "checkpoints"),
             "SCHEDULER_INTERVAL_S": "1",
             "HEARTBEAT_INTERVAL_S": "1",

@@ -1,3 +1,5 @@
+import os
+
 from django.core.management.base import BaseCommand, CommandError
 
 from gpunodes.agent.main import UNSAFE_FLAG, Agent, job_uids
@@ -33,6 +35,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--workdir", help="directory jobs start in (default: each attempt's private directory)"
         )
+        parser.add_argument(
+            "--join-token",
+            default=os.environ.get("NODE_JOIN_TOKEN", ""),
+            help="join READY at once instead of PENDING until an admin accepts the node (default: "
+            "NODE_JOIN_TOKEN)",
+        )
 
     def handle(
         self,
@@ -45,6 +53,7 @@ class Command(BaseCommand):
         unsafe_run_as_self,
         pass_env,
         workdir,
+        join_token,
         **options,
     ):
         from django.conf import settings
@@ -69,6 +78,7 @@ class Command(BaseCommand):
                 uids=uids,
                 workdir=workdir,
                 pass_env=tuple(n.strip() for n in pass_env.split(",") if n.strip()),
+                join_token=join_token,
             )
         except (ValueError, RuntimeError) as e:
             raise CommandError(str(e)) from e
