@@ -15,7 +15,7 @@ from django.utils import timezone
 from gpunodes.models import Node
 from jobs.choices import JOB_ACTIVE_STATES, JOB_OPEN_STATES, JOB_TERMINAL_STATES, EventKind, JobState
 from jobs.models import MAX_PRIORITY, Job, JobArray, JobEvent
-from quotas.choices import Role
+from quotas.choices import Role, Strategy
 from quotas.models import GPU_TYPE_RE, Membership, Share
 
 MAX_NAME = 200
@@ -162,6 +162,20 @@ def check_fits(
     return None
 
 
+def share_never_fits(share: Share, gpu_type: str, gpus: int) -> str | None:
+    """Why the share can never hold this job as it is configured (policy.never_fits), or None. An
+    unlimited borrower needs no look at its capacity: no query on the common path."""
+    from quotas import policy
+
+    if share.strategy == Strategy.LEND_AND_BORROW and share.borrow_limit == policy.UNLIMITED:
+        return None
+    cap = share.capacities.filter(gpu_type=gpu_type).values_list("max_gpus", flat=True).first() or 0
+    view = policy.ShareView(
+        name=share.name, capacity={gpu_type: cap}, strategy=share.strategy, borrow_limit=share.borrow_limit
+    )
+    return policy.never_fits(view, gpu_type, gpus)
+
+
 def _validate_command(command: Any, use_shell: bool) -> list[str]:
     if not isinstance(command, (list, tuple)) or not command:
         raise ValidationError({"command": "Give the command as a non-empty list of arguments."})
@@ -294,6 +308,10 @@ def _new_job(
         problem = check_fits(gpu_type, gpus, shapes)
         if problem:
             errors[problem[0]] = problem[1]
+        else:
+            never = share_never_fits(share, gpu_type, gpus)
+            if never:
+                errors["gpus"] = never
     try:
         command = _validate_command(command, use_shell)
     except ValidationError as e:

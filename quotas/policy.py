@@ -169,6 +169,10 @@ class ShareUsage:
     lent: float  # proportional share of all borrowed GPUs (SEMANTICS "Lent"); 0 for RESERVE
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 # --------------------------------------------------------------------------------------------------
 # Accounting shared by plan() and the helpers
 
@@ -251,6 +255,22 @@ def borrowed_attempts(snapshot: Snapshot) -> frozenset:
         cap = shares[name].capacity.get(gpu_type, 0)
         out.update(r.attempt_id for r in _borrowed_part(runs, cap))
     return frozenset(out)
+
+
+def never_fits(share: ShareView, gpu_type: str, gpus: int) -> str | None:
+    """Why a job of `gpus` GPUs of `gpu_type` can never start in this share as it is configured (its
+    own capacity plus what it may borrow), or None. Submit refuses such a job; plan() gives a queued
+    one this reason (a capacity lowered after it was submitted)."""
+    cap = max(0, share.capacity.get(gpu_type, 0))
+    extra = _borrow_cap(share, cap)
+    if extra is None or gpus <= cap + extra:
+        return None
+    if share.strategy != LEND_AND_BORROW:
+        return f"{share.name} is {share.strategy} with {cap} {gpu_type}: a {gpus}-GPU job can never start there"
+    return (
+        f"{share.name} may hold at most {cap + extra} {gpu_type} ({cap} own, borrow limit "
+        f"{share.borrow_limit}%): a {gpus}-GPU job can never start there"
+    )
 
 
 _CAPACITY_MEMO: tuple[tuple[NodeView, ...], dict[str, int]] = ((), {})  # the last nodes seen -> capacity
@@ -725,12 +745,18 @@ class _TypePass:
         self.bens: list[tuple[int, int, int]] = []  # (queue position, share, index), in queue order
         waiting = out.waiting
         shape_checked: dict[int, str | None] = {}
+        never: dict[tuple[str, int], str | None] = {}
         known = ctx.known
         for pos, job in enumerate(ctx.queued.get(gpu_type, ())):
             g = job.gpus
             why = shape_checked[g] if g in shape_checked else shape_checked.setdefault(g, self._invalid(g))
             if why is None and job.share not in known:
                 why = f"unknown share {job.share}"
+            if why is None:
+                never_key = (job.share, g)
+                if never_key not in never:
+                    never[never_key] = never_fits(views[ctx.sidx[job.share]], gpu_type, g)
+                why = never[never_key]
             if why is not None:
                 waiting[job.job_id] = why
                 continue
@@ -1184,15 +1210,20 @@ class _TypePass:
         return None
 
     def _reason(self, key: tuple) -> str:
+        """Why a job waits, naming the blocker with its numbers (SEMANTICS "Forecast"). `key` is the
+        blocker's kind and numbers, so equal blockers share one sentence."""
         why = self._reasons.get(key)
         if why is None:
-            kind = key[0]
+            kind, t = key[0], self.t
             if kind == "place":
-                g = key[1]
+                g, free = key[1], key[2]
                 if g > self.M:
-                    why = f"needs {g // self.M} whole free {self.M}-GPU nodes"
+                    free_now = "none is free" if not free else "1 is free" if free == 1 else f"{free} are free"
+                    why = f"needs {g // self.M} whole {self.M}-GPU {t} nodes; {free_now}"
+                elif not free:
+                    why = f"needs {g} {t}; none is free" if g == 1 else f"needs {g} {t} on one node; none is free"
                 else:
-                    why = f"needs {g} free GPUs on one node"
+                    why = f"needs {g} {t} on one node; the largest free block is {free}"
             elif kind == "cover":
                 why = (
                     "cluster over-committed: no capacity left to honour the share's guarantee"
@@ -1200,25 +1231,45 @@ class _TypePass:
                     else "waiting for borrowed capacity to be returned"
                 )
             elif kind == "behind":
-                why = "behind higher-priority jobs of its share"
-            elif kind == "strategy":
-                why = f"share at capacity; a {key[1]} share may not borrow"
-            elif kind == "limit":
-                why = (
-                    "share at capacity; its borrow limit allows no borrowing"
-                    if key[1] == 0
-                    else f"share at capacity and at its borrow limit ({key[1]} GPUs)"
-                )
-            elif kind == "slack":
-                why = (
-                    "share at capacity, nothing idle to borrow"
-                    if key[1] <= 0
-                    else f"share at capacity; only {key[1]} idle GPUs to borrow"
-                )
-            else:  # pragma: no cover - every key kind is listed above
-                why = "waiting"
+                why = f"behind {_plural(key[1], 'job')} ahead of it in its share's queue"
+            elif kind == "held":
+                why = "behind a job of its share that waits for GPUs being freed for it"
+            else:
+                g, used, cap = key[1], key[2], key[3]
+                own = f"needs {g} {t}: share at its own capacity ({used} of {cap})"
+                if used < cap:
+                    own = f"needs {g} {t}: its share has {cap - used} of {cap} own left"
+                if kind == "strategy":
+                    why = f"{own}; a {key[4]} share does not borrow"
+                elif kind == "limit":
+                    borrowed, bcap = key[4], key[5]
+                    why = (
+                        f"{own}; its borrow limit allows no borrowing"
+                        if bcap == 0
+                        else f"{own}, borrow limit reached ({borrowed} of {bcap})"
+                    )
+                elif kind == "slack":
+                    spare = key[4]
+                    why = (
+                        f"{own}; nothing idle to borrow"
+                        if spare <= 0
+                        else f"{own}; only {spare} idle lendable {t} to borrow"
+                    )
+                else:  # pragma: no cover - every key kind is listed above
+                    why = "waiting"
             self._reasons[key] = why
         return why
+
+    def _own_numbers(self, s: int, g: int) -> tuple[int, int, int]:
+        """(gpus asked, own capacity in use, own capacity) for a reason."""
+        use = self.held[s] + max(self.grace[s], self.pend[s])
+        return g, min(use, self.cap[s]), self.cap[s]
+
+    def _place_key(self, g: int) -> tuple:
+        if g > self.M:
+            free = sum(1 for i in self.m_nodes if self.free_u[i] == self.M)
+            return ("place", g, free)
+        return ("place", g, self._max_free())
 
     def _wait(self, s: int, k: int, key: tuple) -> int:
         self.out.waiting[self.q[s][k].job_id] = self._reason(key)
@@ -1265,7 +1316,7 @@ class _TypePass:
         self.out.reserved[job.job_id] = self._hold([(i, c) for i, c in hold if c])[0]
         nodes = ", ".join(self.node_names[i] for i, _ in placement)
         self.out.waiting[job.job_id] = (
-            f"{self._reason(('place', g))}; holding {nodes} for it (waited over {self.starvation_s:g}s)"
+            f"{self._reason(self._place_key(g))}; holding {nodes} for it (waited over {self.starvation_s:g}s)"
         )
         self.status[s][k] = _RESERVED
         self.held_for[s] = min(self.held_for[s], self.gpos[s][k])
@@ -1275,7 +1326,7 @@ class _TypePass:
         job = self.q[s][k]
         if self._starving(job) and self._is_head(s, k):
             return self._reserve_starving(s, k, tol)
-        return self._wait(s, k, ("place", job.gpus))
+        return self._wait(s, k, self._place_key(job.gpus))
 
     # -- rules 2-4: own capacity ---------------------------------------------------------------------
 
@@ -1392,16 +1443,20 @@ class _TypePass:
         g = job.gpus
         if not self.lab[s]:
             if g <= self.room0[s]:
-                return self._wait(s, k, ("behind",))
-            return self._wait(s, k, ("strategy", self.ctx.views[s].strategy))
+                return self._wait(s, k, ("behind", k))
+            return self._wait(s, k, ("strategy", *self._own_numbers(s, g), self.ctx.views[s].strategy))
         if self.gpos[s][k] > self.held_for[s]:
-            return self._wait(s, k, ("behind",))
+            return self._wait(s, k, ("held",))
         # A borrower that lost its own room to earlier jobs of its share hears why it cannot borrow.
         limit = self.cap[s] + self.bcap[s]
-        if self.held[s] + max(self.grace[s], self.pend[s]) + g > limit:
-            return self._wait(s, k, ("limit", self.bcap[s]))
+        use = self.held[s] + max(self.grace[s], self.pend[s])
+        if use + g > limit:
+            borrowed = max(0, use - self.cap[s])
+            return self._wait(s, k, ("limit", *self._own_numbers(s, g), borrowed, self.bcap[s]))
         if self._deficit_if(s, g) > 0:
-            return self._wait(s, k, ("slack", -self._deficit()))
+            # What others could lend: the share's own idle GPUs are part of the lendable total.
+            spare = -self._deficit() - (max(0, self.cap[s] - use) if self.lender[s] else 0)
+            return self._wait(s, k, ("slack", *self._own_numbers(s, g), spare))
         placement = None if g <= self.M and self._max_free() < g else self._place(g)
         if placement is None:
             return self._blocked_on_placement(s, k, 0)

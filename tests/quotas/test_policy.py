@@ -296,7 +296,7 @@ def test_reserve_idle_capacity_stays_idle():
     )
     p = plan(s)
     assert not p.admissions
-    assert p.waiting["r2"] == "share at capacity, nothing idle to borrow"
+    assert p.waiting["r2"] == "needs 4 h100: share at its own capacity (4 of 4); nothing idle to borrow"
 
 
 def test_reserve_share_job_starts_at_once_on_its_idle_capacity():
@@ -319,7 +319,10 @@ def test_reserve_and_lend_shares_never_borrow(strategy):
     )
     p = plan(s)
     assert not p.admissions
-    assert p.waiting["a2"] == f"share at capacity; a {strategy} share may not borrow"
+    assert (
+        p.waiting["a2"]
+        == f"needs 1 h100: share at its own capacity (1 of 1); a {strategy} share does not borrow"
+    )
 
 
 def test_lend_share_lends_its_idle_capacity():
@@ -349,7 +352,9 @@ def test_borrow_limit_is_honoured(cap, limit, expected_borrowed):
     assert sum(1 for a in got.values() if a.borrowed) == expected_borrowed
     assert len(got) == cap + expected_borrowed
     if cap > 0 and limit == 0:
-        assert p.waiting[f"a{cap}"] == "share at capacity; its borrow limit allows no borrowing"
+        assert p.waiting[f"a{cap}"] == (
+            f"needs 1 h100: share at its own capacity ({cap} of {cap}); its borrow limit allows no borrowing"
+        )
 
 
 def test_borrowed_admission_names_the_unassigned_pool_as_lender():
@@ -433,7 +438,7 @@ def test_reclaim_never_takes_own_capacity():
     )
     p = plan(s)
     assert not p.preemptions and not p.admissions
-    assert p.waiting["b1"] == "needs 1 free GPUs on one node"
+    assert p.waiting["b1"] == "needs 1 h100; none is free"
 
 
 def test_reclaim_victim_comes_from_another_share_and_is_borrowed():
@@ -526,7 +531,7 @@ def test_a_4_gpu_victim_of_a_share_borrowing_2_may_go_but_no_second_victim_after
     assert borrowed_attempts(s) == frozenset({"a-4"})
     p = plan(s)
     assert list(preempted(p)) == ["a-4"]
-    assert p.waiting["b2"] == "behind higher-priority jobs of its share"
+    assert p.waiting["b2"] == "behind 1 job ahead of it in its share's queue"
 
 
 def test_capacity_lowered_below_usage_makes_newest_work_borrowed_but_stops_nothing_alone():
@@ -579,7 +584,10 @@ def test_in_share_preemption_takes_strictly_lower_priority_work():
 def test_in_share_preemption_never_takes_equal_priority_work():
     p = plan(_prod(running_prio=9))
     assert not p.preemptions
-    assert p.waiting["p-high"] == "share at capacity; a RESERVE share may not borrow"
+    assert (
+        p.waiting["p-high"]
+        == "needs 4 h100: share at its own capacity (4 of 4); a RESERVE share does not borrow"
+    )
 
 
 def test_in_share_preemption_needs_the_share_to_allow_it():
@@ -685,7 +693,7 @@ def test_gang_is_placed_all_or_nothing_on_whole_free_nodes():
         )
     )
     assert not p.admissions
-    assert p.waiting["g"] == "needs 2 whole free 8-GPU nodes"
+    assert p.waiting["g"] == "needs 2 whole 8-GPU h100 nodes; 1 is free"
 
 
 def test_gang_request_that_is_not_whole_nodes_waits_with_a_reason():
@@ -720,7 +728,7 @@ def test_unschedulable_nodes_take_no_work_but_their_attempts_count():
     assert admitted(p).keys() == {"b1"}
     assert admitted(p)["b1"].placement == (("n1", (0, 1, 2, 3)),)
     # a is at its capacity with the attempt on the cordoned node; nothing idle to borrow.
-    assert p.waiting["a1"] == "share at capacity, nothing idle to borrow"
+    assert p.waiting["a1"] == "needs 1 h100: share at its own capacity (4 of 4); nothing idle to borrow"
     p = plan(snap([node("cordoned", 4, schedulable=False)], [share("a", 4)], queued=[job("a1", "a")]))
     assert p.waiting["a1"] == "no schedulable h100 nodes"
 
@@ -731,7 +739,7 @@ def test_backfill_lets_smaller_jobs_use_what_the_blocked_head_cannot():
     queued = [job("head", "a", 4, prio=5), job("small", "a", 2)]
     p = plan(snap(nodes, [share("a", 4), share("other", 2, RESERVE)], runs, queued, now=10))
     assert admitted(p).keys() == {"small"}
-    assert p.waiting["head"] == "needs 4 free GPUs on one node"
+    assert p.waiting["head"] == "needs 4 h100 on one node; the largest free block is 2"
 
 
 def test_starving_head_reserves_its_node_so_backfill_cannot_take_it():
@@ -744,7 +752,9 @@ def test_starving_head_reserves_its_node_so_backfill_cannot_take_it():
     starving = plan(snap(nodes, shares, runs, queued, now=5000))
     assert not starving.admissions
     assert starving.reserved["head"] == (("n1", 2),)
-    assert starving.waiting["head"] == "needs 4 free GPUs on one node; holding n1 for it (waited over 3600s)"
+    assert starving.waiting["head"] == (
+        "needs 4 h100 on one node; the largest free block is 1; holding n1 for it (waited over 3600s)"
+    )
 
 
 def test_gpu_types_are_independent():
@@ -871,7 +881,9 @@ def test_three_projects_t100_b1_reclaims_a3():
     assert [(x.job_id, x.reason, x.beneficiary_job_id) for x in p.preemptions] == [("a3", RECLAIM, "b1")]
     settled, plans = settle(s)
     assert admitted(plans[1])["b1"].reason == ADMITTED_OWN
-    assert plans[-1].waiting["a3"] == "share at capacity, nothing idle to borrow"
+    assert (
+        plans[-1].waiting["a3"] == "needs 1 a10g: share at its own capacity (1 of 1); nothing idle to borrow"
+    )
 
 
 def test_reserve_and_priority_t0_and_t20():
@@ -880,7 +892,7 @@ def test_reserve_and_priority_t0_and_t20():
     s = snap(nodes, shares, queued=[job("r1", "research", 4), job("r2", "research", 4)])
     p = plan(s)
     assert admitted(p)["r1"].placement == (("n1", (0, 1, 2, 3)),)
-    assert p.waiting["r2"] == "share at capacity, nothing idle to borrow"
+    assert p.waiting["r2"] == "needs 4 h100: share at its own capacity (4 of 4); nothing idle to borrow"
     s = apply(s, p, stop_preempted=True, now=10)
     s = dataclasses.replace(s, queued=s.queued + (job("p-low", "prod", 4, prio=1, submitted=10),))
     s, _ = settle(s)
@@ -891,8 +903,10 @@ def test_reserve_and_priority_t0_and_t20():
     ]
     _, plans = settle(s)
     assert admitted(plans[1])["p-high"].placement == (("n2", (0, 1, 2, 3)),)
-    assert plans[1].waiting["p-low"] == "behind higher-priority jobs of its share"
-    assert plans[-1].waiting["p-low"] == "share at capacity; a RESERVE share may not borrow"
+    assert plans[1].waiting["p-low"] == "behind 1 job ahead of it in its share's queue"
+    assert plans[-1].waiting["p-low"] == (
+        "needs 4 h100: share at its own capacity (4 of 4); a RESERVE share does not borrow"
+    )
 
 
 def _scenario(name: str) -> Path:

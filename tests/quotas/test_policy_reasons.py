@@ -1,0 +1,61 @@
+"""Why a job waits: the actual blocker, with its numbers (SEMANTICS "Forecast")."""
+
+import dataclasses
+
+from quotas.policy import LEND_AND_BORROW, RESERVE, plan
+from tests.quotas.test_policy import job, node, on, running, share, snap
+
+
+def test_a_job_at_its_borrow_limit_hears_both_numbers():
+    s = snap(
+        [node("n1", 8)],
+        [share("a", 3, LEND_AND_BORROW, limit=100), share("b", 5)],
+        runs=[
+            running("a1", "a", on("n1", 0, 1, 2)),
+            running("a2", "a", on("n1", 3, 4, 5), borrowed=True),
+        ],
+        queued=[job("a3", "a", 2)],
+    )
+    assert (
+        plan(s).waiting["a3"]
+        == "needs 2 h100: share at its own capacity (3 of 3), borrow limit reached (3 of 3)"
+    )
+
+
+def test_a_share_below_its_capacity_says_how_much_own_is_left():
+    # a uses 2 of its 3; the 2-GPU job needs more than the 1 left and can borrow only 1.
+    s = snap(
+        [node("n1", 4)],
+        [share("a", 3), share("r", 1, RESERVE)],
+        runs=[running("a1", "a", on("n1", 0, 1))],
+        queued=[job("a2", "a", 2)],
+    )
+    assert plan(s).waiting["a2"] == "needs 2 h100: its share has 1 of 3 own left; nothing idle to borrow"
+
+
+def test_the_largest_free_block_is_named_when_no_node_has_room():
+    s = snap(
+        [node("n1", 4), node("n2", 4)],
+        [share("a", 8), share("b", 0)],
+        runs=[running("a1", "a", on("n1", 0, 1, 2)), running("a2", "a", on("n2", 0, 1))],
+        queued=[job("a3", "a", 3)],
+    )
+    assert plan(s).waiting["a3"] == "needs 3 h100 on one node; the largest free block is 2"
+
+
+def test_a_queued_job_its_share_can_no_longer_hold_says_so():
+    s = snap([node("n1", 4)], [share("prod", 4, RESERVE)], queued=[job("p1", "prod", 3)])
+    assert not plan(s).waiting
+    lowered = dataclasses.replace(s, shares=(share("prod", 2, RESERVE),))
+    p = plan(lowered)
+    assert not p.admissions
+    assert p.waiting["p1"] == "prod is RESERVE with 2 h100: a 3-GPU job can never start there"
+
+
+def test_jobs_behind_others_of_a_reserve_share_count_them():
+    s = snap(
+        [node("n1", 4)],
+        [share("prod", 2, RESERVE), share("x", 2)],
+        queued=[job("p1", "prod", 2, submitted=1), job("p2", "prod", 1, submitted=2)],
+    )
+    assert plan(s).waiting["p2"] == "behind 1 job ahead of it in its share's queue"
