@@ -57,7 +57,8 @@ class Preview:
 
 
 def build_scenario(*, now: datetime | None = None) -> tuple[sc.Scenario, int, datetime]:
-    """The last 7 days as a Scenario. Returns (scenario, jobs left out, window start)."""
+    """The last 7 days (from the first submission replayed, if later) as a Scenario. Returns (scenario,
+    jobs left out, window start)."""
     from gpunodes.models import Node
     from jobs.models import Attempt, Job
     from quotas.models import Share
@@ -98,6 +99,10 @@ def build_scenario(*, now: datetime | None = None) -> tuple[sc.Scenario, int, da
         )[:MAX_JOBS]
     )
     rows.reverse()
+    if rows:
+        # A young cluster: the window starts at its first submission, not days before it had any work
+        # (idle days it never lived would dilute the utilisation).
+        start = max(start, rows[0][2])
     ran: dict[int, int] = {}
     for job_id, started, ended in (
         Attempt.objects.filter(job_id__in=[r[0] for r in rows], started_at__isnull=False)
@@ -169,6 +174,7 @@ def preview(*, share: str, changes: Mapping[str, Any], now: datetime | None = No
     """Replay the window with the shares as they are and with `changes` applied to `share`. Raises
     ReplayTooLong past the budget."""
     t0 = time.perf_counter()
+    now = now or timezone.now()
     base, left_out, start = build_scenario(now=now)
     changed = with_change(base, share, changes)
     planner = _bounded_planner(time.monotonic() + BUDGET_S)
@@ -209,7 +215,7 @@ def preview(*, share: str, changes: Mapping[str, Any], now: datetime | None = No
     }
     return Preview(
         window_start=start,
-        window_end=start + WINDOW,
+        window_end=now,
         jobs=len(base.jobs),
         left_out=left_out,
         rows=rows,

@@ -54,8 +54,8 @@
     whatif: function (el, area) {
       var d = data(el);
       Plotly.react(area, [
-        { type: "bar", name: "now", x: d.shares, y: d.before, marker: { color: "#9aa5b1" } },
-        { type: "bar", name: "with the change", x: d.shares, y: d.after, marker: { color: "#2f80ed" } }
+        { type: "bar", name: "simulated, as is", x: d.shares, y: d.before, marker: { color: "#9aa5b1" } },
+        { type: "bar", name: "simulated, with the change", x: d.shares, y: d.after, marker: { color: "#2f80ed" } }
       ], merge({ barmode: "group", yaxis: { title: "mean wait (s)", rangemode: "tozero" },
                  legend: { orientation: "h" } }), config);
     }
@@ -74,6 +74,16 @@
   document.addEventListener("DOMContentLoaded", function () {
     if (window.htmx) { htmx.onLoad(render); } else { render(document); }
   });
+
+  // A form with data-stales="#target": editing it empties the target, which showed a result (the what-if
+  // preview) for the values before the edit.
+  function stale(e) {
+    var form = e.target.closest && e.target.closest("form[data-stales]");
+    var target = form && document.querySelector(form.dataset.stales);
+    if (target) target.innerHTML = "";
+  }
+  document.addEventListener("input", stale);
+  document.addEventListener("change", stale);
 
   // A request htmx sent that failed (a 5xx, a refusal it does not swap, or no answer at all) is said on
   // the page, not only in the console; the notice goes when the same element's next request succeeds.
