@@ -100,7 +100,12 @@ OVERVIEW_PARTS = {
 @login_required
 def overview(request):
     part = request.GET.get("part") if request.htmx else None
-    context: dict = {"poll": True}
+    if part == "live":
+        # Everything that shows the current moment, from one picture, in one answer (see overview.html).
+        context = {"picture": usage.cluster_picture(), "feed": _feed(request.user), "oob": True}
+        return render(request, "quotas/partials/_overview_live.html", context)
+    # The page polls once for all its live parts (part=live); ?part=<name> still answers one part.
+    context: dict = {"poll": part is not None, "poll_history": True}
     if part in (None, "cards", "sankey", "totals"):
         context["picture"] = usage.cluster_picture()
     if part in (None, "feed"):
