@@ -8,17 +8,18 @@ Human tables by default, `--json` for scripts. Exit codes: 0 done; 2 the server 
 from __future__ import annotations
 
 import argparse
-import getpass
-import json
+import os
 import re
 import sys
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpuquota_client import config
-from gpuquota_client.client import OPEN_STATES, ApiError, Client, ClientError
+from gpuquota_client import __version__, config
+
+# Kept out of the start-up path (`gpuquota --version` imports nothing else): json, datetime, getpass
+# and the HTTP client are imported by the commands that use them.
+OPEN_STATES = ("QUEUED", "ADMITTED", "RUNNING", "PREEMPTING")
 
 DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?$")
 
@@ -35,6 +36,42 @@ def parse_duration(text: str) -> int:
     return seconds
 
 
+def parse_grace(text: str) -> int:
+    """Like a duration, but 0 is allowed (stop at once)."""
+    if text.strip() in ("0", "0s"):
+        return 0
+    return parse_duration(text)
+
+
+ARRAY_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def parse_array(text: str) -> dict[str, int]:
+    """'0-999' -> {"start": 0, "size": 1000}; '100' -> 100 tasks from index 0."""
+    match = ARRAY_RE.match(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an array range (e.g. 0-999, or a number of tasks)")
+    first, last = match.groups()
+    if last is None:
+        if int(first) < 1:
+            raise argparse.ArgumentTypeError("an array has at least 1 task")
+        return {"start": 0, "size": int(first)}
+    if int(last) < int(first):
+        raise argparse.ArgumentTypeError(f"{text!r}: the last index is before the first")
+    return {"start": int(first), "size": int(last) - int(first) + 1}
+
+
+def parse_target(text: str) -> tuple[str, int]:
+    """A job id ('12') or an array id ('A12', 'array:12')."""
+    t = text.strip().lower()
+    for prefix in ("array:", "a"):
+        if t.startswith(prefix) and t[len(prefix) :].isdigit():
+            return "array", int(t[len(prefix) :])
+    if t.isdigit():
+        return "job", int(t)
+    raise argparse.ArgumentTypeError(f"{text!r} is not a job id (12) or an array id (A12)")
+
+
 def parse_env(text: str) -> tuple[str, str]:
     name, sep, value = text.partition("=")
     if not sep or not name:
@@ -45,8 +82,17 @@ def parse_env(text: str) -> tuple[str, str]:
 # --- output ---------------------------------------------------------------------------------------
 
 
+def clean(value: Any) -> str:
+    """Text from the server as one printable line: control and other non-printable characters (an
+    escape sequence in a job name, a newline in a reason) are shown escaped, never sent to the terminal."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
-    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in row] for row in rows]
+    cells = [[str(h) for h in headers]] + [["-" if c is None else clean(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
     return "\n".join(lines)
@@ -54,6 +100,8 @@ def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
 
 def when(value: str | None) -> str | None:
     """An ISO time as local 'YYYY-MM-DD HH:MM', with 'in 5m' / '3m ago' for near times."""
+    from datetime import UTC, datetime
+
     if not value:
         return None
     try:
@@ -100,21 +148,41 @@ def queued_text(share: dict) -> str:
 
 
 def job_line(job: dict) -> str:
-    text = f"job {job['id']} {job['name'] or ''}".rstrip() + f": {job['state']}"
+    text = clean(f"job {job['id']} {job['name'] or ''}".rstrip()) + f": {job['state']}"
+    if job["state"] == "FAILED" and job.get("exit_code") is not None:
+        text += f", exit code {job['exit_code']}"
     position = job.get("queue_position")
     if position:
         text += f", #{position['in_share']} in {job['share']}, #{position['overall']} overall"
     if job.get("eta"):
         text += f", expected to start {when(job['eta'])}"
     if job.get("waiting_reason"):
-        text += f" ({job['waiting_reason']})"
+        text += f" ({clean(job['waiting_reason'])})"
+    if job["state"] == "FAILED" and job.get("state_reason"):
+        text += f" ({clean(job['state_reason'])})"
     return text
+
+
+def array_line(array: dict) -> str:
+    counts = array.get("counts") or {}
+    order = ["QUEUED", "ADMITTED", "RUNNING", "PREEMPTING", "SUCCEEDED", "FAILED", "CANCELLED"]
+    parts = [f"{counts[s]} {s.lower()}" for s in order if counts.get(s)]
+    name = clean(f"array A{array['id']} {array['name'] or ''}".rstrip())
+    return (
+        f"{name} ({array['size']} tasks, index {array['first_index']}-{array['last_index']}, "
+        f"share {array['share']}): {', '.join(parts) or 'no tasks'}"
+        + (" — done" if array.get("done") else "")
+    )
 
 
 # --- commands -------------------------------------------------------------------------------------
 
 
 def cmd_login(args, out) -> int:
+    import getpass
+
+    from gpuquota_client.client import Client
+
     username = args.username or input("Username: ")
     password = sys.stdin.readline().rstrip("\n") if args.password_stdin else getpass.getpass("Password: ")
     client = Client(args.server_url)
@@ -175,6 +243,11 @@ def cmd_submit(args, out) -> int:
         command = command[1:]
     if not command:
         raise UsageError("give the command after --, e.g. gpuquota submit ... -- python train.py")
+    extra: dict[str, Any] = {}
+    if args.grace is not None:
+        extra["preemption_grace_s"] = args.grace
+    if args.array is not None:
+        extra["array"] = args.array
     job = args.client().submit(
         share=args.share,
         gpus=args.gpus,
@@ -184,16 +257,25 @@ def cmd_submit(args, out) -> int:
         priority=args.priority,
         env=dict(args.env or []),
         max_runtime_s=args.max_runtime,
+        **extra,
     )
-    if not args.json and job.get("state") == "QUEUED":
-        job = args.client().job(job["id"])  # with its queue position and ETA (the submit skips them)
+    if args.array is not None:
+        out(job if args.json else f"Submitted {array_line(job)}")
+        return 0
+    if not args.json and job.get("state") == "QUEUED" and (args.forecast or sys.stdout.isatty()):
+        # With its queue position and ETA (the submit skips them: a replay of the queue). For a person
+        # at a terminal; a script's loop of submits does not wait for it unless it asks (--forecast).
+        job = args.client().job(job["id"])
     out(job if args.json else f"Submitted {job_line(job)}")
     return 0
 
 
 def cmd_jobs(args, out) -> int:
     jobs = args.client().jobs(
-        states=None if args.all_states else OPEN_STATES, share=args.share, mine=True if args.mine else None
+        states=None if args.all_states else OPEN_STATES,
+        share=args.share,
+        mine=True if args.mine else None,
+        array=args.array[1] if args.array else None,
     )
     if args.json:
         out(jobs)
@@ -216,7 +298,12 @@ def cmd_jobs(args, out) -> int:
 
 
 def cmd_status(args, out) -> int:
-    job = args.client().job(args.job)
+    kind, ident = args.job
+    if kind == "array":
+        array = args.client().array(ident)
+        out(array if args.json else array_line(array))
+        return 0
+    job = args.client().job(ident)
     if args.json:
         out(job)
         return 0
@@ -226,6 +313,7 @@ def cmd_status(args, out) -> int:
         ("submitted", f"{when(job['submitted_at'])} by {job['submitted_by']}"),
         ("gpus", f"{job['gpus']} × {job['gpu_type']}"),
         ("priority", job["priority"]),
+        ("array", f"A{job['array']} index {job['array_index']}" if job.get("array") else None),
         ("command", " ".join(job["command"])),
         ("max runtime", human_seconds(job["max_runtime_s"]) if job["max_runtime_s"] else None),
         ("attempts", job["attempt_count"]),
@@ -233,7 +321,7 @@ def cmd_status(args, out) -> int:
         ("exit code", job["exit_code"]),
         ("reason", job["state_reason"] or None),
     ]
-    lines += [f"{k:>13}: {v}" for k, v in fields if v not in (None, "")]
+    lines += [f"{k:>13}: {clean(v)}" for k, v in fields if v not in (None, "")]
     if job["attempts"]:
         lines += [
             "",
@@ -294,13 +382,25 @@ def cmd_queue(args, out) -> int:
 
 
 def cmd_cancel(args, out) -> int:
-    job = args.client().cancel(args.job)
+    kind, ident = args.job
+    if kind == "array":
+        array = args.client().cancel_array(ident)
+        out(array if args.json else f"Cancelled {array_line(array)}")
+        return 0
+    job = args.client().cancel(ident)
     out(job if args.json else f"Cancelled {job_line(job)}")
     return 0
 
 
 def cmd_priority(args, out) -> int:
-    job = args.client().set_priority(args.job, args.priority)
+    kind, ident = args.job
+    if kind == "array":
+        array = args.client().set_array_priority(ident, args.priority)
+        out(
+            array if args.json else f"Priority of every open task is now {args.priority}: {array_line(array)}"
+        )
+        return 0
+    job = args.client().set_priority(ident, args.priority)
     out(job if args.json else f"Priority of job {job['id']} is now {job['priority']}: {job_line(job)}")
     return 0
 
@@ -321,8 +421,13 @@ def cmd_logs(args, out) -> int:
 
 
 def cmd_wait(args, out) -> int:
+    kind, ident = args.job
     try:
-        job = args.client().wait(args.job, poll_s=args.poll, timeout_s=args.timeout)
+        if kind == "array":
+            array = args.client().wait_array(ident, poll_s=args.poll, timeout_s=args.timeout)
+            out(array if args.json else array_line(array))
+            return 0 if set(array["counts"]) <= {"SUCCEEDED"} else 1
+        job = args.client().wait(ident, poll_s=args.poll, timeout_s=args.timeout)
     except TimeoutError as e:
         print(f"gpuquota: {e}", file=sys.stderr)
         return 1
@@ -339,6 +444,7 @@ class UsageError(Exception):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpuquota", description="Submit and watch jobs on gpuquota shares.")
+    parser.add_argument("--version", action="version", version=f"gpuquota {__version__}")
     parser.add_argument("--json", action="store_true", help="print the server's JSON (for scripts)")
     parser.add_argument("--url", help="server URL (default: the one you logged in to, or $GPUQUOTA_URL)")
     parser.add_argument("--config", dest="config_file", help="config file (default: the user config dir)")
@@ -363,6 +469,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--priority", type=int, default=0, help="0..9999, higher first")
     p.add_argument("--name")
     p.add_argument("--max-runtime", type=parse_duration, help="e.g. 90m, 2h, 1h30m")
+    p.add_argument(
+        "--grace", type=parse_grace, help="time between SIGTERM and SIGKILL when pre-empted (e.g. 30s, 5m, 0)"
+    )
+    p.add_argument(
+        "--forecast",
+        action="store_true",
+        help="print the queue position and expected start (the default at a terminal)",
+    )
+    p.add_argument(
+        "--array",
+        type=parse_array,
+        metavar="FIRST-LAST",
+        help="submit an array: one task per index (e.g. 0-999), each with GPUQUOTA_ARRAY_INDEX set",
+    )
     p.add_argument("--env", "-e", type=parse_env, action="append", metavar="NAME=VALUE")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD...")
     p.set_defaults(func=cmd_submit)
@@ -371,22 +491,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all-states", action="store_true")
     p.add_argument("--share")
     p.add_argument("--mine", action="store_true", help="only jobs you submitted")
+    p.add_argument("--array", type=parse_target, metavar="A12", help="only the tasks of this array")
     p.set_defaults(func=cmd_jobs)
 
-    p = sub.add_parser("status", help="a job with its position, ETA, attempts and events")
-    p.add_argument("job", type=int)
+    p = sub.add_parser(
+        "status", help="a job with its position, ETA, attempts and events; an array (A12) with its counts"
+    )
+    p.add_argument("job", type=parse_target, metavar="JOB|ARRAY")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("queue", help="the queue as the scheduler would admit it")
     p.add_argument("share", nargs="?")
     p.set_defaults(func=cmd_queue)
 
-    p = sub.add_parser("cancel", help="cancel a job")
-    p.add_argument("job", type=int)
+    p = sub.add_parser("cancel", help="cancel a job, or every open task of an array (A12)")
+    p.add_argument("job", type=parse_target, metavar="JOB|ARRAY")
     p.set_defaults(func=cmd_cancel)
 
-    p = sub.add_parser("priority", help="change a job's priority")
-    p.add_argument("job", type=int)
+    p = sub.add_parser("priority", help="change the priority of a job, or of every open task of an array")
+    p.add_argument("job", type=parse_target, metavar="JOB|ARRAY")
     p.add_argument("priority", type=int)
     p.set_defaults(func=cmd_priority)
 
@@ -398,8 +521,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--poll", type=float, default=2.0, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_logs)
 
-    p = sub.add_parser("wait", help="wait for a job to finish (exit 0 if it succeeded)")
-    p.add_argument("job", type=int)
+    p = sub.add_parser("wait", help="wait for a job or an array to finish (exit 0 if all succeeded)")
+    p.add_argument("job", type=parse_target, metavar="JOB|ARRAY")
     p.add_argument("--timeout", type=parse_duration)
     p.add_argument("--poll", type=float, default=2.0, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_wait)
@@ -411,6 +534,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.config_path = Path(args.config_file) if args.config_file else config.config_path()
 
+    from gpuquota_client.client import ApiError, Client, ClientError
+
     def client() -> Client:
         settings = config.load(args.config_path)
         url = args.url or settings.get("url")
@@ -419,16 +544,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         return Client(url, settings.get("token"))
 
     def out(value: Any) -> None:
-        print(json.dumps(value, indent=2) if not isinstance(value, str) else value)
+        if isinstance(value, str):
+            print(value)
+        else:
+            import json
+
+            print(json.dumps(value, indent=2))
 
     args.client = client
     try:
-        return args.func(args, out)
+        try:
+            return args.func(args, out)
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here, inside the handler below
+    except BrokenPipeError:
+        # Piped into `head` (or anything that stops reading): stop quietly, as `cat` would. Point stdout
+        # at /dev/null so that the interpreter's own flush at exit does not complain again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a pipeline stopped by its reader
     except UsageError as e:
         print(f"gpuquota: {e}", file=sys.stderr)
         return 2
     except ApiError as e:
-        print(f"gpuquota: {e.message}", file=sys.stderr)
+        message = e.message
+        if e.status == 401:
+            message += " Run `gpuquota login URL` to log in again."
+        print(f"gpuquota: {message}", file=sys.stderr)
         return 2 if 400 <= e.status < 500 else 1
     except ClientError as e:
         print(f"gpuquota: {e}", file=sys.stderr)

@@ -1,12 +1,17 @@
-"""A small client of the gpuquota REST API (/api/v1/). Every method returns the server's JSON."""
+"""A small client of the gpuquota REST API (/api/v1/). Every method returns the server's JSON.
+
+HTTP goes through a socket of the standard library (StdlibSession, one kept-alive connection per client):
+importing `requests` alone takes longer than a whole `gpuquota submit`. A `requests.Session` can still be
+given."""
 
 from __future__ import annotations
 
+import json as jsonlib
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
-
-import requests
+from urllib.parse import urlencode, urlsplit
 
 OPEN_STATES = ("QUEUED", "ADMITTED", "RUNNING", "PREEMPTING")
 TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
@@ -49,6 +54,137 @@ def _flatten(value: Any) -> list[str]:
     return [str(value)]
 
 
+class _Response:
+    def __init__(self, status: int, reason: str, headers: Mapping[str, str], body: bytes):
+        self.status_code, self.reason, self.headers, self.content = status, reason, headers, body
+
+    def json(self) -> Any:
+        return jsonlib.loads(self.content)
+
+
+class _Headers(dict):
+    def get(self, key, default=None):
+        return super().get(key.lower(), default)
+
+
+class HttpProtocolError(OSError):
+    """The server's answer is not HTTP/1.x as this client reads it."""
+
+
+class StdlibSession:
+    """The little of requests.Session the client uses: HTTP/1.1 over a socket (TLS for https), one
+    kept-alive connection. Written out rather than taken from http.client, whose import (it parses
+    headers with the email package) costs more than the rest of a `gpuquota submit`."""
+
+    def __init__(self) -> None:
+        self.headers: dict[str, str] = {}
+        self._sock = None
+        self._file = None
+        self._origin: tuple[str, str] | None = None
+
+    def _connect(self, scheme: str, netloc: str, timeout: float | None) -> None:
+        import socket
+
+        if self._sock is not None and self._origin == (scheme, netloc):
+            return
+        self.close()
+        if scheme not in ("http", "https"):
+            raise HttpProtocolError(f"unsupported URL scheme {scheme!r}")
+        host, _, port = netloc.rpartition(":") if netloc.rpartition(":")[2].isdigit() else (netloc, "", "")
+        host = host.strip("[]")
+        sock = socket.create_connection((host, int(port or (443 if scheme == "https" else 80))), timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if scheme == "https":
+            import ssl
+
+            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
+        self._sock, self._file, self._origin = sock, sock.makefile("rb"), (scheme, netloc)
+
+    def request(self, method, url, *, params=None, json=None, headers=None, timeout=None) -> _Response:
+        parts = urlsplit(url)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        if params:
+            target += ("&" if parts.query else "?") + urlencode(params, doseq=True)
+        body = b"" if json is None else jsonlib.dumps(json).encode()
+        head = {"Host": parts.netloc, "Connection": "keep-alive", **self.headers, **(headers or {})}
+        if json is not None:
+            head["Content-Type"] = "application/json"
+        if body or method in ("POST", "PUT", "PATCH"):
+            head["Content-Length"] = str(len(body))
+        raw = f"{method} {target} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in head.items()) + "\r\n"
+        for retry in (True, False):  # a kept-alive connection the server has closed: reconnect once
+            fresh = self._sock is None or self._origin != (parts.scheme, parts.netloc)
+            self._connect(parts.scheme, parts.netloc, timeout)
+            try:
+                self._sock.sendall(raw.encode("latin-1") + body)
+                return self._read(method)
+            except (ConnectionError, HttpProtocolError):
+                self.close()
+                if retry and not fresh:
+                    continue
+                raise
+            except BaseException:
+                self.close()
+                raise
+        raise AssertionError("unreachable")
+
+    def _read(self, method: str) -> _Response:
+        f = self._file
+        status_line = f.readline(65537)
+        if not status_line:
+            raise ConnectionResetError("the server closed the connection")
+        try:
+            version, code, *reason = status_line.decode("latin-1").rstrip("\r\n").split(" ", 2)
+            status = int(code)
+        except ValueError as e:
+            raise HttpProtocolError(f"not an HTTP answer: {status_line[:80]!r}") from e
+        headers = _Headers()
+        while True:
+            line = f.readline(65537)
+            if line in (b"\r\n", b"\n", b""):
+                break
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+            data = b""
+        elif headers.get("transfer-encoding", "").lower() == "chunked":
+            chunks = []
+            while True:
+                size = int(f.readline(65537).split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while f.readline(65537) not in (b"\r\n", b"\n", b""):
+                        pass
+                    break
+                chunks.append(f.read(size))
+                f.readline(65537)
+            data = b"".join(chunks)
+        elif headers.get("content-length") is not None:
+            data = f.read(int(headers["content-length"]))
+        else:
+            data = f.read()
+            self.close()
+        if headers.get("connection", "").lower() == "close" or version == "HTTP/1.0":
+            self.close()
+        return _Response(status, reason[0] if reason else "", headers, data)
+
+    def close(self) -> None:
+        for thing in (self._file, self._sock):
+            if thing is not None:
+                try:
+                    thing.close()
+                except OSError:
+                    pass
+        self._sock = self._file = None
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    errors: tuple[type[BaseException], ...] = (OSError,)
+    requests = sys.modules.get("requests")
+    if requests is not None:
+        errors += (requests.RequestException,)
+    return errors
+
+
 class Client:
     def __init__(
         self,
@@ -56,12 +192,12 @@ class Client:
         token: str | None = None,
         *,
         timeout: float = 30.0,
-        session: requests.Session | None = None,
+        session: Any = None,
     ):
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
-        self.session = session or requests.Session()
+        self.session = session or StdlibSession()
         self.session.headers.setdefault("User-Agent", "gpuquota-client/0.1")
 
     # --- plumbing --------------------------------------------------------------------------------
@@ -75,7 +211,7 @@ class Client:
             response = self.session.request(
                 method, url, params=params, json=json, headers=headers, timeout=self.timeout
             )
-        except requests.RequestException as e:
+        except _transport_errors() as e:
             raise ClientError(f"cannot reach {self.url}: {e}") from e
         if response.status_code == 204:
             return None
@@ -132,9 +268,12 @@ class Client:
         share: str | None = None,
         team: str | None = None,
         mine: bool | None = None,
+        array: int | None = None,
     ) -> list[dict]:
         """Jobs you may see; by default only those not yet finished (states=None: all)."""
         params: dict[str, Any] = {}
+        if array is not None:
+            params["array"] = int(array)
         if states:
             params["state"] = list(states)
         if share:
@@ -229,6 +368,29 @@ class Client:
         if max_runtime_s is not None:
             body["max_runtime_s"] = max_runtime_s
         return self.request("POST", "jobs/", json=body)
+
+    def array(self, array_id: int) -> dict:
+        return self.request("GET", f"arrays/{int(array_id)}/")
+
+    def arrays(self) -> list[dict]:
+        return self._all("arrays/")
+
+    def cancel_array(self, array_id: int) -> dict:
+        return self.request("POST", f"arrays/{int(array_id)}/cancel/")
+
+    def set_array_priority(self, array_id: int, priority: int) -> dict:
+        return self.request("PATCH", f"arrays/{int(array_id)}/", json={"priority": priority})
+
+    def wait_array(self, array_id: int, *, poll_s: float = 2.0, timeout_s: float | None = None) -> dict:
+        """Block until every task of the array has finished; returns the array with its counts."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            array = self.array(array_id)
+            if array["done"]:
+                return array
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"array A{array_id} is not done after {timeout_s} s: {array['counts']}")
+            time.sleep(poll_s)
 
     def cancel(self, job_id: int) -> dict:
         return self.request("POST", f"jobs/{int(job_id)}/cancel/")
