@@ -199,6 +199,14 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TIMEZONE = TIME_ZONE
+# Signed control messages (gpunodes/signing.py, Celery's message signing with a certificate per node):
+# on when a key is given. The embedded file broker (0700, this user's own processes) runs without.
+MESSAGE_SIGNING_KEY = os.environ.get("MESSAGE_SIGNING_KEY", "")
+MESSAGE_SIGNING_CERT = os.environ.get("MESSAGE_SIGNING_CERT", "")
+MESSAGE_TRUSTED_CERTS = os.environ.get("MESSAGE_TRUSTED_CERTS", "")
+if MESSAGE_SIGNING_KEY:
+    CELERY_TASK_SERIALIZER = "gpuquota-auth"
+    CELERY_ACCEPT_CONTENT = ["gpuquota-auth"]
 
 # --- gpuquota ---------------------------------------------------------------------------------
 SCHEDULER_INTERVAL_S = env_int("SCHEDULER_INTERVAL_S", 2)

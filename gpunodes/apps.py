@@ -4,3 +4,14 @@ from django.apps import AppConfig
 class GpunodesConfig(AppConfig):
     name = "gpunodes"
     verbose_name = "GPU nodes"
+
+    def ready(self) -> None:
+        from django.conf import settings
+
+        if settings.MESSAGE_SIGNING_KEY:
+            # Signed control messages (gpunodes/signing.py), in every process that sends or consumes them.
+            from gpunodes.signing import register
+
+            register(
+                settings.MESSAGE_SIGNING_KEY, settings.MESSAGE_SIGNING_CERT, settings.MESSAGE_TRUSTED_CERTS
+            )
