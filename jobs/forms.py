@@ -25,6 +25,13 @@ class SubmitForm(forms.Form):
         min_value=1, max_value=MAX_INT, required=False, label="Max runtime (s)"
     )
     preemption_grace_s = forms.IntegerField(min_value=0, max_value=86400, required=False, label="Grace (s)")
+    array_size = forms.IntegerField(
+        min_value=1,
+        max_value=2**31 - 1,
+        required=False,
+        label="Array tasks",
+        help_text="Leave empty for one job; N submits N tasks with GPUQUOTA_ARRAY_INDEX 0 … N-1.",
+    )
 
     def __init__(self, *args, shares=(), gpu_types=(), **kwargs):
         super().__init__(*args, **kwargs)

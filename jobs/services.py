@@ -572,6 +572,36 @@ def array_cancel(*, user, array: JobArray) -> int:
     return cancelled
 
 
+def fold_arrays(entries: list[dict], can_manage=None) -> list[dict]:
+    """Queue rows ({"job": Job, ...}, in queue order) with every array's tasks folded into one row at
+    the place of its first task: {"array": JobArray, "counts": {state: n}, "tasks": [rows], ...the
+    first task's position, eta and waiting}. Two queries, whatever the number of rows."""
+    ids = {e["job"].array_id for e in entries if e["job"].array_id}
+    if not ids:
+        return entries
+    arrays = JobArray.objects.select_related("share", "submitted_by").in_bulk(list(ids))
+    counts = array_counts(list(ids))
+    folded: list[dict] = []
+    rows: dict[int, dict] = {}
+    for e in entries:
+        array_id = e["job"].array_id
+        if not array_id:
+            folded.append(e)
+        elif array_id in rows:
+            rows[array_id]["tasks"].append(e)
+        else:
+            array = arrays[array_id]
+            rows[array_id] = {
+                **e,
+                "array": array,
+                "counts": counts[array_id],
+                "tasks": [e],
+                "can_manage": can_manage(array) if can_manage else False,
+            }
+            folded.append(rows[array_id])
+    return folded
+
+
 def _known_related(job: Job, **related: list) -> None:
     """Fill the prefetch cache of a job just created, so reading its attempts and events (the submit's
     answer) needs no query."""

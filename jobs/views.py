@@ -14,7 +14,7 @@ from django.views.decorators.http import require_GET, require_POST
 from jobs import services
 from jobs.choices import JOB_TERMINAL_STATES, JobState
 from jobs.forms import PriorityForm
-from jobs.models import Job, JobEvent
+from jobs.models import Job, JobArray, JobEvent
 from quotas import services as quota_services
 from quotas.forms import add_service_errors
 from quotas.models import Share, Team
@@ -46,15 +46,30 @@ def _timeline(attempts, now) -> dict:
                 "end": end.isoformat(),
                 "ms": max(1, int((end - a.admitted_at).total_seconds() * 1000)),
                 "outcome": a.outcome or a.state,
-                "borrowed": a.borrowed,
+                "borrowed": a.borrowed if getattr(a, "borrowed_now", None) is None else a.borrowed_now,
                 "nodes": ", ".join(p["node"] for p in a.placement),
             }
         )
     return {"bars": bars}
 
 
+def _label_borrowed_now(attempts) -> None:
+    """A live attempt is labelled as the policy counts it now (policy.borrowed_attempts, the same
+    classification as the team page, the nodes grid and reclaim); an ended one keeps how it was
+    admitted (borrowed_now None)."""
+    from jobs.choices import ATTEMPT_ACTIVE_STATES
+    from quotas import policy
+    from quotas.scheduler import load_snapshot
+
+    live = [a for a in attempts if a.state in ATTEMPT_ACTIVE_STATES]
+    borrowed = policy.borrowed_attempts(load_snapshot(timezone.now(), queued=False).snapshot) if live else ()
+    for a in attempts:
+        a.borrowed_now = (a.pk in borrowed) if a in live else None
+
+
 def _job_context(request, job: Job) -> dict:
     attempts = list(job.attempts.order_by("number"))
+    _label_borrowed_now(attempts)
     events = list(JobEvent.objects.filter(job=job).order_by("-at", "-id")[:EVENTS_SHOWN])
     queue = quota_services.queue_view(targets=[job.pk]) if job.state == JobState.QUEUED else None
     return {
@@ -103,27 +118,32 @@ def job_submit(request, slug):
     if form.is_valid():
         data = form.cleaned_data
         share = Share.objects.select_related("team").get(name=data["share"], team=team)
+        fields = {
+            "user": request.user,
+            "share": share,
+            "name": data["name"],
+            "gpu_type": data["gpu_type"],
+            "gpus": data["gpus"],
+            "priority": data["priority"],
+            "command": data["command"],
+            "max_runtime_s": _int_or_none(data["max_runtime_s"]),
+            "preemption_grace_s": _int_or_none(data["preemption_grace_s"]),
+        }
+        size = _int_or_none(data.get("array_size"))
         try:
-            job = services.job_submit(
-                user=request.user,
-                share=share,
-                name=data["name"],
-                gpu_type=data["gpu_type"],
-                gpus=data["gpus"],
-                priority=data["priority"],
-                command=data["command"],
-                max_runtime_s=_int_or_none(data["max_runtime_s"]),
-                preemption_grace_s=_int_or_none(data["preemption_grace_s"]),
-            )
+            if size is None:
+                job, array = services.job_submit(**fields), None
+            else:
+                job, array = None, services.job_array_submit(size=size, **fields)
         except ValidationError as e:
-            add_service_errors(form, e)
+            add_service_errors(form, e, {"array": "array_size"})
         else:
             if request.htmx:
                 # A fresh form, and the queue refreshed at once (it listens for this event).
                 response = render(
                     request,
                     "jobs/partials/_submit_form.html",
-                    {"form": submit_form_for(team), "team": team, "submitted": job},
+                    {"form": submit_form_for(team), "team": team, "submitted": job, "submitted_array": array},
                 )
                 response["HX-Trigger"] = "queue-changed"
                 return response
@@ -151,6 +171,48 @@ def job_url(job: Job) -> str:
     from django.urls import reverse
 
     return reverse("job", args=[job.pk])
+
+
+def _visible_array(user, pk: int) -> JobArray:
+    array = get_object_or_404(JobArray.objects.select_related("share__team", "submitted_by"), pk=pk)
+    if not (user.is_superuser or services.role_in_team(user, array.share.team_id)):
+        raise Http404("No such array among your teams'.")
+    return array
+
+
+def _after_array_action(request, array: JobArray, error: str = "", status: int = 200):
+    team = array.share.team
+    if request.htmx:
+        context = {"team": team, "action_error": error, **team_queue_context(request.user, team)}
+        return render(request, "quotas/partials/_team_queue.html", context, status=400 if error else 200)
+    if error:
+        return HttpResponse(error, status=status, content_type="text/plain")
+    return redirect("team", slug=team.slug)
+
+
+@require_POST
+@login_required
+def array_cancel(request, pk):
+    array = _visible_array(request.user, pk)
+    try:
+        services.array_cancel(user=request.user, array=array)
+    except services.Conflict as e:
+        return _after_array_action(request, array, str(e), status=409)
+    return _after_array_action(request, array)
+
+
+@require_POST
+@login_required
+def array_priority(request, pk):
+    array = _visible_array(request.user, pk)
+    form = PriorityForm(request.POST)
+    if not form.is_valid():
+        return _after_array_action(request, array, "Priority: " + " ".join(form.errors["priority"]), 400)
+    try:
+        services.array_set_priority(user=request.user, array=array, priority=form.cleaned_data["priority"])
+    except services.Conflict as e:
+        return _after_array_action(request, array, str(e), status=409)
+    return _after_array_action(request, array)
 
 
 @require_POST

@@ -169,6 +169,7 @@ def team_queue_context(user, team: Team) -> dict:
         for q in shown_q
         if q.job_id in jobs  # one that ended between the snapshot and now is left out
     ]
+    entries = job_services.fold_arrays(entries, can_manage)  # an array: one expandable row
     borrowed_now = policy.borrowed_attempts(snapshot)
     running_rows = [
         {

@@ -1,0 +1,62 @@
+"""Job arrays on the team page: submitted from the form (one field), shown as one expandable row with
+its counts per state, re-prioritised and cancelled as one."""
+
+from jobs.choices import JobState
+from jobs.models import Job, JobArray
+from jobs.services import job_array_submit, job_submit
+from tests.web.conftest import hx
+
+FORM = {
+    "share": "vision-main",
+    "gpu_type": "a10g",
+    "gpus": "1",
+    "priority": "0",
+    "command": "python sweep.py",
+}
+
+
+def test_the_form_submits_an_array(as_bob, vision_share, nodes):
+    response = as_bob.post("/teams/vision/submit/", {**FORM, "array_size": "25"}, HTTP_HX_REQUEST="true")
+    assert response.status_code == 200
+    array = JobArray.objects.get()
+    assert f"Array A{array.pk} queued: 25 tasks." in response.content.decode()
+    assert Job.objects.filter(array=array).count() == 25
+
+
+def test_an_array_over_the_limit_is_refused_beside_the_field(as_bob, vision_share, nodes, settings):
+    settings.MAX_ARRAY_SIZE = 10
+    response = as_bob.post("/teams/vision/submit/", {**FORM, "array_size": "11"}, HTTP_HX_REQUEST="true")
+    assert response.status_code == 400
+    body = response.content.decode()
+    assert 'id="id_array_size-error"' in body and "at most 10 tasks (MAX_ARRAY_SIZE)" in body
+    assert not Job.objects.exists()
+
+
+def test_the_queue_folds_an_array_into_one_row_with_counts(as_bob, bob, vision_share, nodes):
+    array = job_array_submit(user=bob, share=vision_share, size=6, gpus=1, gpu_type="a10g", command=["x"])
+    single = job_submit(user=bob, share=vision_share, gpus=1, gpu_type="a10g", command=["y"])
+    first = Job.objects.filter(array=array).order_by("array_index").first()
+    Job.objects.filter(pk=first.pk).update(state=JobState.SUCCEEDED)
+    body = hx(as_bob, "/teams/vision/?part=queue").content.decode()
+    assert body.count(f'data-array="{array.pk}"') == 1
+    assert f'data-job="{single.pk}"' in body
+    assert "5 queued" in body and "1 succeeded" in body
+    for task in Job.objects.filter(array=array, state=JobState.QUEUED):
+        assert f'data-job="{task.pk}"' not in body  # inside the array's row, not rows of their own
+        assert f'href="/jobs/{task.pk}/"' in body
+
+
+def test_cancel_all_and_priority_from_the_page(as_bob, bob, vision_share, nodes):
+    array = job_array_submit(user=bob, share=vision_share, size=3, gpus=1, gpu_type="a10g", command=["x"])
+    r = as_bob.post(f"/arrays/{array.pk}/priority/", {"priority": "8"}, HTTP_HX_REQUEST="true")
+    assert r.status_code == 200
+    assert set(Job.objects.values_list("priority", flat=True)) == {8}
+    r = as_bob.post(f"/arrays/{array.pk}/cancel/", HTTP_HX_REQUEST="true")
+    assert r.status_code == 200
+    assert set(Job.objects.values_list("state", flat=True)) == {JobState.CANCELLED}
+
+
+def test_another_team_cannot_cancel_the_array(as_charlie, bob, vision_share, nodes):
+    array = job_array_submit(user=bob, share=vision_share, size=2, gpus=1, gpu_type="a10g", command=["x"])
+    assert as_charlie.post(f"/arrays/{array.pk}/cancel/").status_code == 404
+    assert not Job.objects.filter(state=JobState.CANCELLED).exists()
