@@ -351,6 +351,30 @@ def node_drain(*, node: Node, actor=None) -> Node:
 # --- read-outs ------------------------------------------------------------------------------------
 
 
+def hatched_gpus(snapshot, borrowed: frozenset) -> dict[int, int]:
+    """How many GPUs of each borrowed attempt the grid hatches: per share and type exactly the share's
+    borrowed count (usage - own, as its card says), the latest-started borrowed attempts first. An
+    attempt only partly over its share's capacity is borrowed as a whole (it is reclaimable), but only
+    its GPUs over the capacity are hatched, so hatched GPUs add up to the cards' borrowed numbers."""
+    from quotas import policy
+
+    left = {
+        (share, gpu_type): u.borrowed
+        for share, per_type in policy.usage(snapshot).items()
+        for gpu_type, u in per_type.items()
+    }
+    out: dict[int, int] = {}
+    runs = sorted(
+        (r for r in snapshot.running if r.attempt_id in borrowed),
+        key=lambda r: (-r.started_at, -r.attempt_id),
+    )
+    for run in runs:
+        key = (run.share, run.gpu_type)
+        out[run.attempt_id] = n = max(0, min(run.gpus, left.get(key, 0)))
+        left[key] = left.get(key, 0) - n
+    return out
+
+
 def node_grid(*, now=None) -> list[dict]:
     """Every node with its GPUs and who holds each (share, job, borrowed as the policy counts it now),
     for the dashboard's grid. A constant number of queries (the snapshot's and two more)."""
@@ -365,25 +389,33 @@ def node_grid(*, now=None) -> list[dict]:
     now = now or timezone.now()
     snapshot = load_snapshot(now, queued=False).snapshot  # who holds what; the queue plays no part
     borrowed = policy.borrowed_attempts(snapshot)
+    hatched = hatched_gpus(snapshot, borrowed)
     colours = share_colours(Share.objects.values_list("name", flat=True))
     held = {
-        gpu_id: (attempt_id, job_id, share)
-        for gpu_id, attempt_id, job_id, share in GpuClaim.objects.values_list(
-            "gpu_id", "attempt_id", "attempt__job_id", "attempt__job__share__name"
-        )
+        gpu_id: (attempt_id, job_id, share, job_name)
+        for gpu_id, attempt_id, job_id, share, job_name in GpuClaim.objects.values_list(
+            "gpu_id", "attempt_id", "attempt__job_id", "attempt__job__share__name", "attempt__job__name"
+        ).order_by("gpu__node__name", "gpu__index")
     }
+    shown: dict[int, int] = {}  # attempt id -> GPUs of it hatched so far
     grid = []
     for node in Node.objects.prefetch_related("gpus").order_by("name"):
         gpus = []
         for gpu in node.gpus.all():
             holder = held.get(gpu.pk)
+            hatch = False
+            if holder:
+                hatch = shown.get(holder[0], 0) < hatched.get(holder[0], 0)
+                shown[holder[0]] = shown.get(holder[0], 0) + hatch
             gpus.append(
                 {
                     "index": gpu.index,
                     "model": gpu.model,
                     "share": holder[2] if holder else None,
                     "job_id": holder[1] if holder else None,
-                    "borrowed": bool(holder and holder[0] in borrowed),
+                    "job_name": holder[3] if holder else "",
+                    "borrowed": hatch,
+                    "job_borrowed": bool(holder and holder[0] in borrowed),
                     "colour": colours.get(holder[2]) if holder else None,
                 }
             )

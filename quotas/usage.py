@@ -184,8 +184,8 @@ class Bar:
             for cls, label, value in (
                 ("own", "own used", self.own),
                 ("borrowed", "borrowed", self.borrowed),
-                ("lent", "lent out", round(self.lent, 1)),
-                ("idle", "idle", round(self.idle, 1)),
+                ("lent", "lent out", gpu_count(self.lent)),
+                ("idle", "idle", gpu_count(self.idle)),
                 ("queued", "queued beyond capacity", self.queued),
             )
             if value
@@ -194,6 +194,13 @@ class Bar:
     @property
     def capacity_pct(self) -> float:
         return self.pct(self.capacity)
+
+
+def gpu_count(value: float) -> int | float:
+    """A GPU count for people: an integer prints as one (idle 3, not idle 3.0); lent GPUs are shared
+    in proportion (SEMANTICS) and may be fractional, to one decimal."""
+    rounded = round(value, 1)
+    return int(rounded) if rounded == int(rounded) else rounded
 
 
 @dataclass
@@ -373,9 +380,9 @@ def sankey_data(snapshot, colours: dict[str, int]) -> dict[str, Any]:
         source.append(node(f["lender"], "L"))
         target.append(node(f["borrower"], "B"))
         value.append(round(f["gpus"], 2))
-        link_labels.append(f"{f['gpu_type']}: {f['gpus']:.1f} GPUs")
+        link_labels.append(f"{f['gpu_type']}: {gpu_count(f['gpus'])} GPUs")
     for f in flows:
-        f["gpus"] = round(f["gpus"], 1)
+        f["gpus"] = gpu_count(f["gpus"])
     return {
         "labels": labels,
         "colours": colour_of,

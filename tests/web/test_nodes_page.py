@@ -20,7 +20,7 @@ def test_grid_colours_gpus_by_share_and_hatches_borrowed(as_bob, bob, vision_sha
     assert 'data-node="node-1"' in body and 'data-node="node-2"' in body
     assert body.count("vision-main · borrowed") == 2
     assert body.count('hatched" title=') == 2
-    assert f"job {job.pk} (borrowed)" in body
+    assert f"job {job.pk}{' ' + job.name if job.name else ''} (borrowed GPU)" in body
     assert body.count(">free<") == 2
 
 
