@@ -231,9 +231,20 @@ class ClusterPicture:
 PALETTE_SIZE = 10
 
 
+def colour_of(share_id: int) -> int:
+    """A share's colour index (0..PALETTE_SIZE-1), from its id: it keeps its colour on every chart, the
+    nodes page and the Sankey when shares are added or removed (the first PALETTE_SIZE differ)."""
+    return (share_id - 1) % PALETTE_SIZE
+
+
 def share_colours(names) -> dict[str, int]:
-    """A stable colour index (0..PALETTE_SIZE-1) per share name, in name order."""
-    return {name: i % PALETTE_SIZE for i, name in enumerate(sorted(names))}
+    """The colour index of each named share (colour_of its id); one query."""
+    from quotas.models import Share
+
+    return {
+        name: colour_of(pk)
+        for name, pk in Share.objects.filter(name__in=list(names)).values_list("name", "pk")
+    }
 
 
 def cluster_picture(
@@ -256,7 +267,7 @@ def cluster_picture(
         running_jobs[(r.share, r.gpu_type)] += 1
 
     shares = list(Share.objects.select_related("team").order_by("name"))
-    colours = share_colours(s.name for s in shares)
+    colours = {s.name: colour_of(s.pk) for s in shares}
     capacity = {s.name: dict(s.capacity) for s in snapshot.shares}
     cards = []
     for share in shares:
