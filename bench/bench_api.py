@@ -60,7 +60,7 @@ def _cpu_s(pid: int) -> float:
 
 def _prepare(clients: int) -> list[str]:
     from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
+    from knox.models import AuthToken
 
     from gpunodes.services import fake_inventory, node_register
     from quotas.choices import Role
@@ -75,7 +75,7 @@ def _prepare(clients: int) -> list[str]:
     for i in range(clients):
         user = get_user_model().objects.create_user(f"client{i}")
         Membership.objects.create(team=team, user=user, role=Role.MEMBER)
-        tokens.append(Token.objects.create(user=user).key)
+        tokens.append(AuthToken.objects.create(user=user)[1])
     return tokens
 
 

@@ -122,11 +122,11 @@ def measure_pass(repeats: int) -> tuple[list[float], list[float], int]:
 def _client():
     from django.contrib.auth import get_user_model
     from django.test import Client
-    from rest_framework.authtoken.models import Token
+    from knox.models import AuthToken
 
     user = get_user_model().objects.get(username="bench")
-    token, _ = Token.objects.get_or_create(user=user)
-    api = Client(HTTP_AUTHORIZATION=f"Token {token.key}")
+    _, key = AuthToken.objects.create(user=user)
+    api = Client(HTTP_AUTHORIZATION=f"Token {key}")
     web = Client()
     web.force_login(user)
     return api, web

@@ -1,10 +1,13 @@
 """API tokens: log in with a username and password for a token; list and revoke tokens (their owner
-and admins). One token per user (DRF's authtoken): logging in again returns the same token, and revoking
-it logs that user out everywhere. Session auth works beside it for the browser."""
+and admins). Tokens are django-rest-knox's: only a digest is stored, each expires (API_TOKEN_TTL_HOURS),
+and changing the password revokes them (config/auth.py). Each login gives a new token; revoking logs
+that user out everywhere. Wrong passwords count towards django-axes' lockout (per username and per
+client address) like dashboard logins. Session auth works beside it for the browser."""
 
+from django.http import Http404
 from drf_spectacular.utils import extend_schema, inline_serializer
+from knox.models import AuthToken
 from rest_framework import mixins, serializers, status, viewsets
-from rest_framework.authtoken.models import Token
 from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
@@ -29,12 +32,12 @@ class TokenSerializer(serializers.ModelSerializer):
     prefix = serializers.SerializerMethodField(help_text="The first characters of the key, to recognise it.")
 
     class Meta:
-        model = Token
-        fields = ["user", "prefix", "created"]
+        model = AuthToken
+        fields = ["user", "prefix", "created", "expiry"]
         read_only_fields = fields
 
     def get_prefix(self, token) -> str:
-        return token.key[:6]
+        return token.token_key[:6]
 
 
 class ObtainTokenView(ApiViewMixin, APIView):
@@ -50,14 +53,16 @@ class ObtainTokenView(ApiViewMixin, APIView):
     )
     def post(self, request):
         """Exchange a username and password for the user's API token."""
-        serializer = LoginSerializer(data=request.data, context={"request": request})
+        # The Django request, not DRF's wrapper: django-axes marks a lockout on it, and its middleware
+        # then answers 429 (a locked-out login fails whatever the password).
+        serializer = LoginSerializer(data=request.data, context={"request": request._request})
         serializer.is_valid(raise_exception=True)
-        token, _ = Token.objects.get_or_create(user=serializer.validated_data["user"])
-        return Response({"token": token.key})
+        _, key = AuthToken.objects.create(user=serializer.validated_data["user"])
+        return Response({"token": key})
 
 
 class TokenViewSet(ApiViewMixin, mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):
-    """Your token (an admin: every user's). DELETE /tokens/{user}/ revokes it."""
+    """Your tokens (an admin: every user's). DELETE /tokens/{user}/ revokes all of that user's tokens."""
 
     schema = ApiSchema()
     serializer_class = TokenSerializer
@@ -65,14 +70,21 @@ class TokenViewSet(ApiViewMixin, mixins.ListModelMixin, mixins.DestroyModelMixin
     lookup_url_kwarg = "user"
     lookup_value_regex = r"[\w.@+-]+"
     filterset_class = None
-    queryset = Token.objects.none()  # for the schema; get_queryset() is what answers
+    queryset = AuthToken.objects.none()  # for the schema; get_queryset() is what answers
 
     def get_queryset(self):
-        qs = Token.objects.select_related("user").order_by("user__username")
+        qs = AuthToken.objects.select_related("user").order_by("user__username", "created")
         user = self.request.user
         if getattr(self, "swagger_fake_view", False):
             return qs.none()
         return qs if user.is_superuser else qs.filter(user=user)
+
+    def destroy(self, request, *args, **kwargs):
+        tokens = self.get_queryset().filter(user__username=kwargs[self.lookup_url_kwarg])
+        if not tokens.exists():
+            raise Http404
+        tokens.delete()
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class CurrentTokenView(ApiViewMixin, APIView):
@@ -80,6 +92,6 @@ class CurrentTokenView(ApiViewMixin, APIView):
 
     @extend_schema(request=None, responses={204: None})
     def delete(self, request):
-        """Log out: revoke the token of the logged-in user."""
-        Token.objects.filter(user=request.user).delete()
+        """Log out: revoke the tokens of the logged-in user (everywhere)."""
+        AuthToken.objects.filter(user=request.user).delete()
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -8,6 +8,7 @@ import hashlib
 import os
 import secrets
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -71,7 +72,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "rest_framework",
-    "rest_framework.authtoken",
+    "knox",
+    "axes",
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -90,6 +92,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes asks: it turns a locked-out login into its lockout answer.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -137,6 +141,8 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+    # Not a rule: revokes the user's API tokens whenever the password changes (config/auth.py).
+    {"NAME": "config.auth.RevokeTokensOnPasswordChange"},
 ]
 
 LANGUAGE_CODE = "en-us"
@@ -244,7 +250,7 @@ NODE_AUTO_ACCEPT = env_bool("NODE_AUTO_ACCEPT", not REDIS_URL)
 # --- REST framework -----------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "knox.auth.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -257,6 +263,31 @@ REST_FRAMEWORK = {
         "submit": os.environ.get("SUBMIT_RATE", "120/min"),
         "login": os.environ.get("LOGIN_RATE", "30/min"),
     },
+    # Reverse proxies in front that append to X-Forwarded-For: throttles key on the address the first of
+    # them saw. 0: REMOTE_ADDR, whatever X-Forwarded-For a client sends.
+    "NUM_PROXIES": env_int("NUM_PROXIES", 0),
+}
+
+# --- Logins -------------------------------------------------------------------------------------
+# django-axes: after LOGIN_FAILURE_LIMIT wrong passwords for one username, or from one client address
+# (config.auth.client_ip, NUM_PROXIES-aware), logins there are refused for LOGIN_COOLOFF_MINUTES, the
+# right password included: /login/, /admin/login/ and POST /api/v1/auth/token/ alike.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = env_int("LOGIN_COOLOFF_MINUTES", 15) / 60  # hours
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]  # each on its own
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "config.auth.client_ip"
+AXES_HTTP_RESPONSE_CODE = 429
+# django-rest-knox: API tokens stored as digests, expiring, sent as `Authorization: Token <key>`.
+REST_KNOX = {
+    "AUTH_HEADER_PREFIX": "Token",
+    "AUTH_TOKEN_CHARACTER_LENGTH": 40,  # 160 bits, as long as the tokens the CLI has always handled
+    "TOKEN_TTL": timedelta(hours=env_int("API_TOKEN_TTL_HOURS", 30 * 24)),
+    "AUTO_REFRESH": False,
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "gpuquota API",

@@ -3,7 +3,7 @@ no messages leave the process; a fresh in-memory cache per test (throttles, pass
 
 import pytest
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
+from knox.models import AuthToken
 from rest_framework.test import APIClient
 
 from gpunodes.models import Gpu
@@ -21,8 +21,8 @@ def _quiet(no_messages):
 def client_for(user=None) -> APIClient:
     client = APIClient()
     if user is not None:
-        token, _ = Token.objects.get_or_create(user=user)
-        client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+        _, key = AuthToken.objects.create(user=user)
+        client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
     return client
 
 

@@ -10,7 +10,7 @@ from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
 from drf_spectacular.generators import SchemaGenerator
 from hypothesis import HealthCheck, settings
-from rest_framework.authtoken.models import Token
+from knox.models import AuthToken
 from schemathesis import checks
 
 from tests.api.conftest import submit
@@ -50,7 +50,7 @@ def world(bob, vision_share, language_share, nodes):
     submit(bob, vision_share, gpus=1)
     request_started.disconnect(close_old_connections)
     request_finished.disconnect(close_old_connections)
-    yield {"Authorization": f"Token {Token.objects.get_or_create(user=bob)[0].key}"}
+    yield {"Authorization": f"Token {AuthToken.objects.create(user=bob)[1]}"}
     request_started.connect(close_old_connections)
     request_finished.connect(close_old_connections)
 

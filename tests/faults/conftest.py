@@ -226,7 +226,7 @@ def make_team(
     django_user_model, slug: str, *, users: int = 1, capacity: int = 4, strategy: str = "LEND_AND_BORROW"
 ):
     """A team with `users` members and one share `slug`-share of `capacity` a10g GPUs."""
-    from rest_framework.authtoken.models import Token
+    from knox.models import AuthToken
 
     from quotas.choices import Role
     from quotas.models import Membership, Share, ShareCapacity, Team
@@ -238,5 +238,5 @@ def make_team(
     for i in range(users):
         user = django_user_model.objects.create_user(f"{slug}-u{i}", password="pw-123456")
         Membership.objects.create(team=team, user=user, role=Role.MEMBER)
-        members.append((user, Token.objects.create(user=user).key))
+        members.append((user, AuthToken.objects.create(user=user)[1]))
     return share, members

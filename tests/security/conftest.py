@@ -3,7 +3,7 @@ matrix: admin (alice), team manager (dave, vision), team member (bob, vision), o
 language), anonymous, and a revoked token (rita's, deleted after she got it)."""
 
 import pytest
-from rest_framework.authtoken.models import Token
+from knox.models import AuthToken
 from rest_framework.test import APIClient
 
 from quotas.choices import Role
@@ -30,9 +30,10 @@ def rita(django_user_model, vision):
 
 
 def revoked_client(user) -> APIClient:
-    token, _ = Token.objects.get_or_create(user=user)
-    key = token.key
-    token.delete()  # what DELETE /auth/token/current/ does: logged out everywhere
+    _, key = AuthToken.objects.create(user=user)
+    AuthToken.objects.filter(
+        user=user
+    ).delete()  # what DELETE /auth/token/current/ does: logged out everywhere
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
     return client
@@ -44,7 +45,7 @@ def world(alice, bob, charlie, dave, rita, vision, language, vision_share, langu
     an empty team and an empty share (deletable), one audit entry."""
     from quotas import audit
 
-    Token.objects.get_or_create(user=bob)  # bob has logged in: his token exists to be revoked
+    AuthToken.objects.create(user=bob)  # bob has logged in: his token exists to be revoked
     empty_team = Team.objects.create(name="Empty", slug="empty")
     spare = make_share(vision, "spare", capacity={"a10g": 1})
     entry = audit.record_audit(alice, "create", spare, {}, audit.snapshot(spare))

@@ -1,0 +1,40 @@
+"""Logins: the client address throttles and lockouts key on, and revoking API tokens when a password
+changes. Lockouts are django-axes' (dashboard, admin and API token logins alike: all go through
+django.contrib.auth's authenticate()); API tokens are django-rest-knox's (stored as SHA-512 digests,
+expiring after API_TOKEN_TTL_HOURS, sent as `Authorization: Token <key>`)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+
+def client_ip(request) -> str:
+    """The client's address as the first of NUM_PROXIES trusted reverse proxies saw it (X-Forwarded-For
+    counted from the right, as DRF's throttles do), else REMOTE_ADDR: a client cannot choose it by
+    sending an X-Forwarded-For of its own. Used by django-axes (AXES_CLIENT_IP_CALLABLE)."""
+    meta = getattr(request, "META", {})
+    forwarded = meta.get("HTTP_X_FORWARDED_FOR", "")
+    proxies = settings.REST_FRAMEWORK.get("NUM_PROXIES") or 0
+    if proxies and forwarded:
+        addresses = [a.strip() for a in forwarded.split(",") if a.strip()]
+        if addresses:
+            return addresses[-min(proxies, len(addresses))]
+    return meta.get("REMOTE_ADDR", "")
+
+
+class RevokeTokensOnPasswordChange:
+    """Not a rule for passwords: Django calls every validator's password_changed() whenever a user's
+    password is set and saved (admin, set_password, the password change views); this one revokes the
+    user's API tokens then, so a leaked token dies with the password."""
+
+    def validate(self, password, user=None) -> None:
+        return None
+
+    def password_changed(self, password, user=None) -> None:
+        if user is not None and user.pk:
+            from knox.models import AuthToken
+
+            AuthToken.objects.filter(user=user).delete()
+
+    def get_help_text(self) -> str:
+        return ""
