@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from quotas import audit
 from quotas import forecast as fc
-from quotas.choices import Role, Strategy
+from quotas.choices import Role, ShareState, Strategy
 from quotas.models import GPU_TYPE_RE, Membership, Share, ShareCapacity, Team
 
 log = logging.getLogger(__name__)
@@ -143,9 +143,12 @@ def _validate_capacity(capacity: Mapping[str, int]) -> dict[str, int]:
 def _check_share(share: Share) -> None:
     errors: dict[str, list[str]] = {}
     try:
-        share.full_clean()
+        share.full_clean(validate_unique=False)
     except ValidationError as e:
         errors = e.message_dict
+    if "name" not in errors and Share.objects.filter(name=share.name).exclude(pk=share.pk).exists():
+        # Django's own words would be "Share with this Name already exists."
+        errors["name"] = [f'A share named "{share.name}" already exists.']
     if (
         share.borrow_limit != -1
         and share.strategy != Strategy.LEND_AND_BORROW
@@ -222,6 +225,9 @@ def share_update(
 
 
 def share_delete(*, share: Share, actor=None) -> None:
+    """Delete a DISABLED share without jobs (the one rule for the dashboard and the API)."""
+    if share.state != ShareState.DISABLED:
+        raise _conflict(f'Disable share "{share.name}" before deleting it.')
     try:
         with transaction.atomic():
             audit.record_audit(actor, "delete", share, audit.snapshot(share), {})

@@ -46,7 +46,7 @@ def admin_required(view):
     @login_required
     def wrapped(request, *args, **kwargs):
         if not request.user.is_superuser:
-            raise PermissionDenied("Only admins may do this.")
+            raise PermissionDenied("Only admins can manage shares, nodes and the audit log.")
         return view(request, *args, **kwargs)
 
     return wrapped
@@ -381,8 +381,6 @@ def share_set_state(request, name):
 @admin_required
 def share_delete(request, name):
     share = get_object_or_404(Share, name=name)
-    if share.state != ShareState.DISABLED:
-        return HttpResponse(f'Disable share "{share.name}" before deleting it.', status=400)
     try:
         services.share_delete(share=share, actor=request.user)
     except job_services.Conflict as e:

@@ -92,13 +92,22 @@ def test_an_admin_changes_capacity_and_state(
     assert ("pass", "share changed") in no_messages
 
 
-def test_an_admin_deletes_a_share_without_jobs(as_alice, vision_share):
+def test_an_admin_deletes_a_disabled_share_without_jobs(as_alice, vision_share):
+    Share.objects.filter(pk=vision_share.pk).update(state=ShareState.DISABLED)
     assert as_alice.delete(f"{URL}vision-main/").status_code == 204
     assert not Share.objects.exists()
 
 
+def test_an_enabled_share_is_not_deleted_as_on_the_dashboard(as_alice, vision_share):
+    r = as_alice.delete(f"{URL}vision-main/")
+    assert r.status_code == 409
+    assert r.json()["detail"] == 'Disable share "vision-main" before deleting it.'
+    assert Share.objects.filter(pk=vision_share.pk).exists()
+
+
 def test_a_share_with_jobs_cannot_be_deleted(as_alice, bob, vision_share, nodes):
     submit(bob, vision_share)
+    Share.objects.filter(pk=vision_share.pk).update(state=ShareState.DISABLED)
     r = as_alice.delete(f"{URL}vision-main/")
     assert r.status_code == 409
     assert "disable it instead" in r.json()["detail"]
@@ -146,7 +155,7 @@ def test_members_cannot_write_shares(as_bob, vision_share):
             "borrow_limit",
             "Ensure this value is greater than or equal to -1.",
         ),
-        ({"name": "vision-main", "team": "vision"}, "name", "Share with this Name already exists."),
+        ({"name": "vision-main", "team": "vision"}, "name", 'A share named "vision-main" already exists.'),
         ({"name": "ok", "team": "vision", "colour": "red"}, "colour", "Unknown field."),
     ],
 )

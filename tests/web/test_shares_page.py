@@ -95,7 +95,9 @@ def test_edit_records_and_shows_recent_changes(as_alice, vision_share, nodes):
 
 def test_disable_enable_and_delete_after_disabling(as_alice, vision, nodes):
     Share.objects.create(team=vision, name="scratch")
-    assert as_alice.post("/shares/scratch/delete/").status_code == 400  # enabled: disable first
+    response = as_alice.post("/shares/scratch/delete/")
+    assert response.status_code == 409  # enabled: disable first (the service's rule, as in the API)
+    assert response.content.decode() == 'Disable share "scratch" before deleting it.'
     as_alice.post("/shares/scratch/state/", {"state": "DISABLED"})
     assert Share.objects.get(name="scratch").state == ShareState.DISABLED
     response = as_alice.post("/shares/scratch/delete/", HTTP_HX_REQUEST="true")
