@@ -5,8 +5,10 @@
     python -m bench --only policy,simulate
     python -m bench --json out.json
 
-Benchmarks: 1 policy (plan() alone), 2 pass and 5 pages (PostgreSQL), 3 submit (gunicorn, PostgreSQL +
-Redis), 4 latency (control worker + fake agents, PostgreSQL + Redis), 6 simulate. Those that need
+Benchmarks: 1 policy (plan() alone), 2 pass and 5 pages (PostgreSQL), 3 submit and arrays (gunicorn,
+PostgreSQL + Redis), 7 cli (`gpuquota` as fresh processes), 4 latency (control worker + fake agents,
+PostgreSQL + Redis), 6 simulate, 8 slurm (a one-node Slurm beside gpuquota, alternating; needs
+slurm-wlm and root). Those that need
 PostgreSQL or Redis are skipped, with the reason, when DATABASE_URL (a database named `*_bench`, which
 they empty) or REDIS_URL is not set or not reachable. Nothing needs a GPU.
 """
@@ -23,7 +25,7 @@ import traceback
 
 from bench import common
 
-ALL = ("policy", "pass", "submit", "latency", "simulate")
+ALL = ("policy", "pass", "submit", "cli", "latency", "simulate", "slurm")
 
 
 def _fmt_s(v: float | None) -> str:
@@ -112,8 +114,34 @@ def _latency(quick: bool) -> list[dict]:
     return bench_latency.run(samples=5 if quick else 20, reclaims=2 if quick else 5)
 
 
-RUNNERS = {"policy": _policy, "pass": _pass, "submit": _submit, "latency": _latency, "simulate": _simulate}
-NEEDS = {"pass": ("db",), "submit": ("db", "redis"), "latency": ("db", "redis")}
+def _cli(quick: bool) -> list[dict]:
+    from bench import bench_cli
+
+    return bench_cli.run(submits=20 if quick else 100)
+
+
+def _slurm(quick: bool) -> list[dict]:
+    from bench import bench_slurm
+
+    return bench_slurm.run(quick=quick)
+
+
+RUNNERS = {
+    "policy": _policy,
+    "pass": _pass,
+    "submit": _submit,
+    "cli": _cli,
+    "latency": _latency,
+    "simulate": _simulate,
+    "slurm": _slurm,
+}
+NEEDS = {
+    "pass": ("db",),
+    "submit": ("db", "redis"),
+    "cli": ("db", "redis"),
+    "latency": ("db", "redis"),
+    "slurm": ("db", "redis"),
+}
 
 
 def table(rows: list[dict]) -> str:
