@@ -84,6 +84,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -220,6 +221,12 @@ NODE_LOST_AFTER_S = env_int("NODE_LOST_AFTER_S", 30)
 HEARTBEAT_INTERVAL_S = env_int("HEARTBEAT_INTERVAL_S", 5)
 PREEMPT_ACK_TIMEOUT_S = env_int("PREEMPT_ACK_TIMEOUT_S", 30)
 STARVATION_S = env_int("STARVATION_S", 3600)
+# The stored queue forecast (SEMANTICS "Forecast"): recomputed after a pass that decided something, at
+# most every FORECAST_MIN_INTERVAL_S, and at least every FORECAST_MAX_AGE_S; one replay may take
+# FORECAST_BUDGET_S (jobs it does not reach keep their position and get no ETA).
+FORECAST_MIN_INTERVAL_S = env_int("FORECAST_MIN_INTERVAL_S", 3)
+FORECAST_MAX_AGE_S = env_int("FORECAST_MAX_AGE_S", 30)
+FORECAST_BUDGET_S = env_int("FORECAST_BUDGET_S", 5)
 DEFAULT_PREEMPTION_GRACE_S = env_int("DEFAULT_PREEMPTION_GRACE_S", 30)
 # Job arrays: the most tasks one array may have, and the most jobs a share may hold queued once an array
 # is added (an array that would pass it is refused whole, with both numbers in the error).
@@ -238,6 +245,8 @@ CHECKPOINT_ROOT = Path(os.environ.get("CHECKPOINT_ROOT", JOB_ROOT / "checkpoints
 JOB_UID_RANGE = os.environ.get("JOB_UID_RANGE", "2000000-2099999")
 # Bytes of one attempt's output kept on the control side (first half and last half).
 JOB_LOG_CAP_BYTES = env_int("JOB_LOG_CAP_BYTES", 8 * 1024 * 1024)
+# Per-attempt log files on an agent host are removed this many days after they were last written.
+JOB_LOG_KEEP_DAYS = env_int("JOB_LOG_KEEP_DAYS", 7)
 # /metrics (Prometheus): a bearer token, or client addresses/networks allowed without one. Neither: 403.
 METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
 METRICS_ALLOWED_IPS = env_list("METRICS_ALLOWED_IPS")
@@ -282,6 +291,24 @@ AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]  # each on its own
 AXES_RESET_ON_SUCCESS = True
 AXES_CLIENT_IP_CALLABLE = "config.auth.client_ip"
 AXES_HTTP_RESPONSE_CODE = 429
+
+# Content-Security-Policy (django-csp): scripts only from our own static files, no inline script, no
+# eval (htmx runs with allowEval off; templates use data attributes handled in static/js). Styles may
+# be inline (bar widths, plotly's own), which runs no code.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
 # django-rest-knox: API tokens stored as digests, expiring, sent as `Authorization: Token <key>`.
 REST_KNOX = {
     "AUTH_HEADER_PREFIX": "Token",

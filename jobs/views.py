@@ -12,7 +12,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from jobs import services
-from jobs.choices import JOB_TERMINAL_STATES, JobState
+from jobs.choices import JOB_TERMINAL_STATES
 from jobs.forms import PriorityForm
 from jobs.models import Job, JobArray, JobEvent
 from quotas import services as quota_services
@@ -28,7 +28,7 @@ JOB_PARTS = {"state": "jobs/partials/_job_state.html", "log": "jobs/partials/_lo
 
 
 def _visible_job(user, pk: int) -> Job:
-    job = get_object_or_404(Job.objects.select_related("share__team", "submitted_by"), pk=pk)
+    job = get_object_or_404(Job.objects.select_related("share__team", "submitted_by", "forecast"), pk=pk)
     if not services.can_see_job(user, job):
         raise Http404("No such job among your teams'.")  # other teams' jobs do not exist for you
     return job
@@ -71,16 +71,16 @@ def _job_context(request, job: Job) -> dict:
     attempts = list(job.attempts.order_by("number"))
     _label_borrowed_now(attempts)
     events = list(JobEvent.objects.filter(job=job).order_by("-at", "-id")[:EVENTS_SHOWN])
-    queue = quota_services.queue_view(targets=[job.pk]) if job.state == JobState.QUEUED else None
+    forecast = quota_services.forecast_fields(job)  # the stored forecast: no replay in a request
     return {
         "job": job,
         "attempts": attempts,
         "events": events,
         "timeline": _timeline(attempts, timezone.now()),
         "can_manage": services.can_manage_job(request.user, job),
-        "position": queue.position(job.pk) if queue else None,
-        "eta": queue.eta(job.pk) if queue else None,
-        "waiting": queue.waiting(job.pk) if queue else "",
+        "position": forecast["position"],
+        "e": forecast,  # eta, kind, basis, computed_at (templates/jobs/partials/_eta.html)
+        "waiting": forecast["waiting"],
         "finished": job.state in JOB_TERMINAL_STATES,
         "priority_form": PriorityForm(initial={"priority": job.priority}),
         "poll": True,

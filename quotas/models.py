@@ -168,3 +168,38 @@ class AuditEntry(models.Model):
         return (
             f"{self.at:%Y-%m-%d %H:%M} {self.actor_name} {self.action} {self.object_type} {self.object_repr}"
         )
+
+
+class ForecastKind(models.TextChoices):
+    BOUND = "bound", "bound"
+    ESTIMATE = "estimate", "estimate"
+    NONE = "none", "none"
+
+
+class QueueForecast(models.Model):
+    """A queued job's forecast (SEMANTICS "Forecast"), as the control worker last computed it after a
+    pass: its position, ETA with what the ETA rests on, and why it waits. Pages, API and CLI read this
+    row and show its age; no web request replays the queue. Rows of jobs no longer queued go at the
+    next write."""
+
+    job = models.OneToOneField(
+        "jobs.Job", on_delete=models.CASCADE, primary_key=True, related_name="forecast"
+    )
+    position_in_share = models.PositiveIntegerField()
+    position_overall = models.PositiveIntegerField()
+    eta = models.DateTimeField(null=True, blank=True)
+    kind = models.CharField(max_length=8, choices=ForecastKind.choices)
+    basis = models.CharField(max_length=400, blank=True)  # what the ETA rests on, or why there is none
+    reason = models.CharField(max_length=400, blank=True)  # why it waits now
+    computed_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["position_overall"], name="queueforecast_overall")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(kind__in=ForecastKind.values), name="queueforecast_kind_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}: #{self.position_overall}, {self.kind}"

@@ -323,7 +323,13 @@ def _median_runtimes(now: datetime) -> dict[str, float]:
     return {share: statistics.median(values) for share, values in samples.items()}
 
 
-def queue_view(*, targets: Iterable[int] | None = None, now: datetime | None = None) -> QueueView:
+def queue_view(
+    *,
+    targets: Iterable[int] | None = None,
+    now: datetime | None = None,
+    budget_s: float | None = None,
+    max_passes: int | None = None,
+) -> QueueView:
     """Load the snapshot and forecast the queue. `targets` (job ids) lets the forecast stop as soon as
     those jobs have an ETA. A constant number of queries, whatever the size of the queue."""
     from jobs.choices import JOB_OPEN_STATES
@@ -335,17 +341,103 @@ def queue_view(*, targets: Iterable[int] | None = None, now: datetime | None = N
     medians = _median_runtimes(now)
     share_names = dict(Share.objects.values_list("pk", "name"))
     runtime: dict[int, float] = {}
+    estimates: dict[int, fc.Estimate] = {}
     grace: dict[int, float] = {}
+    default = fc.Estimate(float(DEFAULT_RUNTIME_S))
+    by_share = {name: fc.Estimate(float(m), name) for name, m in medians.items()}
     for pk, share_id, max_runtime, grace_s in Job.objects.filter(state__in=list(JOB_OPEN_STATES)).values_list(
         "pk", "share_id", "max_runtime_s", "preemption_grace_s"
     ):
-        runtime[pk] = float(max_runtime or medians.get(share_names.get(share_id)) or DEFAULT_RUNTIME_S)
+        if max_runtime:  # enforced by the agent: an ETA that rests only on these is a bound
+            runtime[pk] = float(max_runtime)
+        else:
+            est = by_share.get(share_names.get(share_id), default)
+            runtime[pk] = est.seconds
+            estimates[pk] = est
         grace[pk] = float(grace_s)
     result = fc.forecast(
         loaded.snapshot,
         runtime_s=runtime,
+        estimates=estimates,
         grace_s=grace,
         default_runtime_s=DEFAULT_RUNTIME_S,
         targets=targets,
+        **({"budget_s": budget_s, "max_passes": max_passes} if budget_s else {}),
     )
     return QueueView(loaded=loaded, forecast=result)
+
+
+def age_words(at: datetime, now: datetime | None = None) -> str:
+    """How long ago, in a few words: "42 s", "3 min", "2 h"."""
+    seconds = max(0, int(((now or timezone.now()) - at).total_seconds()))
+    if seconds < 120:
+        return f"{seconds} s"
+    return f"{seconds // 60} min" if seconds < 7200 else f"{seconds // 3600} h"
+
+
+def forecast_fields(job) -> dict:
+    """A queued job's stored forecast for a page: position, ETA, its kind and basis, why it waits, and
+    the forecast's age. Empty values for a job without one (not queued, or not forecast yet)."""
+    f = None
+    if job.state == "QUEUED":
+        f = getattr(job, "forecast", None)
+    if f is None:
+        return {"position": None, "eta": None, "kind": "", "basis": "", "waiting": "", "computed_at": None, "age": ""}
+    return {
+        "position": {"in_share": f.position_in_share, "overall": f.position_overall},
+        "eta": f.eta,
+        "kind": f.kind,
+        "basis": f.basis,
+        "waiting": f.reason,
+        "computed_at": f.computed_at,
+        "age": age_words(f.computed_at),
+    }
+
+
+def forecast_refresh(*, now: datetime | None = None) -> dict:
+    """Forecast the whole queue and store it (QueueForecast): what the control worker runs after a
+    pass. Positions for every queued job; ETAs as far as the replay gets within FORECAST_BUDGET_S."""
+    import time as _time
+
+    from django.conf import settings
+
+    from jobs.choices import JobState
+    from quotas.models import QueueForecast
+
+    started = _time.monotonic()
+    now = now or timezone.now()
+    queue = queue_view(now=now, budget_s=settings.FORECAST_BUDGET_S, max_passes=10**9)
+    f = queue.forecast
+    tz = timezone.get_current_timezone()
+    rows = []
+    for q in queue.snapshot.queued:
+        pos = f.positions.get(q.job_id)
+        if pos is None:
+            continue
+        t = f.eta.get(q.job_id)
+        kind = f.kind.get(q.job_id, fc.NONE)
+        rows.append(
+            QueueForecast(
+                job_id=q.job_id,
+                position_in_share=pos["in_share"],
+                position_overall=pos["overall"],
+                eta=datetime.fromtimestamp(t, tz=tz) if t is not None else None,
+                kind=kind,
+                basis=(f.basis.get(q.job_id) or "")[:400],
+                reason=(f.waiting.get(q.job_id) or "")[:400],
+                computed_at=now,
+            )
+        )
+    fields = ["position_in_share", "position_overall", "eta", "kind", "basis", "reason", "computed_at"]
+    with transaction.atomic():
+        QueueForecast.objects.exclude(job__state=JobState.QUEUED).delete()
+        for i in range(0, len(rows), 2000):
+            QueueForecast.objects.bulk_create(
+                rows[i : i + 2000], update_conflicts=True, unique_fields=["job"], update_fields=fields
+            )
+    return {
+        "jobs": len(rows),
+        "etas": len(f.eta),
+        "passes": f.passes,
+        "seconds": round(_time.monotonic() - started, 3),
+    }

@@ -8,7 +8,56 @@ from quotas import scheduler
 @shared_task(name="quotas.tasks.scheduling_pass", ignore_result=True)
 def scheduling_pass(trigger: str = "beat") -> dict:
     result = scheduler.run_pass(trigger)
+    forecast_if_due(changed=bool(result.admitted or result.preempted or result.ended))
     return {"admitted": len(result.admitted), "preempted": len(result.preempted), "ms": result.duration_ms}
+
+
+FORECAST_LOCK = "gpuquota:forecast-running"
+FORECAST_ASKED = "gpuquota:forecast-asked"
+FORECAST_LAST = "gpuquota:forecast-last"
+
+
+def forecast_if_due(*, changed: bool) -> bool:
+    """After a pass: ask for a new stored forecast when the pass decided something (at most every
+    FORECAST_MIN_INTERVAL_S), or when the stored one is older than FORECAST_MAX_AGE_S, so that an ETA
+    that has passed is forecast again from the new state. Returns whether it asked."""
+    import logging
+    import time
+
+    from django.conf import settings
+    from django.core.cache import cache
+
+    try:
+        age = time.time() - float(cache.get(FORECAST_LAST) or 0)
+        if age < settings.FORECAST_MIN_INTERVAL_S or (not changed and age < settings.FORECAST_MAX_AGE_S):
+            return False
+        if not cache.add(FORECAST_ASKED, 1, timeout=settings.FORECAST_MIN_INTERVAL_S):
+            return False  # asked already in this interval
+        forecast_queue.apply_async()
+    except Exception:  # advice only: the next pass asks again
+        logging.getLogger(__name__).warning("could not ask for a forecast", exc_info=True)
+        return False
+    return True
+
+
+@shared_task(name="quotas.tasks.forecast_queue", ignore_result=True)
+def forecast_queue() -> dict:
+    """Forecast the whole queue and store it; never two at once (a cache lock)."""
+    import time
+
+    from django.conf import settings
+    from django.core.cache import cache
+
+    from quotas import services
+
+    if not cache.add(FORECAST_LOCK, 1, timeout=settings.FORECAST_BUDGET_S * 6 + 60):
+        return {"skipped": "a forecast is running"}
+    try:
+        result = services.forecast_refresh()
+        cache.set(FORECAST_LAST, time.time(), None)
+        return result
+    finally:
+        cache.delete(FORECAST_LOCK)
 
 
 @shared_task(name="quotas.tasks.prune_pass_records", ignore_result=True)

@@ -29,7 +29,6 @@ from quotas.models import AuditEntry, Membership, Share, Team
 
 FEED_SIZE = 15
 QUEUE_SHOWN = 50
-ETA_TARGETS = 20  # the forecast runs until these many of the team's next jobs have an ETA
 RUNNING_SHOWN = 50
 AUDIT_PAGE = 50
 FEED_KINDS = [EventKind.PREEMPTING, EventKind.NODE_LOST]
@@ -133,42 +132,33 @@ def _team_for(user, slug: str) -> tuple[Team, str | None]:
 
 
 def team_queue_context(user, team: Team) -> dict:
-    """The team's queue in admission order (position, ETA, why it waits) and its running jobs, from
-    one snapshot (returned as "loaded" for the share cards). Constant queries."""
+    """The team's queue in admission order (position, ETA, why it waits: the stored forecast, see
+    QueueForecast) and its running jobs. No replay and no queue in the snapshot: constant queries,
+    whatever the length of the queue."""
+    from django.db.models import F
+
     from jobs.choices import JobState
     from quotas import policy
+    from quotas.scheduler import load_snapshot
 
-    # ETAs for the first of the team's jobs in queue order (SEMANTICS rule 1): the forecast stops
-    # once those are placed.
-    targets = list(
-        Job.objects.filter(state=JobState.QUEUED, share__team=team)
-        .order_by("-priority", "submitted_at", "id")
-        .values_list("pk", flat=True)[:ETA_TARGETS]
-    )
-    queue = services.queue_view(targets=targets)
-    snapshot = queue.snapshot
+    loaded = load_snapshot(queued=False)
+    snapshot = loaded.snapshot
     names = {s.name for s in Share.objects.filter(team=team).only("name")}
-    queued = [q for q in snapshot.queued if q.share in names]
-    queued.sort(key=lambda q: queue.position(q.job_id)["overall"])
+    queued_qs = Job.objects.filter(state=JobState.QUEUED, share__team=team)
+    queued_total = queued_qs.count()
+    shown_q = list(
+        queued_qs.select_related("share", "submitted_by", "forecast").order_by(
+            F("forecast__position_overall").asc(nulls_last=True), "-priority", "submitted_at", "id"
+        )[:QUEUE_SHOWN]
+    )
     running = sorted(
         (r for r in snapshot.running if r.share in names), key=lambda r: (-r.started_at, r.attempt_id)
     )
-    shown_q, shown_r = queued[:QUEUE_SHOWN], running[:RUNNING_SHOWN]
-    jobs = Job.objects.select_related("share", "submitted_by").in_bulk(
-        [q.job_id for q in shown_q] + [r.job_id for r in shown_r]
-    )
+    shown_r = running[:RUNNING_SHOWN]
+    jobs = Job.objects.select_related("share", "submitted_by").in_bulk([r.job_id for r in shown_r])
     can_manage = job_services.manage_checker(user)
-    entries = [
-        {
-            "job": jobs[q.job_id],
-            "position": queue.position(q.job_id),
-            "eta": queue.eta(q.job_id),
-            "waiting": queue.waiting(q.job_id),
-            "can_manage": can_manage(jobs[q.job_id]),
-        }
-        for q in shown_q
-        if q.job_id in jobs  # one that ended between the snapshot and now is left out
-    ]
+    entries = [{"job": job, **services.forecast_fields(job), "can_manage": can_manage(job)} for job in shown_q]
+    computed = [e["computed_at"] for e in entries if e["computed_at"]]
     entries = job_services.fold_arrays(entries, can_manage)  # an array: one expandable row
     borrowed_now = policy.borrowed_attempts(snapshot)
     running_rows = [
@@ -185,10 +175,11 @@ def team_queue_context(user, team: Team) -> dict:
     ]
     return {
         "team": team,
-        "loaded": queue.loaded,
+        "loaded": loaded,
         "queue": entries,
-        "queued_total": len(queued),
-        "planned": queue.forecast.planned,
+        "queued_total": queued_total,
+        "forecast_age": services.age_words(max(computed)) if computed else None,
+        "planned": True,
         "running": running_rows,
         "running_total": len(running),
         "now": timezone.now(),
@@ -372,7 +363,11 @@ def share_set_state(request, name):
     share = get_object_or_404(Share, name=name)
     state = request.POST.get("state")
     if state not in ShareState.values:
-        return HttpResponse(f"state must be one of {', '.join(ShareState.values)}", status=400)
+        return HttpResponse(
+            f"state must be one of {', '.join(ShareState.values)}",
+            status=400,
+            content_type="text/plain; charset=utf-8",
+        )
     services.share_update(share=share, state=state, actor=request.user)
     return hx_redirect(request, reverse("share_list"))
 
@@ -384,7 +379,7 @@ def share_delete(request, name):
     try:
         services.share_delete(share=share, actor=request.user)
     except job_services.Conflict as e:
-        return HttpResponse(str(e), status=409)
+        return HttpResponse(str(e), status=409, content_type="text/plain; charset=utf-8")
     return hx_redirect(request, reverse("share_list"))
 
 

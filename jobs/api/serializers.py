@@ -1,10 +1,13 @@
 """Serializers of jobs: the submit and priority write shapes (strict: unknown fields are refused), the
 list and detail read shapes, attempts, events, queue entries and log reads."""
 
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from config.api import StrictSerializer
+from config.validators import printable
+from jobs.api.redaction import EnvRedactionMixin
 from jobs.limits import MAX_INT
 from jobs.models import Attempt, Job, JobArray, JobEvent
 from quotas.models import Share
@@ -41,7 +44,9 @@ class ArraySpecSerializer(StrictSerializer):
 
 class JobSubmitSerializer(StrictSerializer):
     share = ShareByName(help_text="Name of the share to queue the job in.")
-    name = serializers.CharField(max_length=200, allow_blank=True, required=False, default="")
+    name = serializers.CharField(
+        max_length=200, allow_blank=True, required=False, default="", validators=[printable]
+    )
     gpu_type = serializers.CharField(max_length=32, help_text="e.g. a10g")
     gpus = serializers.IntegerField(max_value=MAX_INT, min_value=-MAX_INT)
     priority = serializers.IntegerField(
@@ -121,10 +126,34 @@ class JobPrioritySerializer(StrictSerializer):
     priority = serializers.IntegerField(max_value=MAX_INT, min_value=-MAX_INT, help_text="0..9999")
 
 
-class JobSerializer(serializers.ModelSerializer):
+class QueuePositionSerializer(serializers.Serializer):
+    in_share = serializers.IntegerField(help_text="1 = next in its share.")
+    overall = serializers.IntegerField(help_text="1 = next in the whole cluster.")
+
+
+def _stored_forecast(job):
+    """A queued job's stored forecast (quotas.models.QueueForecast), or None. A job just submitted has
+    none yet (FRESH): no query for it on the submit path."""
+    if job.state != "QUEUED" or getattr(job, FRESH, False):
+        return None
+    return getattr(job, "forecast", None)
+
+
+FRESH = "_gpuquota_fresh"
+
+
+class JobSerializer(EnvRedactionMixin, serializers.ModelSerializer):
     share = serializers.CharField(source="share.name", read_only=True)
     team = serializers.CharField(source="share.team.slug", read_only=True)
     submitted_by = serializers.CharField(source="submitted_by.username", read_only=True)
+    # The stored forecast (SEMANTICS "Forecast"), computed by the control worker after a pass.
+    queue_position = serializers.SerializerMethodField()
+    eta = serializers.SerializerMethodField()
+    eta_kind = serializers.SerializerMethodField()
+    eta_basis = serializers.SerializerMethodField()
+    waiting_reason = serializers.SerializerMethodField()
+    forecast_at = serializers.SerializerMethodField()
+    forecast_age_s = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
@@ -152,8 +181,62 @@ class JobSerializer(serializers.ModelSerializer):
             "exit_code",
             "array",
             "array_index",
+            "queue_position",
+            "eta",
+            "eta_kind",
+            "eta_basis",
+            "waiting_reason",
+            "forecast_at",
+            "forecast_age_s",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(QueuePositionSerializer(allow_null=True))
+    def get_queue_position(self, job):
+        f = _stored_forecast(job)
+        return {"in_share": f.position_in_share, "overall": f.position_overall} if f else None
+
+    @extend_schema_field(
+        serializers.DateTimeField(
+            allow_null=True, help_text="Expected start; never in the past when computed."
+        )
+    )
+    def get_eta(self, job):
+        f = _stored_forecast(job)
+        return serializers.DateTimeField().to_representation(f.eta) if f and f.eta else None
+
+    @extend_schema_field(
+        serializers.CharField(
+            allow_null=True,
+            help_text="bound: rests only on enforced max runtimes; estimate: on a guessed runtime; "
+            "none: not within the forecast (see eta_basis).",
+        )
+    )
+    def get_eta_kind(self, job):
+        f = _stored_forecast(job)
+        return f.kind if f else None
+
+    @extend_schema_field(serializers.CharField(help_text="What the ETA rests on, or why there is none."))
+    def get_eta_basis(self, job):
+        f = _stored_forecast(job)
+        return f.basis if f else ""
+
+    @extend_schema_field(serializers.CharField(help_text="Why it waits now, with numbers."))
+    def get_waiting_reason(self, job):
+        f = _stored_forecast(job)
+        return f.reason if f else ""
+
+    @extend_schema_field(
+        serializers.DateTimeField(allow_null=True, help_text="When the forecast was computed.")
+    )
+    def get_forecast_at(self, job):
+        f = _stored_forecast(job)
+        return serializers.DateTimeField().to_representation(f.computed_at) if f else None
+
+    @extend_schema_field(serializers.FloatField(allow_null=True, help_text="Age of the forecast, seconds."))
+    def get_forecast_age_s(self, job):
+        f = _stored_forecast(job)
+        return round((timezone.now() - f.computed_at).total_seconds(), 1) if f else None
 
 
 class AttemptSerializer(serializers.ModelSerializer):
@@ -186,40 +269,13 @@ class JobEventSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class QueuePositionSerializer(serializers.Serializer):
-    in_share = serializers.IntegerField(help_text="1 = next in its share.")
-    overall = serializers.IntegerField(help_text="1 = next in the whole cluster.")
-
-
 class JobDetailSerializer(JobSerializer):
-    queue_position = serializers.SerializerMethodField()
-    eta = serializers.SerializerMethodField()
-    waiting_reason = serializers.SerializerMethodField()
     attempts = AttemptSerializer(many=True, read_only=True)
     events = JobEventSerializer(many=True, read_only=True)
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "queue_position", "eta", "waiting_reason", "attempts", "events"]
+        fields = [*JobSerializer.Meta.fields, "attempts", "events"]
         read_only_fields = fields
-
-    def _queue(self):
-        return self.context.get("queue")
-
-    @extend_schema_field(QueuePositionSerializer(allow_null=True))
-    def get_queue_position(self, job):
-        queue = self._queue()
-        return queue.position(job.pk) if queue is not None and job.state == "QUEUED" else None
-
-    @extend_schema_field(serializers.DateTimeField(allow_null=True, help_text="Expected start, if known."))
-    def get_eta(self, job):
-        queue = self._queue()
-        eta = queue.eta(job.pk) if queue is not None and job.state == "QUEUED" else None
-        return serializers.DateTimeField().to_representation(eta) if eta else None
-
-    @extend_schema_field(serializers.CharField())
-    def get_waiting_reason(self, job):
-        queue = self._queue()
-        return queue.waiting(job.pk) if queue is not None and job.state == "QUEUED" else ""
 
 
 class QueueEntrySerializer(serializers.Serializer):
@@ -234,15 +290,18 @@ class QueueEntrySerializer(serializers.Serializer):
     gpus = serializers.IntegerField()
     priority = serializers.IntegerField()
     submitted_at = serializers.DateTimeField()
-    position = QueuePositionSerializer()
+    position = QueuePositionSerializer(allow_null=True)
     eta = serializers.DateTimeField(allow_null=True)
+    eta_kind = serializers.CharField(allow_null=True)
+    eta_basis = serializers.CharField()
     waiting_reason = serializers.CharField()
 
 
 class QueueSerializer(serializers.Serializer):
     share = serializers.CharField(allow_null=True)
-    planned = serializers.BooleanField(
-        help_text="False while the policy cannot be asked: positions are then the plain queue order, no ETAs."
+    planned = serializers.BooleanField(help_text="False until a forecast has been stored: plain queue order.")
+    forecast_at = serializers.DateTimeField(
+        allow_null=True, help_text="When the oldest shown forecast was made."
     )
     jobs = QueueEntrySerializer(many=True)
 

@@ -5,7 +5,7 @@ only as anonymous entries of the queue."""
 import functools
 import logging
 
-from django.db.models import Prefetch
+from django.db.models import F, Prefetch
 from django_filters import rest_framework as filters
 from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
 from rest_framework import status, viewsets
@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 from config.api import ApiSchema, ApiViewMixin
 from jobs import services
 from jobs.api.serializers import (
+    FRESH,
     JobArraySerializer,
     JobDetailSerializer,
     JobPrioritySerializer,
@@ -29,7 +30,6 @@ from jobs.api.serializers import (
 )
 from jobs.choices import JobState
 from jobs.models import Attempt, Job, JobArray, JobEvent
-from quotas import services as quota_services
 from quotas.models import Share
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class JobViewSet(ApiViewMixin, viewsets.ModelViewSet):
 
     def get_queryset(self):
         return services.visible_jobs(
-            self.request.user, Job.objects.select_related("share__team", "submitted_by")
+            self.request.user, Job.objects.select_related("share__team", "submitted_by", "forecast")
         )
 
     def get_serializer_class(self):
@@ -89,7 +89,7 @@ class JobViewSet(ApiViewMixin, viewsets.ModelViewSet):
             return [SubmitThrottle()]
         return super().get_throttles()
 
-    def _detail(self, job, status_code=status.HTTP_200_OK, *, forecast=True):
+    def _detail(self, job, status_code=status.HTTP_200_OK):
         job = (
             self.get_queryset()
             .prefetch_related(
@@ -98,9 +98,9 @@ class JobViewSet(ApiViewMixin, viewsets.ModelViewSet):
             )
             .get(pk=job.pk)
         )
-        wanted = forecast and job.state == JobState.QUEUED
-        queue = quota_services.queue_view(targets=[job.pk]) if wanted else None
-        return Response(JobDetailSerializer(job, context={"queue": queue}).data, status=status_code)
+        return Response(
+            JobDetailSerializer(job, context=self.get_serializer_context()).data, status=status_code
+        )
 
     @extend_schema(
         request=JobSubmitSerializer,
@@ -111,14 +111,6 @@ class JobViewSet(ApiViewMixin, viewsets.ModelViewSet):
                 resource_type_field_name=None,
             )
         },
-        parameters=[
-            OpenApiParameter(
-                "forecast",
-                bool,
-                description="Include queue_position, eta and waiting_reason (a replay of the whole queue; "
-                "without it they are null and GET jobs/{id}/ gives them).",
-            )
-        ],
     )
     def create(self, request, *args, **kwargs):
         """Submit a job to a share of one of your teams."""
@@ -132,13 +124,11 @@ class JobViewSet(ApiViewMixin, viewsets.ModelViewSet):
             )
             return Response(JobArraySerializer(array).data, status=status.HTTP_201_CREATED)
         job = services.job_submit(user=request.user, **fields)
-        # The forecast replays the whole queue: worth it for a read, not on the submit hot path, where
-        # it would cap throughput at a few submits a second with a long queue. `?forecast=1` asks for it.
-        if request.query_params.get("forecast") in ("1", "true", "yes"):
-            return self._detail(job, status.HTTP_201_CREATED)
+        # No forecast in the answer: the control worker stores one after the next pass (GET jobs/{id}/).
         # A new job has no attempts and one event, all in hand: answered without reading it back, by
         # one serializer kept for the purpose (building a ModelSerializer's fields costs more than
         # using them; to_representation keeps no state, so threads can share it).
+        setattr(job, FRESH, True)
         return Response(_submitted_serializer().to_representation(job), status=status.HTTP_201_CREATED)
 
     def retrieve(self, request, *args, **kwargs):
@@ -221,7 +211,7 @@ class JobArrayViewSet(ApiViewMixin, viewsets.ReadOnlyModelViewSet):
 
 @functools.cache
 def _submitted_serializer() -> JobDetailSerializer:
-    return JobDetailSerializer(context={"queue": None})
+    return JobDetailSerializer()
 
 
 class QueueView(ApiViewMixin, APIView):
@@ -240,39 +230,70 @@ class QueueView(ApiViewMixin, APIView):
         name = query.validated_data.get("share")
         if name is not None and not Share.objects.filter(name=name).exists():
             return Response({"share": [f'No share named "{name}".']}, status=status.HTTP_400_BAD_REQUEST)
-        queue = quota_services.queue_view()
-        queued = [q for q in queue.snapshot.queued if name is None or q.share == name]
-        queued.sort(key=lambda q: queue.position(q.job_id)["overall"])
-        jobs = {
-            j["pk"]: j
-            for j in Job.objects.filter(pk__in=[q.job_id for q in queued]).values(
-                "pk", "name", "submitted_by__username", "share__team_id", "share__team__slug", "submitted_at"
+        # The stored forecast (QueueForecast), in its order; jobs not forecast yet come last in queue
+        # order. No replay here.
+        qs = Job.objects.filter(state=JobState.QUEUED)
+        if name is not None:
+            qs = qs.filter(share__name=name)
+        rows = (
+            qs.select_related("forecast")
+            .order_by(F("forecast__position_overall").asc(nulls_last=True), "-priority", "submitted_at", "id")
+            .values(
+                "pk",
+                "name",
+                "gpu_type",
+                "gpus",
+                "priority",
+                "submitted_at",
+                "share__name",
+                "submitted_by__username",
+                "share__team_id",
+                "share__team__slug",
+                "forecast__position_in_share",
+                "forecast__position_overall",
+                "forecast__eta",
+                "forecast__kind",
+                "forecast__basis",
+                "forecast__reason",
+                "forecast__computed_at",
             )
-        }
+        )
         user = request.user
         mine = None if user.is_superuser else set(services.team_ids_of(user))
         entries = []
-        for q in queued:
-            job = jobs.get(q.job_id)
-            if job is None:  # ended between the snapshot and now
-                continue
+        oldest = None
+        for job in rows:
             shown = mine is None or job["share__team_id"] in mine
-            eta = queue.eta(q.job_id)
+            at = job["forecast__computed_at"]
+            if at is not None and (oldest is None or at < oldest):
+                oldest = at
             entries.append(
                 {
-                    "id": q.job_id,
-                    "share": q.share,
+                    "id": job["pk"],
+                    "share": job["share__name"],
                     "team": job["share__team__slug"],
                     "name": job["name"] if shown else None,
                     "submitted_by": job["submitted_by__username"] if shown else None,
-                    "gpu_type": q.gpu_type,
-                    "gpus": q.gpus,
-                    "priority": q.priority,
+                    "gpu_type": job["gpu_type"],
+                    "gpus": job["gpus"],
+                    "priority": job["priority"],
                     "submitted_at": job["submitted_at"],
-                    "position": queue.position(q.job_id),
-                    "eta": eta,
-                    "waiting_reason": queue.waiting(q.job_id),
+                    "position": None
+                    if at is None
+                    else {
+                        "in_share": job["forecast__position_in_share"],
+                        "overall": job["forecast__position_overall"],
+                    },
+                    "eta": job["forecast__eta"],
+                    "eta_kind": job["forecast__kind"],
+                    "eta_basis": job["forecast__basis"] or "",
+                    "waiting_reason": job["forecast__reason"] or "",
                 }
             )
-        data = {"share": name, "planned": queue.forecast.planned, "jobs": entries}
+        data = {
+            "share": name,
+            "planned": oldest is not None or not entries,
+            "forecast_at": oldest,
+            "jobs": entries,
+        }
         return Response(QueueSerializer(data).data)

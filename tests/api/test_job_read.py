@@ -7,6 +7,8 @@ from django.utils import timezone
 
 from jobs.choices import JobState
 from jobs.models import Job
+from quotas import services as quota_services
+from quotas.choices import Strategy
 from quotas.models import Team
 from tests.api.conftest import run, submit
 from tests.conftest import make_share
@@ -92,11 +94,14 @@ def test_a_queued_job_shows_its_position_in_share_and_overall(
 ):
     # Fill the cluster so nothing new can start, then queue: the positions follow the queue order.
     t0 = timezone.now() - timedelta(minutes=10)
+    language_big = make_share(
+        language_share.team, "language-big", capacity={"a10g": 4}, strategy=Strategy.LEND
+    )
     for i, node in enumerate(nodes):
         run(
             submit(
                 bob if i == 0 else charlie,
-                vision_share if i == 0 else language_share,
+                vision_share if i == 0 else language_big,
                 gpus=4,
                 max_runtime_s=3600,
             ),
@@ -107,6 +112,7 @@ def test_a_queued_job_shows_its_position_in_share_and_overall(
     first = submit(bob, vision_share, gpus=4, priority=1)
     low = submit(bob, vision_share, gpus=4)
     urgent = submit(bob, vision_share, gpus=4, priority=9)
+    quota_services.forecast_refresh()
     positions = {j.pk: as_bob.get(f"{URL}{j.pk}/").json()["queue_position"] for j in (first, low, urgent)}
     assert [positions[j.pk]["in_share"] for j in (urgent, first, low)] == [1, 2, 3]
     assert [positions[j.pk]["overall"] for j in (urgent, first, low)] == [1, 2, 3]

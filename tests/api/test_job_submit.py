@@ -6,6 +6,7 @@ import pytest
 
 from jobs.choices import JobState
 from jobs.models import Job
+from quotas import services as quota_services
 from quotas.choices import ShareState
 
 URL = "/api/v1/jobs/"
@@ -40,13 +41,18 @@ def test_a_member_submits_a_job(as_bob, bob, vision_share, nodes):
     assert job["queue_position"] is None  # the submit skips the forecast: a read gives it
     assert [e["kind"] for e in job["events"]] == ["SUBMITTED"]
     assert Job.objects.get(pk=job["id"]).submitted_by == bob
+    quota_services.forecast_refresh()  # what the control worker stores after a pass
     assert as_bob.get(f"{URL}{job['id']}/").json()["queue_position"] == {"in_share": 1, "overall": 1}
 
 
-def test_a_submit_can_ask_for_its_forecast(as_bob, vision_share, nodes):
-    r = as_bob.post(f"{URL}?forecast=1", body(), format="json")
+def test_the_forecast_comes_after_the_next_pass_not_in_the_submit_answer(as_bob, vision_share, nodes):
+    r = as_bob.post(URL, body(), format="json")
     assert r.status_code == 201
-    assert r.json()["queue_position"] == {"in_share": 1, "overall": 1}
+    assert (r.json()["queue_position"], r.json()["eta_kind"]) == (None, None)
+    quota_services.forecast_refresh()
+    detail = as_bob.get(f"{URL}{r.json()['id']}/").json()
+    assert detail["queue_position"] == {"in_share": 1, "overall": 1}
+    assert detail["eta_kind"] in ("bound", "estimate")
 
 
 def test_an_admin_submits_to_any_share(as_alice, language_share, nodes):

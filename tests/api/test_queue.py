@@ -7,6 +7,7 @@ import pytest
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from quotas import services as quota_services
 from quotas.choices import Strategy
 from tests.api.conftest import run, submit
 from tests.conftest import make_share
@@ -30,6 +31,7 @@ def test_the_queue_is_in_admission_order_with_etas(as_bob, bob, vision_share, fu
     first = submit(bob, vision_share, gpus=4, max_runtime_s=1800, name="first")
     second = submit(bob, vision_share, gpus=4, name="second")
     urgent = submit(bob, vision_share, gpus=4, priority=10, max_runtime_s=600, name="urgent")
+    quota_services.forecast_refresh()
     r = as_bob.get(URL, {"share": "vision-main"})
     assert r.status_code == 200
     data = r.json()
@@ -50,6 +52,7 @@ def test_the_queue_is_in_admission_order_with_etas(as_bob, bob, vision_share, fu
 def test_the_job_detail_shows_the_same_eta(as_bob, bob, vision_share, full):
     t0, _ = full
     job = submit(bob, vision_share, gpus=4)
+    quota_services.forecast_refresh()
     detail = as_bob.get(f"/api/v1/jobs/{job.pk}/").json()
     assert abs((parse_datetime(detail["eta"]) - (t0 + timedelta(hours=1))).total_seconds()) < 2
     assert detail["queue_position"] == {"in_share": 1, "overall": 1}

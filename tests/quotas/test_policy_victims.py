@@ -31,7 +31,6 @@ from quotas.policy import (
 from tests.quotas.test_policy import T, admitted, job, node, on, running, settle, share, snap
 from tests.quotas.test_policy_properties import SETTINGS, deficit, snapshots
 
-
 # One-job snapshots lead to a pre-emption in about one draw in seven (contended()): more examples.
 VICTIM_SETTINGS = settings(SETTINGS, max_examples=600)
 

@@ -4,6 +4,7 @@ team and admins (other teams' commands, env and logs stay hidden)."""
 import pytest
 
 from jobs.models import Attempt, LogChunk
+from quotas import services as quota_services
 from tests.api.conftest import run
 from tests.web.conftest import hx, submit
 
@@ -24,6 +25,7 @@ def test_it_shows_state_attempts_events_and_log(as_bob, bob, vision_share, nodes
 def test_a_queued_job_shows_its_position(as_bob, bob, vision_share, nodes):
     run(submit(bob, vision_share, gpus=4), nodes[0], [0, 1, 2, 3])
     job = submit(bob, vision_share, gpus=4)
+    quota_services.forecast_refresh()  # what the control worker stores after a pass
     assert "Position <b>1</b> overall" in as_bob.get(f"/jobs/{job.pk}/").content.decode()
 
 

@@ -7,6 +7,7 @@ from django.test import Client
 
 from jobs.choices import JobState
 from jobs.models import Job
+from quotas import services
 from quotas.choices import Role
 from quotas.models import Membership
 from tests.api.conftest import run
@@ -46,9 +47,11 @@ def test_team_list_sends_a_one_team_member_to_their_team(as_bob, vision):
 def test_queue_shows_position_eta_and_why_it_waits(as_bob, bob, vision_share, nodes):
     run(submit(bob, vision_share, gpus=4), nodes[0], [0, 1, 2, 3])
     waiting = submit(bob, vision_share, gpus=4, name="waits-for-capacity")
+    services.forecast_refresh()  # what the control worker stores after a pass
     body = hx(as_bob, "/teams/vision/?part=queue").content.decode()
     assert f'data-job="{waiting.pk}"' in body and "waits-for-capacity" in body
     assert '<td class="num">1<span class="muted small"> (1 in share)' in body
+    assert "Positions and ETAs as forecast" in body
     assert 'data-testid="running-count">1 running' in body
     assert "node-1 [0,1,2,3]" in body and 'class="badge own">own' in body
 

@@ -154,13 +154,28 @@ def job_line(job: dict) -> str:
     position = job.get("queue_position")
     if position:
         text += f", #{position['in_share']} in {job['share']}, #{position['overall']} overall"
-    if job.get("eta"):
-        text += f", expected to start {when(job['eta'])}"
+    text += eta_text(job)
     if job.get("waiting_reason"):
         text += f" ({clean(job['waiting_reason'])})"
     if job["state"] == "FAILED" and job.get("state_reason"):
         text += f" ({clean(job['state_reason'])})"
     return text
+
+
+def eta_text(job: dict) -> str:
+    """The stored forecast in words: when (never a time in the past), what it rests on, its age."""
+    kind = job.get("eta_kind")
+    age = job.get("forecast_age_s")
+    aged = f"; forecast {human_seconds(age)} ago" if age is not None else ""
+    if kind == "none":
+        return f", no ETA ({clean(job.get('eta_basis') or '')}{aged})"
+    if not job.get("eta"):
+        return ", not forecast yet (after the next pass)" if job.get("state") == "QUEUED" else ""
+    from datetime import UTC, datetime
+
+    t = datetime.fromisoformat(job["eta"].replace("Z", "+00:00"))
+    start = "due now, forecast again after the next pass" if t <= datetime.now(UTC) else when(job["eta"])
+    return f", expected to start {start} [{clean(job.get('eta_basis') or kind or '')}{aged}]"
 
 
 def array_line(array: dict) -> str:
@@ -363,21 +378,31 @@ def cmd_queue(args, out) -> int:
         return 0
     rows = [
         (
-            j["position"]["in_share"],
-            j["position"]["overall"],
+            (j["position"] or {}).get("in_share"),
+            (j["position"] or {}).get("overall"),
             j["id"],
             j["name"],
             j["share"],
             f"{j['gpus']} {j['gpu_type']}",
             j["priority"],
-            when(j["eta"]) or "unknown",
+            (when(j["eta"]) or "-") if j.get("eta_kind") != "none" else "none",
+            j.get("eta_kind") or "-",
             j["waiting_reason"],
         )
         for j in data["jobs"]
     ]
-    out(table(rows, ["#", "OVERALL", "ID", "NAME", "SHARE", "GPUS", "PRIO", "EXPECTED START", "WAITING FOR"]))
-    if not data["planned"]:
-        out("(the scheduler's forecast is unavailable: plain queue order, no ETAs)")
+    out(
+        table(
+            rows,
+            ["#", "OVERALL", "ID", "NAME", "SHARE", "GPUS", "PRIO", "EXPECTED START", "KIND", "WAITING FOR"],
+        )
+    )
+    if data.get("forecast_at"):
+        out(
+            f"(forecast at {when(data['forecast_at'])}; bound = only enforced max runtimes, estimate = a guess)"
+        )
+    elif not data["planned"]:
+        out("(no forecast yet: it is computed after the next pass)")
     return 0
 
 

@@ -1,0 +1,30 @@
+"""The CLI shows the stored forecast: what an ETA rests on and how old it is, never a time in the past."""
+
+from datetime import timedelta
+
+from django.utils import timezone
+
+from quotas import services
+from quotas.models import QueueForecast
+from tests.api.conftest import run, submit
+from tests.client.test_cli import cli, logged_in  # noqa: F401 (fixtures)
+
+
+def test_status_says_what_the_eta_rests_on_and_its_age(logged_in, bob, vision_share, nodes):  # noqa: F811
+    for node in nodes:
+        run(submit(bob, vision_share, gpus=4, max_runtime_s=3600), node, [0, 1, 2, 3])
+    job = submit(bob, vision_share, gpus=4)
+    services.forecast_refresh()
+    code, out, _ = logged_in("status", job.pk)
+    assert code == 0
+    assert "expected to start" in out and "[bound: every job before it has a max runtime; forecast" in out
+
+
+def test_a_passed_eta_reads_due_now_not_a_time_ago(logged_in, bob, vision_share, nodes):  # noqa: F811
+    for node in nodes:
+        run(submit(bob, vision_share, gpus=4), node, [0, 1, 2, 3])
+    job = submit(bob, vision_share, gpus=4)
+    services.forecast_refresh()
+    QueueForecast.objects.filter(job=job).update(eta=timezone.now() - timedelta(seconds=30))
+    code, out, _ = logged_in("status", job.pk)
+    assert "due now, forecast again after the next pass" in out and " ago)" not in out.split("[")[0]
