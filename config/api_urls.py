@@ -4,7 +4,7 @@ served locally by drf-spectacular-sidecar)."""
 from django.http import JsonResponse
 from django.urls import include, path, re_path
 from django.views.decorators.csrf import csrf_exempt
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
 from config.api_auth import CurrentTokenView, ObtainTokenView, TokenViewSet
@@ -22,7 +22,19 @@ router.register("arrays", JobArrayViewSet, basename="array")
 router.register("auth/tokens", TokenViewSet, basename="token")
 router.register("audit", AuditEntryViewSet, basename="audit")
 
+
+def index(request):
+    """GET /api/v1/: where everything is (the schema has the details)."""
+    root = request.build_absolute_uri("/api/")
+    endpoints = {name: f"{root}v1/{name}/" for name in ("auth/token", "auth/token/current", "queue")}
+    endpoints.update({prefix: f"{root}v1/{prefix}/" for prefix, _viewset, _basename in router.registry})
+    return JsonResponse(
+        {"endpoints": dict(sorted(endpoints.items())), "schema": f"{root}schema/", "docs": f"{root}docs/"}
+    )
+
+
 v1 = [
+    path("", index, name="index"),
     path("auth/token/", ObtainTokenView.as_view(), name="token-obtain"),
     path("auth/token/current/", CurrentTokenView.as_view(), name="token-current"),
     path("queue/", QueueView.as_view(), name="queue"),
@@ -39,6 +51,7 @@ def not_found(request, *args, **kwargs):
 urlpatterns = [
     path("v1/", include((v1, "api"), namespace="api")),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    # The split view serves its init script from a URL of its own: no inline script (CSP script-src 'self').
+    path("docs/", SpectacularSwaggerSplitView.as_view(url_name="api-schema"), name="api-docs"),
     re_path(r"^", not_found),
 ]

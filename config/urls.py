@@ -1,7 +1,9 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.http import JsonResponse
+from django.templatetags.static import static
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from quotas.metrics import metrics_view
 
@@ -13,6 +15,8 @@ def healthz(request):
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
+    # Browsers ask for /favicon.ico on every page.
+    path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"), permanent=True)),
     path("metrics", metrics_view, name="metrics"),
     path("api/", include("config.api_urls")),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),

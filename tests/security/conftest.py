@@ -6,7 +6,7 @@ import pytest
 from knox.models import AuthToken
 from rest_framework.test import APIClient
 
-from quotas.choices import Role
+from quotas.choices import Role, ShareState
 from quotas.models import Membership, Team
 from tests.api.conftest import client_for, submit  # noqa: F401
 from tests.conftest import make_share
@@ -47,7 +47,8 @@ def world(alice, bob, charlie, dave, rita, vision, language, vision_share, langu
 
     AuthToken.objects.create(user=bob)  # bob has logged in: his token exists to be revoked
     empty_team = Team.objects.create(name="Empty", slug="empty")
-    spare = make_share(vision, "spare", capacity={"a10g": 1})
+    # Disabled: a share is deleted only once disabled (quotas.services.share_delete).
+    spare = make_share(vision, "spare", capacity={"a10g": 1}, state=ShareState.DISABLED)
     entry = audit.record_audit(alice, "create", spare, {}, audit.snapshot(spare))
     return {
         "users": {"admin": alice, "manager": dave, "member": bob, "other": charlie, "revoked": rita},

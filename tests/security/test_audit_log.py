@@ -28,7 +28,8 @@ def test_a_share_change_through_the_api_is_recorded_with_before_and_after(world)
 def test_share_create_and_delete_are_recorded(world):
     client = client_as(world, "admin")
     client.post("/api/v1/shares/", {"name": "s2", "team": "vision", "capacity": {"a10g": 1}}, format="json")
-    client.delete("/api/v1/shares/s2/")
+    client.patch("/api/v1/shares/s2/", {"state": "DISABLED"}, format="json")
+    assert client.delete("/api/v1/shares/s2/").status_code == 204
     [created] = entries(object_repr="s2", action="create")
     [deleted] = entries(object_repr="s2", action="delete")
     assert created.before == {} and created.after["capacity"] == {"a10g": 1}

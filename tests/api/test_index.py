@@ -1,0 +1,19 @@
+"""GET /api/v1/ lists the endpoints (it answered 404); /favicon.ico is not a 404 on every page."""
+
+from django.test import Client
+
+
+def test_the_api_root_lists_its_endpoints(db):
+    response = Client().get("/api/v1/")
+    assert response.status_code == 200
+    body = response.json()
+    for name in ("jobs", "shares", "teams", "nodes", "queue", "auth/token", "audit"):
+        assert body["endpoints"][name] == f"http://testserver/api/v1/{name}/"
+    assert body["schema"] == "http://testserver/api/schema/"
+    assert Client().get(body["endpoints"]["jobs"]).status_code in (401, 403)  # the list is not the data
+
+
+def test_the_favicon_is_found(db):
+    response = Client().get("/favicon.ico", follow=True)
+    assert response.status_code == 200
+    assert b"<svg" in b"".join(response.streaming_content if response.streaming else [response.content])
