@@ -22,7 +22,9 @@ class ShareByName(serializers.SlugRelatedField):
     def to_internal_value(self, data):
         if not isinstance(data, str):
             raise serializers.ValidationError("Give the share by its name.")
-        share = self.get_queryset().filter(name=data).first()
+        from jobs.services import share_by_name
+
+        share = share_by_name(data) if len(data) <= 63 else None  # the longest a share name can be
         if share is None:
             request = self.context.get("request")
             qs = Share.objects.order_by("name")
