@@ -57,6 +57,7 @@ def render_report(scenario: sc.Scenario, result: Any, timeline: Timeline) -> str
         usage_height=usage["layout"]["height"],
         gantt_height=gantt["layout"]["height"],
         wait_table=_wait_table(scenario, data),
+        forecast_section=_forecast_section(data),
         plotlyjs=_plotlyjs(),
         figures=figures.replace("</", "<\\/"),
         font=FONT,
@@ -397,6 +398,40 @@ def _cards(scenario: sc.Scenario, data: Mapping[str, Any]) -> str:
     )
 
 
+def _forecast_section(data: Mapping[str, Any]) -> str:
+    """With `--forecast`: how far the ETA told at submit was from the actual start, as a distribution
+    (error buckets per ETA kind) and the figures of `cluster.forecast_error`."""
+    err = data["cluster"].get("forecast_error")
+    if not err:
+        return ""
+    edges = [0, 60, 300, 900, 3600, 4 * 3600, 24 * 3600]
+    labels = ["< 1 min", "1-5 min", "5-15 min", "15-60 min", "1-4 h", "4-24 h", "> 1 day"]
+    counts: dict[str, list[int]] = {}
+    for job in data["jobs"].values():
+        f = job.get("forecast_at_submit")
+        if not f or f["eta"] is None or job["first_start"] is None:
+            continue
+        e = abs(job["first_start"] - f["eta"])
+        row = counts.setdefault(f["kind"], [0] * len(labels))
+        row[sum(1 for edge in edges[1:] if e >= edge)] += 1
+    head = "".join(f"<th>{html.escape(label)}</th>" for label in labels)
+    body = "".join(
+        f"<tr><th>{html.escape(kind)}</th>" + "".join(f"<td>{n:,}</td>" for n in row) + "</tr>"
+        for kind, row in sorted(counts.items())
+    )
+    within = "–" if err["within_25pct"] is None else f"{err['within_25pct']:.1%}"
+    summary = (
+        f"{err['n']:,} jobs with an ETA and a start: median error {_duration(err['median_abs_s'])}, "
+        f"p90 {_duration(err['p90_abs_s'])}, {within} within ±25% of the forecast wait (or 60 s); "
+        f"bound ETAs missed: {err.get('bound_started_late', 0):,}."
+    )
+    return (
+        "<h2>ETA at submit against the actual start</h2>\n"
+        f'<p class="note">{html.escape(summary)}</p>\n'
+        f"<table><thead><tr><th>ETA kind</th>{head}</tr></thead><tbody>{body}</tbody></table>"
+    )
+
+
 def _wait_table(scenario: sc.Scenario, data: Mapping[str, Any]) -> str:
     share_of = {j.id: j.share for j in scenario.jobs}
     waits: dict[str, list[int]] = {s.name: [] for s in scenario.shares}
@@ -474,6 +509,7 @@ come on top of it.</p>
 <h2>Wait times per share</h2>
 <p class="note">Wait = first start − submission. Jobs that never started are counted apart.</p>
 {wait_table}
+{forecast_section}
 <script>
   const figures = {figures};
   const config = {{responsive: true, displaylogo: false}};

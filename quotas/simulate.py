@@ -49,8 +49,10 @@ import dataclasses
 import heapq
 import json
 import math
+import statistics
 import sys
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,6 +141,7 @@ class JobRecord:
     end: int | None = None
     preemptions: int = 0
     attempts: list[AttemptRecord] = field(default_factory=list)
+    forecast_at_submit: dict[str, Any] | None = None  # with --forecast: {"eta": t or None, "kind": ...}
 
     @property
     def wait_s(self) -> int | None:
@@ -153,6 +156,9 @@ class JobRecord:
             "wait_s": self.wait_s,
             "preemptions": self.preemptions,
             "attempts": [a.to_dict() for a in self.attempts],
+            **(
+                {"forecast_at_submit": self.forecast_at_submit} if self.forecast_at_submit is not None else {}
+            ),
         }
 
 
@@ -267,21 +273,35 @@ class _Job:
     beneficiary: bool = False
 
 
-def simulate(scenario: sc.Scenario | Mapping[str, Any], *, planner: Planner | None = None) -> SimResult:
+def simulate(
+    scenario: sc.Scenario | Mapping[str, Any], *, planner: Planner | None = None, forecast: bool = False
+) -> SimResult:
     """Replay a scenario (a `Scenario` or its decoded JSON) and return the result.
 
-    `planner` defaults to `policy.plan`; tests may pass a stand-in. Raises `ScenarioError` for an
-    invalid scenario and `PolicyError` for a decision that cannot be applied.
+    `planner` defaults to `policy.plan`; tests may pass a stand-in. With `forecast`, the production
+    forecast (quotas.forecast) runs at each job's submit and its error against the actual start is
+    reported (SCENARIO.md `--forecast`). Raises `ScenarioError` for an invalid scenario and
+    `PolicyError` for a decision that cannot be applied.
     """
     if not isinstance(scenario, sc.Scenario):
         scenario = sc.parse(scenario)
-    return _Simulator(scenario, planner or policy.plan).run()
+    return _Simulator(scenario, planner or policy.plan, forecast=forecast).run()
+
+
+# The forecast's runtime guess for a job without max_runtime_s: the share's median observed runtime
+# over its last RUNTIME_SAMPLE successful attempts, else DEFAULT_RUNTIME_S (as in production).
+DEFAULT_RUNTIME_S = 3600
+RUNTIME_SAMPLE = 200
+FORECAST_MAX_PASSES = 20_000  # a deterministic bound (no wall-clock budget in virtual time)
 
 
 class _Simulator:
-    def __init__(self, scenario: sc.Scenario, planner: Planner) -> None:
+    def __init__(self, scenario: sc.Scenario, planner: Planner, *, forecast: bool = False) -> None:
         self.scenario = scenario
         self.planner = planner
+        self.forecasting = forecast
+        self.to_forecast: list[str] = []  # submitted at this instant, forecast before the pass
+        self.runtimes: dict[str, deque[int]] = {}  # share -> recent successful attempt durations
         self.settings = scenario.settings
         self.heap: list[tuple[int, int, int, Any]] = []
         self.seq = 0
@@ -345,6 +365,8 @@ class _Simulator:
             while heap and heap[0][0] == t:
                 _, kind, _, ref = heapq.heappop(heap)
                 handlers[kind](ref)
+            if self.to_forecast:
+                self.forecast_submits()
             if self.changed:
                 tick = self.settings.tick_s
                 if t % tick == 0:
@@ -430,6 +452,49 @@ class _Simulator:
             self.finish(job, FAILED)
             return
         self.queue(job)
+        if self.forecasting:
+            self.to_forecast.append(job_id)
+
+    def forecast_submits(self) -> None:
+        """The production forecast for the jobs just submitted, from the state they were submitted
+        into: what a user would have been told."""
+        from quotas import forecast as fc
+
+        targets, self.to_forecast = self.to_forecast, []
+        default = fc.Estimate(float(DEFAULT_RUNTIME_S))
+        medians = {
+            share: fc.Estimate(float(statistics.median(d)), share) for share, d in self.runtimes.items() if d
+        }
+        runtime: dict[Hashable, float] = {}
+        estimates: dict[Hashable, fc.Estimate] = {}
+        grace: dict[Hashable, float] = {}
+        ids = [r.job.spec.id for r in self.running.values()] + list(self.qviews)
+        for job_id in ids:
+            spec = self.jobs[job_id].spec
+            if spec.max_runtime_s is not None:
+                runtime[job_id] = float(spec.max_runtime_s)
+            else:
+                est = medians.get(spec.share, default)
+                runtime[job_id], estimates[job_id] = est.seconds, est
+            g = spec.preemption_grace_s
+            grace[job_id] = float(self.settings.preemption_grace_s if g is None else g)
+        result = fc.forecast(
+            self.snapshot(),
+            runtime_s=runtime,
+            estimates=estimates,
+            grace_s=grace,
+            default_runtime_s=DEFAULT_RUNTIME_S,
+            planner=self.planner,
+            targets=targets,
+            max_passes=FORECAST_MAX_PASSES,
+            budget_s=float("inf"),
+        )
+        for job_id in targets:
+            eta = result.eta.get(job_id)
+            self.jobs[job_id].record.forecast_at_submit = {
+                "eta": None if eta is None else int(math.ceil(eta)),
+                "kind": result.kind.get(job_id, fc.NONE),
+            }
 
     def on_end(self, ref: tuple[str, str]) -> None:
         attempt_id, outcome = ref
@@ -609,6 +674,8 @@ class _Simulator:
             # It ended (or was lost) before its grace ran out: the pre-emption did not happen.
             record.preempted_by = record.preemption_reason = None
 
+        if outcome == SUCCEEDED and self.forecasting:
+            self.runtimes.setdefault(spec.share, deque(maxlen=RUNTIME_SAMPLE)).append(elapsed)
         if outcome in (PREEMPTED, NODE_LOST):
             every = spec.checkpoint_every_s
             saved = run.base_progress + elapsed // every * every if every else 0
@@ -691,6 +758,8 @@ class _Simulator:
             "lost_gpu_seconds": self.lost_gpu_s,
             "passes": self.passes,
         }
+        if self.forecasting:
+            cluster["forecast_error"] = forecast_error(jobs.values())
         waiting = {
             job_id: str(self.last_waiting.get(job_id, "no reason given"))
             for job_id, record in jobs.items()
@@ -705,6 +774,39 @@ class _Simulator:
             rejected=self.rejected,
             warnings=self.warnings,
         )
+
+
+def forecast_error(records: Iterable[JobRecord]) -> dict[str, Any]:
+    """ETA at submit against the actual first start (SCENARIO.md `--forecast`): over the jobs that
+    started and had an ETA, the median and p90 absolute error, and the share whose actual wait was
+    within 25% of the forecast wait or within 60 s. Also how many jobs had each kind of ETA."""
+    errors: list[int] = []
+    within = 0
+    kinds: dict[str, int] = {}
+    bound_late = 0
+    for r in records:
+        f = r.forecast_at_submit
+        if f is None:
+            continue
+        kinds[f["kind"]] = kinds.get(f["kind"], 0) + 1
+        if f["eta"] is None or r.first_start is None:
+            continue
+        err = abs(r.first_start - f["eta"])
+        errors.append(err)
+        forecast_wait = f["eta"] - r.spec.submit_at
+        if err <= max(60, 0.25 * forecast_wait):
+            within += 1
+        if f["kind"] == "bound" and r.first_start > f["eta"]:
+            bound_late += 1
+    errors.sort()
+    return {
+        "n": len(errors),
+        "median_abs_s": percentile(errors, 50),
+        "p90_abs_s": percentile(errors, 90),
+        "within_25pct": round(within / len(errors), 4) if errors else None,
+        "kinds": dict(sorted(kinds.items())),
+        "bound_started_late": bound_late,
+    }
 
 
 def percentile(sorted_values: Sequence[int], pct: int) -> int | None:
@@ -789,6 +891,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("scenario", nargs="?", help="scenario JSON (../shared/spec/SCENARIO.md)")
     parser.add_argument("--out", help="write the result JSON here (default: standard output)")
+    parser.add_argument(
+        "--forecast",
+        action="store_true",
+        help="run the production forecast at each job's submit and report its error against the actual start",
+    )
     parser.add_argument("--report", help="write a self-contained HTML report here")
     parser.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), help="compare two result files")
     parser.add_argument(
@@ -829,8 +936,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  {line}", file=sys.stderr)
         return 2
     try:
-        result = simulate(scenario)
-        other_result = simulate(other) if other is not None else None
+        result = simulate(scenario, forecast=args.forecast)
+        other_result = simulate(other, forecast=args.forecast) if other is not None else None
     except PolicyError as exc:
         print(f"simulation failed: {exc}", file=sys.stderr)
         return 1

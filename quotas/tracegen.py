@@ -170,6 +170,7 @@ def generate(
     gpu_type: str = "v100",
     load: float = 0.85,
     vc_day: str = VENUS_VC_DAY,
+    max_runtime: float | None = None,
 ) -> dict[str, Any]:
     """A scenario as JSON-ready data (see the module docstring for its shape)."""
     if gpus < NODE_GPUS or gpus % NODE_GPUS:
@@ -253,6 +254,9 @@ def generate(
             "max_preemptions": max_preemptions,
             "checkpoint_every_s": checkpoint,
         }
+        if max_runtime:
+            # As users declare it: a margin over the real run time, rounded up to the hour.
+            job["max_runtime_s"] = math.ceil(duration * max_runtime / 3600) * 3600
         job_list.append(job)
 
     provenance = ", ".join(f"{s['name']}={vc}" for s, vc in zip(shares, picked, strict=True))
@@ -286,6 +290,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--load", type=float, default=0.85, help="offered work per GPU of quota (see the docstring)"
     )
     parser.add_argument("--vc-day", default=VENUS_VC_DAY, help="which day's Venus VC sizes (needs shared/)")
+    parser.add_argument(
+        "--max-runtime",
+        type=float,
+        metavar="FACTOR",
+        help="give every job a max_runtime_s of FACTOR x its duration, rounded up to the hour (e.g. 1.5)",
+    )
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -299,6 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             gpu_type=args.gpu_type,
             load=args.load,
             vc_day=args.vc_day,
+            max_runtime=args.max_runtime,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

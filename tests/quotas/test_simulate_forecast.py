@@ -1,0 +1,105 @@
+"""`simulate --forecast` (SCENARIO.md): the production forecast at each submit, checked against the
+actual start; a bound ETA is one the simulator confirms."""
+
+import json
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from quotas.simulate import main, simulate
+from tests.quotas.test_simulate import scenario
+
+
+def test_a_job_whose_blockers_all_have_max_runtimes_gets_a_bound_eta_it_meets():
+    # n1 is busy until t=100 at the latest (max_runtime 100; it really ends at 80): "b" is told
+    # "by t=100", bound, and starts at t=80.
+    data = scenario(
+        [
+            {"id": "a", "duration_s": 80, "max_runtime_s": 100},
+            {"id": "b", "submit_at": 10, "duration_s": 50, "max_runtime_s": 60},
+        ]
+    )
+    result = simulate(data, forecast=True).to_dict()
+    b = result["jobs"]["b"]
+    assert b["forecast_at_submit"] == {"eta": 100, "kind": "bound"}
+    assert b["first_start"] == 80 <= b["forecast_at_submit"]["eta"]
+    err = result["cluster"]["forecast_error"]
+    assert err["n"] == 2 and err["bound_started_late"] == 0
+
+
+def test_a_guessed_runtime_makes_an_estimate():
+    data = scenario([{"id": "a", "duration_s": 80}, {"id": "b", "submit_at": 10, "duration_s": 50}])
+    b = simulate(data, forecast=True).to_dict()["jobs"]["b"]
+    assert b["forecast_at_submit"] == {"eta": 3600, "kind": "estimate"}  # the default guess: 1 h
+    assert b["first_start"] == 80
+
+
+def test_the_error_is_reported_as_the_spec_says():
+    data = scenario([{"id": "a", "duration_s": 80}, {"id": "b", "submit_at": 10, "duration_s": 50}])
+    err = simulate(data, forecast=True).to_dict()["cluster"]["forecast_error"]
+    # a: told "now", started at 0 (error 0); b: told 3600, started at 80 (error 3520, not within 25%).
+    assert (err["n"], err["median_abs_s"], err["p90_abs_s"], err["within_25pct"]) == (2, 0, 3520, 0.5)
+
+
+def test_without_forecast_the_result_keeps_its_format():
+    data = scenario([{"id": "a", "duration_s": 80}])
+    result = simulate(data).to_dict()
+    assert "forecast_at_submit" not in result["jobs"]["a"] and "forecast_error" not in result["cluster"]
+
+
+def test_the_command_line_option(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(scenario([{"id": "a", "duration_s": 80, "max_runtime_s": 90}])))
+    out = tmp_path / "r.json"
+    assert main([str(path), "--forecast", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["jobs"]["a"]["forecast_at_submit"] == {"eta": 0, "kind": "bound"}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 300), st.integers(1, 200), st.integers(0, 3), st.integers(1, 2)),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_property_a_bound_eta_is_met_when_every_job_declares_its_runtime(jobs):
+    """Every job has max_runtime_s >= its duration and nothing else arrives to jump the queue ahead:
+    the jobs submitted at t=0 are told a bound they meet (later arrivals may be outranked)."""
+    specs = [
+        {"id": f"j{i}", "submit_at": 0, "duration_s": d, "max_runtime_s": d + extra, "priority": p, "gpus": g}
+        for i, (extra, d, p, g) in enumerate(jobs)
+    ]
+    data = scenario(
+        specs,
+        nodes=[{"name": "n1", "gpu_type": "a10g", "gpus": 2}],
+        shares=[{"name": "p", "capacity": {"a10g": 2}}],
+    )
+    result = simulate(data, forecast=True).to_dict()
+    for job in result["jobs"].values():
+        f = job["forecast_at_submit"]
+        assert f["kind"] == "bound"
+        assert job["first_start"] <= f["eta"], (job, f)
+
+
+def test_the_report_shows_the_error_distribution():
+    from quotas import scenario as sc
+    from quotas.report import render_report
+
+    data = scenario([{"id": "a", "duration_s": 80}, {"id": "b", "submit_at": 10, "duration_s": 50}])
+    result = simulate(data, forecast=True)
+    page = render_report(sc.parse(data), result, result.timeline)
+    assert "ETA at submit against the actual start" in page
+    assert "<tr><th>estimate</th>" in page and "median error" in page
+    plain = simulate(data)
+    assert "ETA at submit" not in render_report(sc.parse(data), plain, plain.timeline)
+
+
+def test_tracegen_can_give_jobs_a_max_runtime_as_users_do():
+    from quotas.tracegen import generate
+
+    jobs = generate(teams=2, gpus=16, jobs=50, seed=3, max_runtime=1.5)["jobs"]
+    for job in jobs:
+        assert job["max_runtime_s"] % 3600 == 0
+        assert job["duration_s"] * 1.5 <= job["max_runtime_s"] < job["duration_s"] * 1.5 + 3600
+    assert "max_runtime_s" not in generate(teams=2, gpus=16, jobs=5, seed=3)["jobs"][0]
