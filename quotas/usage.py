@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F, Sum
+from django.db.models import Count, F, Sum
 from django.utils import timezone
 
 from quotas import policy
@@ -403,3 +403,48 @@ def sankey_data(snapshot, colours: dict[str, int]) -> dict[str, Any]:
         "link_labels": link_labels,
         "flows": flows,
     }
+
+
+def capacity_warnings(
+    *, capacity: dict[str, int], share_id: int | None = None, enabled: bool = True
+) -> list[str]:
+    """What saving this capacity would do that an admin should know first (it is allowed): a GPU type
+    no node has, and capacity beyond the READY GPUs of a type (over-commit: guarantees then hold only
+    as far as the hardware exists). `share_id`: the share being edited, whose current capacity the new
+    one replaces."""
+    from gpunodes.choices import NodeState
+    from gpunodes.models import Gpu, Node
+    from quotas.choices import ShareState
+    from quotas.models import ShareCapacity
+
+    wanted = {t: n for t, n in capacity.items() if n}
+    if not wanted:
+        return []
+    known = set(Node.objects.values_list("gpu_type", flat=True).distinct())
+    ready: dict[str, int] = defaultdict(int)
+    for gpu_type, n in (
+        Gpu.objects.filter(node__state=NodeState.READY, node__gpu_type__in=list(wanted))
+        .values_list("node__gpu_type")
+        .annotate(n=Count("id"))
+    ):
+        ready[gpu_type] = n
+    others: dict[str, int] = defaultdict(int)
+    for gpu_type, n in (
+        ShareCapacity.objects.filter(gpu_type__in=list(wanted), share__state=ShareState.ENABLED)
+        .exclude(share_id=share_id)
+        .values_list("gpu_type")
+        .annotate(n=Sum("max_gpus"))
+    ):
+        others[gpu_type] = n
+    warnings = []
+    for gpu_type, n in sorted(wanted.items()):
+        if gpu_type not in known:
+            warnings.append(
+                f"No node has GPU type {gpu_type}: its {n} GPUs guarantee nothing until such a node registers."
+            )
+        elif enabled and others[gpu_type] + n > ready[gpu_type]:
+            warnings.append(
+                f"Over-committed: the shares would hold {others[gpu_type] + n} {gpu_type} GPUs, "
+                f"{ready[gpu_type]} are READY. Guarantees hold only as far as the hardware exists."
+            )
+    return warnings

@@ -282,7 +282,7 @@ def share_list(request):
     )
 
 
-def _share_form_response(request, form, share, status=200):
+def _share_form_response(request, form, share, status=200, warnings=()):
     template = "quotas/partials/_share_form.html" if request.htmx else "quotas/share_edit.html"
     recent = []
     if share is not None:
@@ -291,7 +291,13 @@ def _share_form_response(request, form, share, status=200):
             .filter(Q(object_id=str(share.pk)) | Q(object_id=share.name) | Q(object_repr=share.name))
             .order_by("-at", "-id")[:10]
         )
-    context = {"form": form, "share": share, "recent": recent, "overcommitted": _overcommit()}
+    context = {
+        "form": form,
+        "share": share,
+        "recent": recent,
+        "overcommitted": _overcommit(),
+        "warnings": warnings,
+    }
     return render(request, template, context, status=status)
 
 
@@ -300,6 +306,8 @@ def _share_form_response(request, form, share, status=200):
 def share_create(request):
     form = ShareForm(request.POST or None, gpu_types=_gpu_types())
     if request.method == "POST":
+        if form.is_valid() and (warned := _warn_first(request, form, None)):
+            return warned
         if form.is_valid():
             try:
                 services.share_create(capacity=form.capacity(), actor=request.user, **form.share_fields())
@@ -318,6 +326,8 @@ def share_edit(request, name):
     types = _gpu_types(share)
     if request.method == "POST":
         form = ShareForm(request.POST, gpu_types=types)
+        if form.is_valid() and (warned := _warn_first(request, form, share)):
+            return warned
         if form.is_valid():
             try:
                 services.share_update(
@@ -331,6 +341,21 @@ def share_edit(request, name):
         return _share_form_response(request, form, share, status=400)
     form = ShareForm(initial=ShareForm.initial_for(share), gpu_types=types)
     return _share_form_response(request, form, share)
+
+
+def _warn_first(request, form, share):
+    """A capacity that over-commits or names a GPU type no node has is saved only once the admin has
+    seen why and pressed "Save anyway" (confirm=1): the form comes back with the warnings."""
+    if request.POST.get("confirm"):
+        return None
+    warnings = usage.capacity_warnings(
+        capacity=form.capacity(),
+        share_id=share.pk if share else None,
+        enabled=form.cleaned_data.get("state", ShareState.ENABLED) != ShareState.DISABLED,
+    )
+    if not warnings:
+        return None
+    return _share_form_response(request, form, share, warnings=warnings)
 
 
 class _Rollback(Exception):

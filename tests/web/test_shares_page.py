@@ -38,6 +38,12 @@ def test_list_shows_every_share(as_alice, vision_share, language_share, nodes):
 def test_create_with_capacity_per_type(as_alice, vision, nodes):
     data = dict(NEW, new_gpu_type="h100", new_gpu_count="8")
     response = as_alice.post("/shares/new/", data, HTTP_HX_REQUEST="true")
+    # No node has h100: said in the form, nothing saved until "Save anyway".
+    body = response.content.decode()
+    assert response.status_code == 200 and 'data-testid="share-warnings"' in body
+    assert "No node has GPU type h100" in body and 'name="confirm" value="1"' in body
+    assert not Share.objects.filter(name="vision-batch").exists()
+    response = as_alice.post("/shares/new/", dict(data, confirm="1"), HTTP_HX_REQUEST="true")
     assert response.status_code == 204 and response["HX-Redirect"] == "/shares/"
     share = Share.objects.get(name="vision-batch")
     assert share.capacity_map() == {"a10g": 2, "h100": 8} and share.strategy == Strategy.LEND
@@ -202,3 +208,20 @@ def test_whatif_leaves_out_what_it_cannot_replay(as_alice, bob, vision_share, no
     data = dict(NEW, name="vision-main", strategy="RESERVE", cap_a10g="1")
     body = as_alice.post("/shares/vision-main/whatif/", data, HTTP_HX_REQUEST="true").content.decode()
     assert "Replayed 2 submissions" in body and "1 left out" in body
+
+
+def test_an_over_committing_capacity_is_warned_before_it_is_saved(as_alice, vision, vision_share, nodes):
+    # 8 READY a10g; vision-main holds 4: 6 more would over-commit.
+    data = dict(NEW, cap_a10g="6")
+    body = as_alice.post("/shares/new/", data, HTTP_HX_REQUEST="true").content.decode()
+    assert "Over-committed: the shares would hold 10 a10g GPUs, 8 are READY" in body
+    assert not Share.objects.filter(name="vision-batch").exists()
+    # Within the hardware: saved at once, no warning.
+    response = as_alice.post("/shares/new/", dict(NEW, cap_a10g="4"), HTTP_HX_REQUEST="true")
+    assert response.status_code == 204
+
+
+def test_editing_a_share_counts_its_own_capacity_once(as_alice, vision_share, nodes):
+    data = dict(NEW, name="vision-main", cap_a10g="8")
+    response = as_alice.post("/shares/vision-main/", data, HTTP_HX_REQUEST="true")
+    assert response.status_code == 204  # 8 of 8: its old 4 are replaced, not added
