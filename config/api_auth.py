@@ -5,6 +5,7 @@ that user out everywhere. Wrong passwords count towards django-axes' lockout (pe
 client address) like dashboard logins. Session auth works beside it for the browser."""
 
 from django.http import Http404
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
 from knox.models import AuthToken
 from rest_framework import mixins, serializers, status, viewsets
@@ -57,7 +58,9 @@ class ObtainTokenView(ApiViewMixin, APIView):
         # then answers 429 (a locked-out login fails whatever the password).
         serializer = LoginSerializer(data=request.data, context={"request": request._request})
         serializer.is_valid(raise_exception=True)
-        _, key = AuthToken.objects.create(user=serializer.validated_data["user"])
+        user = serializer.validated_data["user"]
+        AuthToken.objects.filter(user=user, expiry__lt=timezone.now()).delete()  # the user's expired ones
+        _, key = AuthToken.objects.create(user=user)
         return Response({"token": key})
 
 

@@ -37,11 +37,11 @@ def node_grid(request):
 def node_action(request, name, action):
     node = get_object_or_404(Node, name=name)
     if action not in ACTIONS:
-        return HttpResponse(f"Unknown action {action}.", status=400)
+        return HttpResponse(f"Unknown action {action}.", status=400, content_type="text/plain; charset=utf-8")
     try:
         ACTIONS[action](node=node, actor=request.user)
     except Conflict as e:
-        return HttpResponse(str(e), status=409)
+        return HttpResponse(str(e), status=409, content_type="text/plain; charset=utf-8")
     if request.htmx:
         return render(request, "gpunodes/partials/_grid.html", grid_context(request))
     return hx_redirect(request, reverse("nodes"))

@@ -7,13 +7,14 @@ import shlex
 
 from django import forms
 
+from config.validators import printable
 from jobs.limits import MAX_INT
 from jobs.models import MAX_PRIORITY
 
 
 class SubmitForm(forms.Form):
     share = forms.ChoiceField()
-    name = forms.CharField(max_length=200, required=False)
+    name = forms.CharField(max_length=200, required=False, validators=[printable])
     gpu_type = forms.ChoiceField(label="GPU type")
     gpus = forms.IntegerField(min_value=1, max_value=4096, initial=1, label="GPUs")
     priority = forms.IntegerField(min_value=0, max_value=MAX_PRIORITY, initial=0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from django import forms
 from django.core.exceptions import ValidationError
 
+from config.validators import printable
 from quotas.choices import ShareState, Strategy
 from quotas.models import GPU_TYPE_RE, Team
 
@@ -28,7 +29,7 @@ class ShareForm(forms.Form):
         error_messages={"invalid": "Use 1 to 63 lower-case letters, digits or hyphens."},
     )
     team = forms.ModelChoiceField(queryset=Team.objects.order_by("name"), to_field_name="slug")
-    description = forms.CharField(max_length=200, required=False)
+    description = forms.CharField(max_length=200, required=False, validators=[printable])
     strategy = forms.ChoiceField(choices=Strategy.choices, initial=Strategy.LEND_AND_BORROW)
     borrow_limit = forms.IntegerField(
         min_value=-1,

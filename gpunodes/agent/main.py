@@ -125,6 +125,11 @@ class Agent:
             },
         )
 
+    def prune_logs(self) -> None:
+        removed = self.runner.prune_logs(settings.JOB_LOG_KEEP_DAYS * 86400)
+        if removed:
+            log.info("removed %d job log file(s) older than %d days", removed, settings.JOB_LOG_KEEP_DAYS)
+
     def _loop(self, every: float, fn) -> None:
         while not self._stop.wait(every):
             try:
@@ -134,6 +139,7 @@ class Agent:
 
     def run(self, concurrency: int = 4) -> None:
         self.runner.kill_orphans()
+        self.prune_logs()
         agent_tasks.RUNNER = self.runner
         self.heartbeat()  # register before taking work
         threads = [
@@ -144,6 +150,9 @@ class Agent:
                 daemon=True,
             ),
             threading.Thread(target=self._loop, args=(0.2, self.runner.poll), name="reaper", daemon=True),
+            threading.Thread(
+                target=self._loop, args=(3600, self.prune_logs), name="log-rotation", daemon=True
+            ),
         ]
         for t in threads:
             t.start()

@@ -455,6 +455,27 @@ class Runner:
             newest = sorted(self._recent.values(), key=lambda v: v[0], reverse=True)
         return [kwargs for _, kwargs in newest[:FINISHED_RESEND_MAX]]
 
+    def prune_logs(self, max_age_s: float) -> int:
+        """Host log rotation: remove the log files of attempts that are over and older than max_age_s
+        (their bytes went to the control side), and job directories left empty. Returns how many."""
+        with self._lock:
+            live = {p.log_path for p in self._procs.values()}
+        cutoff = time.time() - max_age_s
+        removed = 0
+        for job_dir in self.log_dir.glob("job-*"):
+            if job_dir.is_symlink() or not job_dir.is_dir():
+                continue
+            for f in job_dir.glob("attempt-*.log"):
+                try:
+                    if f not in live and not f.is_symlink() and f.stat().st_mtime < cutoff:
+                        f.unlink()
+                        removed += 1
+                except OSError:
+                    pass
+            with contextlib.suppress(OSError):
+                job_dir.rmdir()  # only when empty
+        return removed
+
     # --- state across restarts -------------------------------------------------------------------
 
     def running(self) -> list[tuple[int, int]]:

@@ -4,6 +4,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from config.api import StrictSerializer
+from config.validators import printable
 from quotas.choices import Role, ShareState, Strategy
 from quotas.models import AuditEntry, Share, Team
 
@@ -33,7 +34,7 @@ class TeamSerializer(serializers.ModelSerializer):
 
 
 class TeamWriteSerializer(StrictSerializer):
-    name = serializers.CharField(max_length=100)
+    name = serializers.CharField(max_length=100, validators=[printable])
     slug = serializers.CharField(max_length=63)
     members = MemberSerializer(many=True, required=False)
 
@@ -106,7 +107,9 @@ class ShareWriteSerializer(StrictSerializer):
         queryset=Team.objects.all(),
         error_messages={"does_not_exist": 'No team with slug "{value}".'},
     )
-    description = serializers.CharField(max_length=200, allow_blank=True, required=False)
+    description = serializers.CharField(
+        max_length=200, allow_blank=True, required=False, validators=[printable]
+    )
     capacity = CapacityField(required=False)
     strategy = serializers.ChoiceField(choices=Strategy.choices, required=False)
     borrow_limit = serializers.IntegerField(min_value=-1, max_value=MAX_INT, required=False)

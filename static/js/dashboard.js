@@ -115,4 +115,12 @@
   document.addEventListener("htmx:afterRequest", function (e) {
     if (e.detail.successful && failed && e.detail.elt === failed) notice("");
   });
+  // A control marked data-autosubmit submits its form when changed: no inline handlers, which the
+  // Content-Security-Policy (script-src 'self') forbids.
+  document.addEventListener("change", function (e) {
+    var el = e.target;
+    if (el.matches && el.matches("[data-autosubmit]") && el.form) {
+      if (el.form.requestSubmit) el.form.requestSubmit(); else el.form.submit();
+    }
+  });
 })();
