@@ -266,7 +266,9 @@ def never_fits(share: ShareView, gpu_type: str, gpus: int) -> str | None:
     if extra is None or gpus <= cap + extra:
         return None
     if share.strategy != LEND_AND_BORROW:
-        return f"{share.name} is {share.strategy} with {cap} {gpu_type}: a {gpus}-GPU job can never start there"
+        return (
+            f"{share.name} is {share.strategy} with {cap} {gpu_type}: a {gpus}-GPU job can never start there"
+        )
     return (
         f"{share.name} may hold at most {cap + extra} {gpu_type} ({cap} own, borrow limit "
         f"{share.borrow_limit}%): a {gpus}-GPU job can never start there"
@@ -721,6 +723,13 @@ class _TypePass:
                 self.iprio[s] = [a.prio for a in il]
         self.vshares = [s for s in range(n_shares) if self.vlist[s]]
         self.iptr = [0] * n_shares
+        # GPUs per node of borrowed attempts not (yet) victims: a bound on what reclaim could free
+        # there, so that rule 9's walk can tell at once when no node could ever fit a job.
+        self.rec = [0] * n_nodes
+        for lst in self.vlist:
+            for a in lst:
+                for i, c in a.on:
+                    self.rec[i] += c
 
         # -- cover aggregates (rule 3), kept incrementally
         self.own_total = self.B = self.lidle = self.ridle = 0
@@ -844,10 +853,16 @@ class _TypePass:
             self._taken.setdefault(a.s, [self._borrowed(a.s), []])[1].append(a)
         a.victim = True
         self._chg(a.s, dh=-a.gpus, dg=a.gpus)
+        if a.bnow:
+            for i, c in a.on:
+                self.rec[i] -= c
 
     def _unmark(self, a: _Att) -> None:
         a.victim = False
         self._chg(a.s, dh=a.gpus, dg=-a.gpus)
+        if a.bnow:
+            for i, c in a.on:
+                self.rec[i] += c
         st = self._taken.get(a.s)
         if st is not None and a in st[1]:
             st[1].remove(a)
@@ -1021,16 +1036,46 @@ class _TypePass:
             if not lst[idx].victim:
                 yield lst[idx]
 
+    def _reachable(self, g: int, fit: _Fit, ins: dict[int, int]) -> set[int] | None:
+        """The nodes that some set of candidates could make fit a job of g GPUs (free + being freed +
+        borrowed GPUs there + `ins`, the in-share candidates' GPUs there), when none fits without
+        victims; None when one does. An empty set (or too few whole nodes) means no victim can help."""
+        if fit.ok():
+            return None
+        fu, pu, rec, size, sched = self.free_u, self.pend_u, self.rec, self.size, self.sched
+        nodes = {i for i in range(len(rec)) if rec[i]} | ins.keys()
+        if g > self.M:
+            return {
+                i
+                for i in nodes
+                if sched[i] and size[i] == self.M and fu[i] + pu[i] + rec[i] + ins.get(i, 0) == self.M
+            }
+        return {i for i in nodes if sched[i] and fu[i] + pu[i] + rec[i] + ins.get(i, 0) >= g}
+
     def _minimal_victims(
-        self, s: int, g: int, tol: int, cands: Iterator[tuple[_Att, str]], own_limit: bool
+        self,
+        s: int,
+        g: int,
+        tol: int,
+        cands: Iterator[tuple[_Att, str]],
+        own_limit: bool,
+        ins: dict[int, int] | None = None,
     ) -> tuple[list[tuple[_Att, str]], _Fit] | str:
         """Rule 9. Take candidates in order until the job (g GPUs of share s, already in `pend[s]`)
         can run: the cover holds (deficit at most `tol`), some fitting node, or the needed whole nodes,
         has its GPUs free or being freed, and with `own_limit` (rule 4) the share stays within its own
         capacity. Then walk the victims taken backwards and give back each one without which the job
         can still run. Returns (victims, what they free) with the victims marked, or why not ("cover",
-        "place", "own") with nothing marked. Reclaim victims must pass `_fits_budget`."""
+        "place", "own") with nothing marked. Reclaim victims must pass `_fits_budget`.
+
+        Shortcuts that change no outcome: when no node is reachable (`_reachable`) the walk is not
+        made; once the cover and the share's capacity hold, a candidate on no reachable node is passed
+        over, since the backward walk would give it back; and in rule 4 the walk stops when the
+        share's own candidates are used up without bringing it within its capacity."""
         fit = _Fit(self, g)
+        reach = self._reachable(g, fit, ins or {})
+        if reach is not None and (len(reach) + fit.base < fit.k if fit.gang else not reach):
+            return "place"
 
         def can_run() -> bool:
             return (
@@ -1043,8 +1088,18 @@ class _TypePass:
         ok = can_run()
         if not ok:
             for a, reason in cands:
-                if reason == RECLAIM and not self._fits_budget(a.s, [a.gpus]):
-                    continue  # reclaim never takes a share's own capacity (beyond one indivisible job)
+                if reason == RECLAIM:
+                    if own_limit and self.held[s] + self.pend[s] > self.cap[s]:
+                        break  # only the share's own jobs bring it within its capacity
+                    if not self._fits_budget(a.s, [a.gpus]):
+                        continue  # reclaim never takes a share's own capacity (beyond one indivisible job)
+                if (
+                    reach is not None
+                    and self._deficit() <= tol
+                    and (not own_limit or self.held[s] + self.pend[s] <= self.cap[s])
+                    and not any(i in reach for i, _ in a.on)
+                ):
+                    continue  # it could only be given back
                 self._mark(a, reason == RECLAIM)
                 fit.add(a, 1)
                 taken.append((a, reason))
@@ -1218,10 +1273,16 @@ class _TypePass:
             if kind == "place":
                 g, free = key[1], key[2]
                 if g > self.M:
-                    free_now = "none is free" if not free else "1 is free" if free == 1 else f"{free} are free"
+                    free_now = (
+                        "none is free" if not free else "1 is free" if free == 1 else f"{free} are free"
+                    )
                     why = f"needs {g // self.M} whole {self.M}-GPU {t} nodes; {free_now}"
                 elif not free:
-                    why = f"needs {g} {t}; none is free" if g == 1 else f"needs {g} {t} on one node; none is free"
+                    why = (
+                        f"needs {g} {t}; none is free"
+                        if g == 1
+                        else f"needs {g} {t} on one node; none is free"
+                    )
                 else:
                     why = f"needs {g} {t} on one node; the largest free block is {free}"
             elif kind == "cover":
@@ -1421,13 +1482,22 @@ class _TypePass:
         self._taken = {}
         self._chg(s, dp=g)
 
+        mine = list(self._in_share_candidates(s, n))
+        if sum(a.gpus for a in mine) < self.held[s] + self.pend[s] - self.cap[s]:
+            self._chg(s, dp=-g)
+            return False  # even all of them would not bring it within its capacity
+        ins: dict[int, int] = {}
+        for a in mine:
+            for i, c in a.on:
+                ins[i] = ins.get(i, 0) + c
+
         def cands() -> Iterator[tuple[_Att, str]]:
-            for a in self._in_share_candidates(s, n):
+            for a in mine:
                 yield a, PRIORITY
             for a in self._reclaim_candidates(s):
                 yield a, RECLAIM
 
-        found = self._minimal_victims(s, g, tol, cands(), own_limit=True)
+        found = self._minimal_victims(s, g, tol, cands(), own_limit=True, ins=ins)
         if isinstance(found, str):
             self._chg(s, dp=-g)
             return False
