@@ -247,8 +247,6 @@ JOB_UID_RANGE = os.environ.get("JOB_UID_RANGE", "2000000-2099999")
 JOB_LOG_CAP_BYTES = env_int("JOB_LOG_CAP_BYTES", 8 * 1024 * 1024)
 # Per-attempt log files on an agent host are removed this many days after they were last written.
 JOB_LOG_KEEP_DAYS = env_int("JOB_LOG_KEEP_DAYS", 7)
-# Per-attempt log files on an agent host are removed this many days after they were last written.
-JOB_LOG_KEEP_DAYS = env_int("JOB_LOG_KEEP_DAYS", 7)
 # /metrics (Prometheus): a bearer token, or client addresses/networks allowed without one. Neither: 403.
 METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
 METRICS_ALLOWED_IPS = env_list("METRICS_ALLOWED_IPS")
@@ -293,24 +291,6 @@ AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]  # each on its own
 AXES_RESET_ON_SUCCESS = True
 AXES_CLIENT_IP_CALLABLE = "config.auth.client_ip"
 AXES_HTTP_RESPONSE_CODE = 429
-
-# Content-Security-Policy (django-csp): scripts only from our own static files, no inline script, no
-# eval (htmx runs with allowEval off; templates use data attributes handled in static/js). Styles may
-# be inline (bar widths, plotly's own), which runs no code.
-CONTENT_SECURITY_POLICY = {
-    "DIRECTIVES": {
-        "default-src": ["'self'"],
-        "script-src": ["'self'"],
-        "style-src": ["'self'", "'unsafe-inline'"],
-        "img-src": ["'self'", "data:"],
-        "font-src": ["'self'", "data:"],
-        "connect-src": ["'self'"],
-        "object-src": ["'none'"],
-        "base-uri": ["'self'"],
-        "form-action": ["'self'"],
-        "frame-ancestors": ["'none'"],
-    }
-}
 
 # Content-Security-Policy (django-csp): scripts only from our own static files, no inline script, no
 # eval (htmx runs with allowEval off; templates use data attributes handled in static/js). Styles may

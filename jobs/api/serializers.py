@@ -8,8 +8,6 @@ from rest_framework import serializers
 from config.api import StrictSerializer
 from config.validators import printable
 from jobs.api.redaction import EnvRedactionMixin
-from config.validators import printable
-from jobs.api.redaction import EnvRedactionMixin
 from jobs.limits import MAX_INT
 from jobs.models import Attempt, Job, JobArray, JobEvent
 from quotas.models import Share
