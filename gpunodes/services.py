@@ -375,9 +375,10 @@ def hatched_gpus(snapshot, borrowed: frozenset) -> dict[int, int]:
     return out
 
 
-def node_grid(*, now=None) -> list[dict]:
-    """Every node with its GPUs and who holds each (share, job, borrowed as the policy counts it now),
-    for the dashboard's grid. A constant number of queries (the snapshot's and two more)."""
+def node_grid(*, now=None, names: list[str] | None = None) -> list[dict]:
+    """Every node (or those `names`: a page of them) with its GPUs and who holds each (share, job,
+    borrowed as the policy counts it now), for the dashboard's grid. A constant number of queries (the
+    snapshot's, without the queue, and two more that read only the nodes shown)."""
     from django.conf import settings
 
     from jobs.models import GpuClaim
@@ -391,15 +392,17 @@ def node_grid(*, now=None) -> list[dict]:
     borrowed = policy.borrowed_attempts(snapshot)
     hatched = hatched_gpus(snapshot, borrowed)
     colours = share_colours(Share.objects.values_list("name", flat=True))
+    claims = GpuClaim.objects.all() if names is None else GpuClaim.objects.filter(gpu__node__name__in=names)
     held = {
         gpu_id: (attempt_id, job_id, share, job_name)
-        for gpu_id, attempt_id, job_id, share, job_name in GpuClaim.objects.values_list(
+        for gpu_id, attempt_id, job_id, share, job_name in claims.values_list(
             "gpu_id", "attempt_id", "attempt__job_id", "attempt__job__share__name", "attempt__job__name"
         ).order_by("gpu__node__name", "gpu__index")
     }
     shown: dict[int, int] = {}  # attempt id -> GPUs of it hatched so far
     grid = []
-    for node in Node.objects.prefetch_related("gpus").order_by("name"):
+    nodes = Node.objects.all() if names is None else Node.objects.filter(name__in=names)
+    for node in nodes.prefetch_related("gpus").order_by("name"):
         gpus = []
         for gpu in node.gpus.all():
             holder = held.get(gpu.pk)

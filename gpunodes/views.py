@@ -21,8 +21,11 @@ ACTIONS = {"cordon": services.node_cordon, "uncordon": services.node_uncordon, "
 
 
 def grid_context(request) -> dict:
-    page = Paginator(services.node_grid(now=timezone.now()), NODES_PER_PAGE).get_page(request.GET.get("page"))
-    return {"grid": page.object_list, "page": page, "poll": True}
+    # Page the node names first, then read only that page's nodes, GPUs and claims.
+    names = Node.objects.order_by("name").values_list("name", flat=True)
+    page = Paginator(names, NODES_PER_PAGE).get_page(request.GET.get("page"))
+    grid = services.node_grid(now=timezone.now(), names=list(page.object_list))
+    return {"grid": grid, "page": page, "poll": True}
 
 
 @require_GET

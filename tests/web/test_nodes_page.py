@@ -81,3 +81,23 @@ def test_a_big_cluster_is_shown_a_page_of_nodes_at_a_time(as_bob, monkeypatch):
     assert first.count('data-node="big-') == 3 and second.count('data-node="big-') == 2
     assert "nodes 1–3 of 5" in first and "?page=2" in first
     assert "part=grid&amp;page=2" in second  # the live refresh stays on its page
+
+
+def test_a_page_of_nodes_reads_only_those_nodes(as_bob, monkeypatch):
+    from gpunodes import services
+    from gpunodes.services import fake_inventory, node_register
+
+    monkeypatch.setattr("gpunodes.views.NODES_PER_PAGE", 2)
+    for i in range(5):
+        node_register(name=f"big-{i}", gpu_type="a10g", gpus=fake_inventory(f"big-{i}", 1))
+    asked = []
+    real = services.node_grid
+
+    def spy(**kw):
+        grid = real(**kw)
+        asked.append([row["node"].name for row in grid])
+        return grid
+
+    monkeypatch.setattr(services, "node_grid", spy)
+    as_bob.get("/nodes/?page=2")
+    assert asked == [["big-2", "big-3"]]
