@@ -267,3 +267,124 @@ def kill_attempt(*, cgroup: AttemptCgroup | None, pgid: int | None, uid: int | N
         kill_uid(uid)
         return not pids_of_uid(uid)
     return True
+
+
+# --- GPU devices ---------------------------------------------------------------------------------
+
+
+def cgroup1_mount(controller: str, mountinfo: str = "/proc/self/mountinfo") -> Path | None:
+    """Where a cgroup v1 controller is mounted (`/sys/fs/cgroup/devices` on a hybrid host), if it is."""
+    try:
+        lines = Path(mountinfo).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        pre, _, post = line.partition(" - ")
+        fields = post.split()
+        if fields and fields[0] == "cgroup" and controller in fields[-1].split(","):
+            return Path(pre.split()[4])
+    return None
+
+
+def own_cgroup1(controller: str, pid: str = "self") -> str | None:
+    try:
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if controller in controllers.split(","):
+                return path
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def device_number(path: str) -> tuple[str, int, int] | None:
+    """('c' or 'b', major, minor) of a device node, None if it is not one."""
+    import stat as st
+
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    kind = "c" if st.S_ISCHR(info.st_mode) else "b" if st.S_ISBLK(info.st_mode) else None
+    return (kind, os.major(info.st_rdev), os.minor(info.st_rdev)) if kind else None
+
+
+@dataclass(frozen=True)
+class AttemptDevices:
+    """An attempt's cgroup in the v1 `devices` hierarchy: the GPUs it was not given are denied to it."""
+
+    path: Path
+
+    def deny(self, devices: list[tuple[str, int, int]]) -> None:
+        for kind, major, minor in devices:
+            (self.path / "devices.deny").write_text(f"{kind} {major}:{minor} rwm")
+
+    def enter_fn(self):
+        procs = str(self.path / "cgroup.procs")
+
+        def enter() -> None:
+            fd = os.open(procs, os.O_WRONLY)
+            try:
+                os.write(fd, str(os.getpid()).encode())
+            finally:
+                os.close(fd)
+
+        return enter
+
+    def remove(self) -> bool:
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                return True
+            except FileNotFoundError:
+                return True
+            except OSError:
+                time.sleep(0.02)  # its last processes are still being reaped
+        return False
+
+
+class DeviceTree:
+    """GPU device isolation per attempt where the host has the cgroup v1 `devices` controller (hybrid
+    hosts): each attempt is denied the device nodes of the host's other GPUs, so CUDA_VISIBLE_DEVICES is
+    not its only boundary. Pure cgroup v2 hosts need a BPF device program for this (what container
+    runtimes and systemd's DeviceAllow= do): there, run jobs in containers (README, "Security model")."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+
+    @classmethod
+    def create(cls, label: str) -> DeviceTree | None:
+        mount, own = cgroup1_mount("devices"), own_cgroup1("devices")
+        if mount is None or own is None:
+            return None
+        base = mount / own.lstrip("/") / f"gpuquota-{label}"
+        _remove_stale_trees(base.parent)
+        try:
+            base.mkdir(exist_ok=True)
+            if not (base / "devices.deny").exists():
+                base.rmdir()
+                return None
+        except OSError as e:
+            log.warning(
+                "no device cgroups under %s (%s): GPUs are fenced by CUDA_VISIBLE_DEVICES only", mount, e
+            )
+            return None
+        return cls(base)
+
+    def attempt(self, name: str, deny: list[tuple[str, int, int]]) -> AttemptDevices:
+        path = self.base / name
+        path.mkdir(exist_ok=True)
+        devices = AttemptDevices(path)
+        devices.deny(deny)
+        return devices
+
+    def remove(self) -> None:
+        if not self.base.exists():
+            return
+        for child in self.base.iterdir():
+            if child.is_dir():
+                AttemptDevices(child).remove()
+        try:
+            self.base.rmdir()
+        except OSError:
+            pass

@@ -42,3 +42,23 @@ def discover() -> list[GpuInfo]:
 
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def device_paths() -> dict[int, str]:
+    """The device node of each real GPU by index (/dev/nvidia<minor>, the minor number from NVML: it
+    need not equal the index). Empty where NVML is not available."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return {}
+    try:
+        return {
+            index: f"/dev/nvidia{pynvml.nvmlDeviceGetMinorNumber(pynvml.nvmlDeviceGetHandleByIndex(index))}"
+            for index in range(pynvml.nvmlDeviceGetCount())
+        }
+    except Exception:
+        return {}
+    finally:
+        pynvml.nvmlShutdown()

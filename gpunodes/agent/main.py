@@ -102,6 +102,7 @@ class Agent:
             uids=uids,
             pass_env=pass_env,
             log_cap_bytes=settings.JOB_LOG_CAP_BYTES,
+            gpu_devices=inventory.device_paths() if fake_gpus is None else None,
         )
         self.runner.gpu_indexes = {g.index for g in self.gpus}
         self.join_token = join_token

@@ -23,7 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpunodes.agent import identity
-from gpunodes.agent.containment import AttemptCgroup, CgroupTree, cgroup2_mount, kill_attempt
+from gpunodes.agent.containment import (
+    AttemptCgroup,
+    AttemptDevices,
+    CgroupTree,
+    DeviceTree,
+    cgroup2_mount,
+    device_number,
+    kill_attempt,
+)
 from gpunodes.agent.identity import JobUser, UidPool
 
 log = logging.getLogger(__name__)
@@ -98,6 +106,7 @@ class Proc:
     user: JobUser | None = None
     cgroup: AttemptCgroup | None = None
     workdir: Path | None = None
+    devices: AttemptDevices | None = None
 
 
 class Runner:
@@ -120,6 +129,8 @@ class Runner:
         pass_env: tuple[str, ...] = (),
         cgroups: CgroupTree | str | None = "auto",
         log_cap_bytes: int = LOG_CAP_BYTES,
+        gpu_devices: dict[int, str] | None = None,
+        device_cgroups: DeviceTree | str | None = "auto",
     ) -> None:
         self.node = node
         self.log_dir = identity.ensure_root(Path(log_dir), 0o700)  # the jobs never read the logs
@@ -137,6 +148,12 @@ class Runner:
         if cgroups == "auto":
             cgroups = CgroupTree.create(f"{node}-{os.getpid()}")
         self.cgroups: CgroupTree | None = cgroups
+        # The device node of each of the host's GPUs (index -> /dev/nvidiaN): an attempt is denied the
+        # ones it was not given, where the host has device cgroups (containment.DeviceTree).
+        self.gpu_devices = dict(gpu_devices or {})
+        if device_cgroups == "auto":
+            device_cgroups = DeviceTree.create(f"{node}-{os.getpid()}") if self.gpu_devices else None
+        self.device_cgroups: DeviceTree | None = device_cgroups
         self.log_cap_bytes = log_cap_bytes
         # The control side's word on this node (agent/tasks.py node_state): starts only while READY.
         self.node_state = "READY"
@@ -172,7 +189,7 @@ class Runner:
             if key in self._tombstones:
                 return "refused"
             user = self.uids.acquire() if self.uids is not None else None
-            cgroup = workdir = None
+            cgroup = workdir = devices = None
             try:
                 checkpoint_dir = identity.checkpoint_dir(self.checkpoint_root, job_id, user)
                 workdir = identity.make_workdir(self.work_root, f"{self.node}-a{attempt_id}-{number}", user)
@@ -181,8 +198,13 @@ class Runner:
                 log_path = identity.inside(log_path, f"attempt-{number}.{self.node}.log")
                 if self.cgroups is not None:
                     cgroup = self.cgroups.attempt(f"attempt-{attempt_id}-{number}")
+                if self.device_cgroups is not None:
+                    deny = [device_number(p) for i, p in self.gpu_devices.items() if i not in gpus]
+                    devices = self.device_cgroups.attempt(
+                        f"attempt-{attempt_id}-{number}", [d for d in deny if d]
+                    )
             except (OSError, ValueError) as e:
-                self._cleanup(user, cgroup, workdir)
+                self._cleanup(user, cgroup, workdir, devices)
                 log.error("refusing attempt %s/%s: %s", attempt_id, number, e)
                 self._finished.add(key)
                 self._report_finished(
@@ -214,8 +236,13 @@ class Runner:
             argv = ["/bin/sh", "-c", command[0]] if use_shell else list(command)
             fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             log_file = os.fdopen(fd, "ab")
-            enter = cgroup.enter_fn() if cgroup else None
-            preexec = identity.drop_privileges_fn(user, before=enter) if user else enter
+            enters = [f.enter_fn() for f in (cgroup, devices) if f is not None]
+
+            def enter() -> None:
+                for fn in enters:
+                    fn()
+
+            preexec = identity.drop_privileges_fn(user, before=enter) if user else (enter if enters else None)
             try:
                 popen = subprocess.Popen(
                     argv,
@@ -232,7 +259,7 @@ class Runner:
                 why = getattr(e, "strerror", None) or str(e)
                 log_file.write(f"gpuquota: could not start {argv[0]!r}: {why}\n".encode())
                 log_file.close()
-                self._cleanup(user, cgroup, workdir)
+                self._cleanup(user, cgroup, workdir, devices)
                 self._finished.add(key)
                 self._report_finished(
                     {
@@ -258,6 +285,7 @@ class Runner:
                 user=user,
                 cgroup=cgroup,
                 workdir=workdir,
+                devices=devices,
             )
             self._save_state()
         self.report(STARTED, {"attempt_id": attempt_id, "number": number, "node": self.node})
@@ -279,12 +307,20 @@ class Runner:
             },
         )
 
-    def _cleanup(self, user: JobUser | None, cgroup: AttemptCgroup | None, workdir: Path | None) -> None:
-        """After an attempt: nothing of it runs, its cgroup and working directory are gone, its uid is
+    def _cleanup(
+        self,
+        user: JobUser | None,
+        cgroup: AttemptCgroup | None,
+        workdir: Path | None,
+        devices: AttemptDevices | None = None,
+    ) -> None:
+        """After an attempt: nothing of it runs, its cgroups and working directory are gone, its uid is
         free again. A uid whose processes could not all be killed is not handed out again."""
         empty = kill_attempt(cgroup=cgroup, pgid=None, uid=user.uid if user else None)
         if cgroup is not None and empty:
             cgroup.remove()
+        if devices is not None and empty:
+            devices.remove()
         if workdir is not None:
             identity.remove_tree(workdir)
         if user is not None:
@@ -377,7 +413,7 @@ class Runner:
                 os.killpg(proc.popen.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-            self._cleanup(proc.user, proc.cgroup, proc.workdir)
+            self._cleanup(proc.user, proc.cgroup, proc.workdir, proc.devices)
             self._ship_log(proc, final=True)
             proc.log_file.close()
             with self._lock:
@@ -559,6 +595,8 @@ class Runner:
         self.poll()
         if self.cgroups is not None:
             self.cgroups.remove()
+        if self.device_cgroups is not None:
+            self.device_cgroups.remove()
 
 
 def _orphan_cgroup(path) -> AttemptCgroup | None:

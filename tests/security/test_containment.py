@@ -144,3 +144,33 @@ def test_a_restarted_agent_kills_what_the_previous_one_left_in_its_cgroups(root_
         second.shutdown(grace_s=0)
         first._procs.clear()
         first.cgroups.remove()
+
+
+def no_device_cgroups():
+    from gpunodes.agent.containment import DeviceTree
+
+    tree = DeviceTree.create(f"probe-{os.getpid()}")
+    if tree is not None:
+        tree.remove()
+    return tree is None
+
+
+def test_an_attempt_is_denied_the_devices_of_gpus_it_was_not_given(root_dir, reports):
+    """Two character devices stand in for /dev/nvidia0 and /dev/nvidia1 (this host need not have GPUs):
+    given GPU 0 only, the job opens GPU 0's device and is refused GPU 1's."""
+    if no_device_cgroups():
+        pytest.skip(
+            "this host has no cgroup v1 devices controller (pure cgroup v2: containers are the route)"
+        )
+    runner = make_runner(root_dir, reports, uids=uid_pool(), gpu_devices={0: "/dev/zero", 1: "/dev/full"})
+    try:
+        probe = "head -c1 /dev/zero >/dev/null && echo gpu0-ok; head -c1 /dev/full >/dev/null 2>&1 && echo gpu1-LEAK"
+        runner.start(attempt_id=1, number=1, job_id=7, command=[probe], use_shell=True, gpus=[0])
+        devices = runner._procs[1].devices
+        wait_until(lambda: reports.finished(1), runner=runner)
+        out = reports.log_of(1)
+        assert "gpu0-ok" in out and "LEAK" not in out, out
+        assert not devices.path.exists()  # removed with the attempt
+    finally:
+        runner.shutdown(grace_s=0)
+    assert not runner.device_cgroups.base.exists()
