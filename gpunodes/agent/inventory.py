@@ -62,3 +62,28 @@ def device_paths() -> dict[int, str]:
         return {}
     finally:
         pynvml.nvmlShutdown()
+
+
+def gpu_processes(indexes) -> dict[int, list[int]]:
+    """The pids NVML sees using each of the given GPUs (compute and graphics), for the agent's check
+    before it hands GPUs to an attempt. Empty where NVML is not available. In a container NVML may
+    report pids of another pid namespace, or none."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return {}
+    try:
+        found = {}
+        for index in indexes:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            pids = {p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+            pids |= {p.pid for p in pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle)}
+            if pids:
+                found[index] = sorted(pids)
+        return found
+    except Exception:
+        return {}
+    finally:
+        pynvml.nvmlShutdown()

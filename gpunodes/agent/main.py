@@ -103,6 +103,7 @@ class Agent:
             pass_env=pass_env,
             log_cap_bytes=settings.JOB_LOG_CAP_BYTES,
             gpu_devices=inventory.device_paths() if fake_gpus is None else None,
+            gpu_holders=inventory.gpu_processes if fake_gpus is None else None,
         )
         self.runner.gpu_indexes = {g.index for g in self.gpus}
         self.join_token = join_token

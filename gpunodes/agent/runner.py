@@ -131,6 +131,7 @@ class Runner:
         log_cap_bytes: int = LOG_CAP_BYTES,
         gpu_devices: dict[int, str] | None = None,
         device_cgroups: DeviceTree | str | None = "auto",
+        gpu_holders: Callable[[list[int]], dict[int, list[int]]] | None = None,
     ) -> None:
         self.node = node
         self.log_dir = identity.ensure_root(Path(log_dir), 0o700)  # the jobs never read the logs
@@ -154,6 +155,8 @@ class Runner:
         if device_cgroups == "auto":
             device_cgroups = DeviceTree.create(f"{node}-{os.getpid()}") if self.gpu_devices else None
         self.device_cgroups: DeviceTree | None = device_cgroups
+        # Who still uses a GPU (NVML: inventory.gpu_processes), checked before GPUs are handed out.
+        self.gpu_holders = gpu_holders
         self.log_cap_bytes = log_cap_bytes
         # The control side's word on this node (agent/tasks.py node_state): starts only while READY.
         self.node_state = "READY"
@@ -187,6 +190,24 @@ class Runner:
             if attempt_id in self._procs or key in self._finished:
                 return "duplicate"
             if key in self._tombstones:
+                return "refused"
+            held = self._gpus_in_use(list(gpus))
+            if held:
+                why = "; ".join(
+                    f"GPU {i} is still used by pid {', '.join(map(str, p))}" for i, p in held.items()
+                )
+                log.error("refusing attempt %s/%s: %s", attempt_id, number, why)
+                self._finished.add(key)
+                self._report_finished(
+                    {
+                        "attempt_id": attempt_id,
+                        "number": number,
+                        "node": self.node,
+                        "how": "unknown",
+                        "exit_code": None,
+                        "detail": f"refused: {why}",
+                    },
+                )
                 return "refused"
             user = self.uids.acquire() if self.uids is not None else None
             cgroup = workdir = devices = None
@@ -290,6 +311,14 @@ class Runner:
             self._save_state()
         self.report(STARTED, {"attempt_id": attempt_id, "number": number, "node": self.node})
         return "started"
+
+    def _gpus_in_use(self, gpus: list[int]) -> dict[int, list[int]]:
+        """The given GPUs a process still uses (NVML), which are not handed out: with a cgroup per
+        attempt nothing of an earlier attempt is left, so a holder is something the operator must look
+        at; the start is refused and logged, and the control side re-queues the attempt."""
+        if self.gpu_holders is None or not gpus:
+            return {}
+        return {i: pids for i, pids in self.gpu_holders(gpus).items() if pids}
 
     def refuse(self, attempt_id: int, number: int, why: str) -> None:
         """A start this host will not run (it is cordoned, draining or pending): a late start of it is

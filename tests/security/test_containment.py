@@ -174,3 +174,21 @@ def test_an_attempt_is_denied_the_devices_of_gpus_it_was_not_given(root_dir, rep
     finally:
         runner.shutdown(grace_s=0)
     assert not runner.device_cgroups.base.exists()
+
+
+def test_a_gpu_that_a_process_still_uses_is_not_handed_out(root_dir, reports, caplog):
+    """NVML (here a stand-in) says GPU 1 is used by pid 4242: a start on it is refused and logged, and
+    the control side hears at once (it re-queues the attempt); a start on GPU 0 goes ahead."""
+    import logging
+
+    runner = make_runner(
+        root_dir, reports, uids=uid_pool(), gpu_holders=lambda gpus: {1: [4242]} if 1 in gpus else {}
+    )
+    try:
+        with caplog.at_level(logging.ERROR):
+            assert runner.start(attempt_id=1, number=1, job_id=7, command=["true"], gpus=[0, 1]) == "refused"
+        assert "GPU 1 is still used by pid 4242" in caplog.text
+        assert reports.finished(1)["how"] == "unknown"
+        assert runner.start(attempt_id=2, number=1, job_id=7, command=["true"], gpus=[0]) == "started"
+    finally:
+        runner.shutdown(grace_s=0)
