@@ -35,7 +35,9 @@ TRAP = (
 def _cluster(tmp: Path) -> list:
     env = {
         "JOB_LOG_DIR": str(tmp / "logs"),
-        "CHECKPOINT_ROOT": str(tmp / "checkpoints"),
+        # A root agent runs each attempt as a uid of its own: the jobs' directories must be reachable.
+        "JOB_ROOT": str(tmp / "jobs"),
+        "CHECKPOINT_ROOT": str(tmp / "jobs" / "checkpoints"),
         "HEARTBEAT_INTERVAL_S": "2",
         "NODE_JOIN_TOKEN": "bench-join-token",  # the bench's agents join READY (else PENDING on Redis)
         "SCHEDULER_INTERVAL_S": "3600",  # beat is not started anyway
@@ -152,9 +154,11 @@ def run(samples: int = 20, reclaims: int = 5) -> list[dict]:
     from jobs.models import Job
 
     wipe()
-    tmp = Path(tempfile.mkdtemp(prefix="gpuquota-bench-"))
+    tmp = Path(tempfile.mkdtemp(prefix="gpuquota-bench-", dir="/var/tmp"))
+    tmp.chmod(0o711)  # searchable by the jobs' uids (a root agent runs each attempt as its own uid)
     out = tmp / "signals"
     out.mkdir()
+    out.chmod(0o777)  # the victims write the time of their SIGTERM here
     user, owner, borrower = _setup()
     procs = _cluster(tmp)
     starts: list[float] = []

@@ -8,10 +8,14 @@ gpuquota:
 
 - submits/s with 16 concurrent clients (16 `sbatch` loops / bench 3's 16 HTTP clients);
 - submits/s with one process per submission, one after another (`sbatch` / `gpuquota submit`);
-- array tasks/s (`sbatch --array=0-999` / `"array": {"size": 1000}`).
+- array tasks/s (`sbatch --array=0-999` / `"array": {"size": 1000}`);
+- then latency, Slurm's block then gpuquota's (benchmark 4's live cluster): submit to the job's first
+  line on a free GPU (`sbatch` and `srun` / the agent's start report), and reclaim, a submit that needs
+  the GPUs of lower-priority work until that work's SIGTERM (partition_prio REQUEUE / gpuquota's reclaim).
 
-Slurm's jobs are submitted held (they measure intake, not running), gpuquota's have no control worker
-(its jobs queue). Ratios are gpuquota / Slurm (> 1: gpuquota takes work in faster). Every daemon the
+Slurm's intake jobs are submitted held (they measure intake, not running), gpuquota's have no control
+worker (its jobs queue). Intake ratios are gpuquota / Slurm (> 1: gpuquota takes work in faster);
+latency ratios Slurm / gpuquota (> 1: gpuquota is quicker). Every daemon the
 benchmark started is stopped at the end, whatever happens. Needs root, slurm-wlm (`apt-get install -y
 slurm-wlm`), DATABASE_URL (`*_bench`) and REDIS_URL.
 """
@@ -219,6 +223,67 @@ def slurm_arrays(slurm: Slurm, arrays: int, size: int) -> tuple[float, int]:
     return arrays * size / (time.perf_counter() - t0), errors
 
 
+VICTIM = """#!/usr/bin/env python3
+import signal, sys, time
+def term(*_):
+    open(sys.argv[1], "w").write(repr(time.time()))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+open(sys.argv[1] + ".ready", "w").close()
+while True:
+    time.sleep(3600)
+"""
+
+
+def _wait(predicate, timeout: float, what: str, every: float = 0.002):
+    return wait_for(predicate, timeout, what, every)
+
+
+def slurm_first_line(slurm: Slurm, n: int) -> tuple[list[float], list[float]]:
+    """Submit to a free GPU until the job's first line: (batch via sbatch, interactive via srun)."""
+    script = slurm.dir / "hello.sh"
+    script.write_text("#!/bin/sh\necho started\n")
+    script.chmod(0o755)
+    batch, interactive = [], []
+    for i in range(n):
+        out = slurm.dir / "out" / f"hello-{i}.out"
+        t0 = time.perf_counter()
+        slurm.run(["sbatch", "-p", "low", "--gres=gpu:1", "-o", str(out), str(script)])
+        _wait(lambda out=out: out.exists() and out.read_text().strip(), 60, "the batch job's first line")
+        batch.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(
+            ["srun", "-p", "low", "--gres=gpu:1", "echo", "started"],
+            env=slurm.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        proc.stdout.readline()
+        interactive.append(time.perf_counter() - t0)
+        proc.wait(30)
+    slurm.clear()
+    return batch, interactive
+
+
+def slurm_reclaim(slurm: Slurm, n: int) -> list[float]:
+    """A low-partition job holds all 8 GPUs; a high-partition job asks for them: submit to the
+    victim's SIGTERM (partition_prio pre-emption, REQUEUE)."""
+    script = slurm.dir / "victim.py"
+    script.write_text(VICTIM)
+    script.chmod(0o755)
+    times = []
+    for i in range(n):
+        term = slurm.dir / "out" / f"term-{i}"
+        slurm.run(["sbatch", "-p", "low", "--gres=gpu:8", "-o", "/dev/null", str(script), str(term)])
+        _wait(lambda term=term: Path(str(term) + ".ready").exists(), 60, "the victim to run", 0.01)
+        t0 = time.time()
+        slurm.run(["sbatch", "-p", "high", "--gres=gpu:8", "-o", "/dev/null", "--wrap", "sleep 1"])
+        at = _wait(lambda term=term: term.exists() and term.read_text(), 120, "the victim's SIGTERM")
+        times.append(float(at) - t0)
+        slurm.clear()
+    return times
+
+
 def run(quick: bool = False, rounds: int | None = None) -> list[dict]:
     why = problem()
     if why:
@@ -232,6 +297,8 @@ def run(quick: bool = False, rounds: int | None = None) -> list[dict]:
     errors = {"slurm": 0, "gpuquota": 0}
     slurm = Slurm()
     web = None
+    latency: list[dict] = []
+    latency_error = ""
     try:
         slurm.start()
         web, url, tokens = bench_cli.start_server(clients)
@@ -260,6 +327,18 @@ def run(quick: bool = False, rounds: int | None = None) -> list[dict]:
             figures.setdefault(("arrays", "gpuquota"), []).append(arrays * size / got["wall"])
             errors["gpuquota"] += len(got["errors"])
             slurm.clear()
+        stop([web])
+        web = None
+        # Latency: Slurm's, then gpuquota's live cluster (benchmark 4: control worker, fake agents).
+        samples, reclaims = (3, 2) if quick else (10, 5)
+        batch, interactive = slurm_first_line(slurm, samples)
+        victim = slurm_reclaim(slurm, reclaims)
+        from bench import bench_latency
+
+        try:
+            latency = bench_latency.run(samples=samples, reclaims=reclaims)
+        except Exception as exc:  # noqa: BLE001 - Slurm's side is still worth reporting
+            latency_error = f"gpuquota's live cluster failed: {exc}"
     finally:
         if web is not None:
             stop([web])
@@ -281,6 +360,39 @@ def run(quick: bool = False, rounds: int | None = None) -> list[dict]:
                 "slurm": s,
                 "gpuquota": g,
                 "ratio": g / s,
+            }
+        )
+    if latency_error:
+        for what, slurm_s in (
+            ("submit to first line, free GPU: sbatch", statistics.median(batch)),
+            ("submit to first line, free GPU: srun", statistics.median(interactive)),
+            ("reclaim: submit to the victim's SIGTERM", statistics.median(victim)),
+        ):
+            rows.append(
+                {
+                    "bench": "8 slurm",
+                    "size": what,
+                    "met": False,
+                    "note": f"Slurm {slurm_s * 1000:,.0f} ms (median); {latency_error}",
+                    "slurm": slurm_s,
+                }
+            )
+        return rows
+    g_start, g_reclaim = latency[0]["median_s"], latency[1]["median_s"]
+    for what, slurm_s, gpuquota_s in (
+        ("submit to first line, free GPU: sbatch", statistics.median(batch), g_start),
+        ("submit to first line, free GPU: srun", statistics.median(interactive), g_start),
+        ("reclaim: submit to the victim's SIGTERM", statistics.median(victim), g_reclaim),
+    ):
+        rows.append(
+            {
+                "bench": "8 slurm",
+                "size": what,
+                "note": f"Slurm {slurm_s * 1000:,.0f} ms, gpuquota {gpuquota_s * 1000:,.0f} ms (medians): "
+                f"Slurm/gpuquota {slurm_s / gpuquota_s:.2f}",
+                "slurm": slurm_s,
+                "gpuquota": gpuquota_s,
+                "ratio": slurm_s / gpuquota_s,
             }
         )
     return rows
