@@ -7,10 +7,13 @@ them into DRF's `{"field": ["message"]}` 400, a 403 with the service's own sente
 
 from __future__ import annotations
 
+import re
+
 from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import exceptions, permissions, serializers, status
@@ -38,6 +41,9 @@ def _validation_detail(exc: DjangoValidationError):
     return {"non_field_errors": exc.messages}
 
 
+DJANGO_NOT_FOUND = re.compile(r"No (\w+) matches the given query\.")
+
+
 def translate(exc: Exception) -> Exception:
     """A service's exception as the API exception that answers it (others unchanged)."""
     if isinstance(exc, DjangoValidationError):
@@ -49,6 +55,9 @@ def translate(exc: Exception) -> Exception:
         return ConflictError(str(exc))
     if isinstance(exc, RequestDataTooBig):
         return RequestTooLarge()
+    if isinstance(exc, Http404) and (found := DJANGO_NOT_FOUND.fullmatch(str(exc))):
+        # Django's "No Job matches the given query." reads like a database error.
+        return exceptions.NotFound(f"No such {found.group(1).lower()}.")
     return exc
 
 

@@ -17,3 +17,9 @@ def test_the_favicon_is_found(db):
     response = Client().get("/favicon.ico", follow=True)
     assert response.status_code == 200
     assert b"<svg" in b"".join(response.streaming_content if response.streaming else [response.content])
+
+
+def test_a_missing_object_is_said_in_plain_words(as_bob):
+    response = as_bob.get("/api/v1/jobs/999999/")
+    assert response.status_code == 404
+    assert response.json() == {"detail": "No such job."}
