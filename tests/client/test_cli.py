@@ -129,7 +129,7 @@ def test_server_refusals_exit_2_with_its_message(logged_in, nodes):
     assert code == 2 and 'No share named "nope"' in err
     code, _, err = logged_in("status", 999999)
     assert code == 2
-    assert "No Job matches the given query." in err
+    assert "No such job." in err
 
 
 def test_cancelling_a_finished_job_exits_2_saying_why(logged_in, bob, vision_share):
