@@ -192,3 +192,22 @@ def test_a_gpu_that_a_process_still_uses_is_not_handed_out(root_dir, reports, ca
         assert runner.start(attempt_id=2, number=1, job_id=7, command=["true"], gpus=[0]) == "started"
     finally:
         runner.shutdown(grace_s=0)
+
+
+def test_fencing_kills_every_attempt_of_the_host_at_once(runner, reports):
+    """What the fencing issue builds on: Runner.fence() ends every attempt, escaped children included,
+    without a grace; the next poll reports them."""
+    children = []
+    for attempt_id in (1, 2):
+        runner.start(
+            attempt_id=attempt_id,
+            number=1,
+            job_id=7,
+            command=[ESCAPE.format(then="sleep 300")],
+            use_shell=True,
+            grace_s=30,
+        )
+        children.append(wait_until(lambda a=attempt_id: child_pid(reports, a), runner=runner))
+    assert sorted(runner.fence()) == [(1, 1), (2, 1)]
+    wait_until(lambda: reports.finished(1) and reports.finished(2), runner=runner, timeout=5)
+    wait_until(lambda: not any(alive(pid) for pid in children), timeout=5, what="every child to die")
