@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.utils import timezone
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from knox.auth import TokenAuthentication as KnoxTokenAuthentication
 
 
@@ -52,3 +53,18 @@ class TokenAuthentication(KnoxTokenAuthentication):
             auth_token.delete()
             return True
         return False
+
+
+class TokenScheme(OpenApiAuthenticationExtension):
+    """The schema's description of TokenAuthentication (the same `tokenAuth` scheme as before knox)."""
+
+    target_class = "config.auth.TokenAuthentication"
+    name = "tokenAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "apiKey",
+            "in": "header",
+            "name": "Authorization",
+            "description": 'Token-based authentication with required prefix "Token"',
+        }
