@@ -8,19 +8,21 @@ from quotas import scheduler
 @shared_task(name="quotas.tasks.scheduling_pass", ignore_result=True)
 def scheduling_pass(trigger: str = "beat") -> dict:
     result = scheduler.run_pass(trigger)
-    forecast_if_due(changed=bool(result.admitted or result.preempted or result.ended))
+    if forecast_due(changed=bool(result.admitted or result.preempted or result.ended)):
+        forecast_queue()  # here, after the pass committed: no message to wait for
     return {"admitted": len(result.admitted), "preempted": len(result.preempted), "ms": result.duration_ms}
 
 
 FORECAST_LOCK = "gpuquota:forecast-running"
 FORECAST_ASKED = "gpuquota:forecast-asked"
 FORECAST_LAST = "gpuquota:forecast-last"
+FORECAST_DIRTY = "gpuquota:forecast-dirty"  # a pass decided something since the last forecast
 
 
-def forecast_if_due(*, changed: bool) -> bool:
-    """After a pass: ask for a new stored forecast when the pass decided something (at most every
+def forecast_due(*, changed: bool) -> bool:
+    """After a pass: is a new stored forecast due? When the pass decided something (at most every
     FORECAST_MIN_INTERVAL_S), or when the stored one is older than FORECAST_MAX_AGE_S, so that an ETA
-    that has passed is forecast again from the new state. Returns whether it asked."""
+    that has passed is forecast again from the new state. One pass in an interval says yes."""
     import logging
     import time
 
@@ -29,20 +31,25 @@ def forecast_if_due(*, changed: bool) -> bool:
 
     try:
         age = time.time() - float(cache.get(FORECAST_LAST) or 0)
-        if age < settings.FORECAST_MIN_INTERVAL_S or (not changed and age < settings.FORECAST_MAX_AGE_S):
+        if age < settings.FORECAST_MIN_INTERVAL_S:
+            if changed:
+                cache.set(FORECAST_DIRTY, 1, None)  # a later pass makes up for it
+            return False
+        if not (changed or cache.get(FORECAST_DIRTY)) and age < settings.FORECAST_MAX_AGE_S:
             return False
         if not cache.add(FORECAST_ASKED, 1, timeout=settings.FORECAST_MIN_INTERVAL_S):
-            return False  # asked already in this interval
-        forecast_queue.apply_async()
+            return False
+        cache.delete(FORECAST_DIRTY)
+        return True
     except Exception:  # advice only: the next pass asks again
-        logging.getLogger(__name__).warning("could not ask for a forecast", exc_info=True)
+        logging.getLogger(__name__).warning("could not check whether a forecast is due", exc_info=True)
         return False
-    return True
 
 
 @shared_task(name="quotas.tasks.forecast_queue", ignore_result=True)
 def forecast_queue() -> dict:
     """Forecast the whole queue and store it; never two at once (a cache lock)."""
+    import logging
     import time
 
     from django.conf import settings
@@ -56,6 +63,9 @@ def forecast_queue() -> dict:
         result = services.forecast_refresh()
         cache.set(FORECAST_LAST, time.time(), None)
         return result
+    except Exception:  # advice only: a failed forecast must not fail the pass that ran it
+        logging.getLogger(__name__).exception("the queue forecast failed")
+        return {"failed": True}
     finally:
         cache.delete(FORECAST_LOCK)
 
