@@ -1,7 +1,9 @@
-"""`make run`'s processes (Procfile.dev under config.procman) stop on Ctrl-C within the shutdown
-timeout, each by itself: none has to be killed, an agent with a running job included (honcho had to
-SIGKILL the prefork control worker, stuck in billiard's pool shutdown, and an agent)."""
+"""`make run`'s processes (Procfile.dev under config.procman): a crashed one is restarted while the
+others go on, and all stop on Ctrl-C within the shutdown timeout, each by itself: none has to be
+killed, an agent with a running job included (honcho stopped everything when one process died, and
+had to SIGKILL the prefork control worker, stuck in billiard's pool shutdown, and an agent)."""
 
+import os
 import signal
 import socket
 import sys
@@ -31,7 +33,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_ctrl_c_stops_every_process_of_make_run_without_a_kill(cluster, tmp_path, django_user_model):
+def test_a_crashed_process_is_restarted_and_ctrl_c_stops_every_process_without_a_kill(
+    cluster, tmp_path, django_user_model
+):
     team = Team.objects.create(name="t", slug="t")
     user = django_user_model.objects.create_user("u", password="pw-123456")
     Membership.objects.create(team=team, user=user, role=Role.MEMBER)
@@ -71,6 +75,18 @@ def test_ctrl_c_stops_every_process_of_make_run_without_a_kill(cluster, tmp_path
         command=["sleep", "120"],
     )
     wait_for(lambda: Job.objects.get(pk=job.pk).state == JobState.RUNNING, 60, what="a running job")
+
+    # The control worker crashes: it is started again, with a log line, and the rest goes on.
+    log_path = tmp_path / "procman.log"
+    worker_pid = int(log_path.read_text().split("started worker (pid ", 1)[1].split(")", 1)[0])
+    os.kill(worker_pid, signal.SIGKILL)
+    wait_for(
+        lambda: "worker exited with code -9; restarting it in 1 s (restart 1)" in log_path.read_text(), 30
+    )
+    again = job_submit(user=user, share=share, gpus=1, gpu_type="a10g", command=["sleep", "120"])
+    wait_for(
+        lambda: Job.objects.get(pk=again.pk).state == JobState.RUNNING, 60, what="a job after the restart"
+    )
 
     started = time.monotonic()
     manager.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal does (the manager takes it alone)
