@@ -40,6 +40,7 @@ def test_the_nodes_page_hatches_as_many_gpus_as_the_card_counts_borrowed(two_job
     assert card_borrowed("vision-three") == 1
     assert len(hatched) == 1
     body = as_bob.get("/nodes/").content.decode()
+    assert "hatched: borrowed, a GPU its share uses beyond its own capacity" in body
     assert body.count('hatched"') + body.count(" hatched ") - body.count("gpu-key s0 hatched") == 1
 
 
@@ -58,6 +59,7 @@ def test_the_job_page_follows_the_policy_once_the_other_job_ends(two_jobs, as_bo
     first, second = two_jobs
     page = as_bob.get(f"/jobs/{second.job_id}/").content.decode()
     assert 'class="badge borrowed"' in page.split('data-testid="borrowed-1"', 1)[1].split("</td>", 1)[0]
+    assert 'data-testid="borrowed-legend"' in page
 
     lifecycle.end_attempt(first.pk, first.number, outcome=Outcome.SUCCEEDED, exit_code=0)
     page = as_bob.get(f"/jobs/{second.job_id}/").content.decode()
