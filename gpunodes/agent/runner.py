@@ -209,9 +209,9 @@ class Runner:
                     },
                 )
                 return "refused"
-            user = self.uids.acquire() if self.uids is not None else None
-            cgroup = workdir = devices = None
+            user = cgroup = workdir = devices = None
             try:
+                user = self.uids.acquire() if self.uids is not None else None
                 checkpoint_dir = identity.checkpoint_dir(self.checkpoint_root, job_id, user)
                 workdir = identity.make_workdir(self.work_root, f"{self.node}-a{attempt_id}-{number}", user)
                 log_path = identity.inside(self.log_dir, f"job-{job_id}")
@@ -224,7 +224,7 @@ class Runner:
                     devices = self.device_cgroups.attempt(
                         f"attempt-{attempt_id}-{number}", [d for d in deny if d]
                     )
-            except (OSError, ValueError) as e:
+            except (OSError, ValueError, RuntimeError) as e:  # RuntimeError: no free uid
                 self._cleanup(user, cgroup, workdir, devices)
                 log.error("refusing attempt %s/%s: %s", attempt_id, number, e)
                 self._finished.add(key)

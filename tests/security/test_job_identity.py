@@ -136,3 +136,19 @@ def test_python_jobs_work_as_a_uid_without_an_account(root_runner, reports):
     )
     wait_until(lambda: reports.finished(1), runner=root_runner)
     assert reports.finished(1)["exit_code"] == 0, reports.log_of(1)
+
+
+def test_when_every_uid_is_taken_the_start_fails_cleanly(root_dir, reports):
+    from gpunodes.agent.identity import UidPool
+    from tests.security.agent_helpers import make_runner, uid_pool
+
+    first = uid_pool().first
+    runner = make_runner(root_dir, reports, uids=UidPool(first, first))  # a range of one uid
+    try:
+        assert (
+            runner.start(attempt_id=1, number=1, job_id=7, command=["sleep 5"], use_shell=True) == "started"
+        )
+        assert runner.start(attempt_id=2, number=1, job_id=8, command=["true"]) == "failed"
+        assert "no free uid" in reports.finished(2)["detail"]
+    finally:
+        runner.shutdown(grace_s=0)
