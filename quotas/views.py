@@ -135,22 +135,30 @@ def team_queue_context(user, team: Team) -> dict:
     """The team's queue in admission order (position, ETA, why it waits: the stored forecast, see
     QueueForecast) and its running jobs. No replay and no queue in the snapshot: constant queries,
     whatever the length of the queue."""
-    from django.db.models import F
-
     from jobs.choices import JobState
     from quotas import policy
+    from quotas.models import QueueForecast
     from quotas.scheduler import load_snapshot
 
     loaded = load_snapshot(queued=False)
     snapshot = loaded.snapshot
     names = {s.name for s in Share.objects.filter(team=team).only("name")}
+    # Counts from the snapshot's per-share totals (one aggregate it reads anyway); the first rows in
+    # the stored forecast's order walk its position index, then jobs not forecast yet in queue order.
+    queued_total = sum(jobs for (share, _), (jobs, _) in loaded.queued_totals.items() if share in names)
     queued_qs = Job.objects.filter(state=JobState.QUEUED, share__team=team)
-    queued_total = queued_qs.count()
-    shown_q = list(
-        queued_qs.select_related("share", "submitted_by", "forecast").order_by(
-            F("forecast__position_overall").asc(nulls_last=True), "-priority", "submitted_at", "id"
-        )[:QUEUE_SHOWN]
-    )
+    shown_q = [
+        f.job
+        for f in QueueForecast.objects.filter(job__in=queued_qs)
+        .select_related("job__share", "job__submitted_by", "job__forecast")
+        .order_by("position_overall")[:QUEUE_SHOWN]
+    ]
+    if len(shown_q) < QUEUE_SHOWN:
+        shown_q += list(
+            queued_qs.filter(forecast__isnull=True)
+            .select_related("share", "submitted_by", "forecast")
+            .order_by("-priority", "submitted_at", "id")[: QUEUE_SHOWN - len(shown_q)]
+        )
     running = sorted(
         (r for r in snapshot.running if r.share in names), key=lambda r: (-r.started_at, r.attempt_id)
     )
