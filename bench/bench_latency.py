@@ -14,6 +14,7 @@ Needs DATABASE_URL (a `*_bench` PostgreSQL database; it is emptied) and REDIS_UR
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -21,6 +22,8 @@ from pathlib import Path
 from bench.common import PYTHON, pct, row, setup_django, spawn, stop, wait_for, wipe
 
 NODES, GPUS = 2, 4
+# The jobs run as uids of their own (a root agent): an interpreter they may execute, not the checkout's.
+JOB_PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else PYTHON
 # The job: sleep until SIGTERM, then write the time of the signal to <dir>/term-<job id>.
 TRAP = (
     "import os, signal, sys, time\n"
@@ -114,7 +117,7 @@ def _submit(user, share, out: Path):
         share=share,
         gpus=1,
         gpu_type="a10g",
-        command=[PYTHON, "-c", TRAP, str(out)],
+        command=[JOB_PYTHON, "-c", TRAP, str(out)],
         preemption_grace_s=5,
     )
 
