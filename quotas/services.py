@@ -16,7 +16,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import ProtectedError
 from django.utils import timezone
 
@@ -382,7 +382,15 @@ def forecast_fields(job) -> dict:
     if job.state == "QUEUED":
         f = getattr(job, "forecast", None)
     if f is None:
-        return {"position": None, "eta": None, "kind": "", "basis": "", "waiting": "", "computed_at": None, "age": ""}
+        return {
+            "position": None,
+            "eta": None,
+            "kind": "",
+            "basis": "",
+            "waiting": "",
+            "computed_at": None,
+            "age": "",
+        }
     return {
         "position": {"in_share": f.position_in_share, "overall": f.position_overall},
         "eta": f.eta,
@@ -408,32 +416,44 @@ def forecast_refresh(*, now: datetime | None = None) -> dict:
     queue = queue_view(now=now, budget_s=settings.FORECAST_BUDGET_S, max_passes=10**9)
     f = queue.forecast
     tz = timezone.get_current_timezone()
+    stamp = connection.ops.adapt_datetimefield_value(now)
     rows = []
     for q in queue.snapshot.queued:
         pos = f.positions.get(q.job_id)
         if pos is None:
             continue
         t = f.eta.get(q.job_id)
-        kind = f.kind.get(q.job_id, fc.NONE)
+        eta = (
+            None if t is None else connection.ops.adapt_datetimefield_value(datetime.fromtimestamp(t, tz=tz))
+        )
+        basis = (f.basis.get(q.job_id) or "")[:400]
+        reason = (f.waiting.get(q.job_id) or "")[:400]
         rows.append(
-            QueueForecast(
-                job_id=q.job_id,
-                position_in_share=pos["in_share"],
-                position_overall=pos["overall"],
-                eta=datetime.fromtimestamp(t, tz=tz) if t is not None else None,
-                kind=kind,
-                basis=(f.basis.get(q.job_id) or "")[:400],
-                reason=(f.waiting.get(q.job_id) or "")[:400],
-                computed_at=now,
+            (
+                q.job_id,
+                pos["in_share"],
+                pos["overall"],
+                eta,
+                f.kind.get(q.job_id, fc.NONE),
+                basis,
+                reason,
+                stamp,
             )
         )
-    # Replace the stored forecast whole, in one transaction (readers see the old one until it commits):
-    # plain inserts are several times faster than upserting 100k rows. A job that ends meanwhile keeps
-    # a row until the next forecast; every reader shows a forecast only for a job still QUEUED.
-    with transaction.atomic():
-        QueueForecast.objects.all().delete()
-        for i in range(0, len(rows), 5000):
-            QueueForecast.objects.bulk_create(rows[i : i + 5000])
+    # Replace the stored forecast whole, in one transaction (readers see the old one until it commits).
+    # 100k rows through the ORM took ~10 s; COPY (PostgreSQL) or one executemany (SQLite) a fraction.
+    # A job that ends meanwhile keeps a row until the next forecast; every reader shows a forecast only
+    # for a job still QUEUED.
+    table = QueueForecast._meta.db_table
+    cols = "job_id, position_in_share, position_overall, eta, kind, basis, reason, computed_at"
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {table}")
+        if connection.vendor == "postgresql":
+            with cursor.cursor.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+        elif rows:
+            cursor.executemany(f"INSERT INTO {table} ({cols}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", rows)
     return {
         "jobs": len(rows),
         "etas": len(f.eta),
