@@ -6,6 +6,7 @@ import pytest
 from knox.models import AuthToken
 from rest_framework.test import APIClient
 
+from jobs.services import job_array_submit
 from quotas.choices import Role, ShareState
 from quotas.models import Membership, Team
 from tests.api.conftest import client_for, submit  # noqa: F401
@@ -61,6 +62,9 @@ def world(alice, bob, charlie, dave, rita, vision, language, vision_share, langu
         ).pk,
         "peer_job": submit(dave, vision_share).pk,
         "other_job": submit(charlie, language_share, env={"LANG_SECRET": "language-secret"}).pk,
+        "array": job_array_submit(
+            user=bob, share=vision_share, size=2, gpus=1, gpu_type="a10g", command=["true"]
+        ).pk,
         "empty_team": empty_team.slug,
         "spare": spare.name,
         "audit": entry.pk,

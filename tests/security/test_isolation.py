@@ -32,8 +32,11 @@ def test_no_read_shows_another_teams_command_env_or_name(logged, path):
 
 
 def test_the_jobs_list_holds_only_the_members_teams_jobs(logged):
+    from jobs.models import Job
+
     ids = {j["id"] for j in client_as(logged, "member").get("/api/v1/jobs/").json()["results"]}
-    assert ids == {logged["job"], logged["peer_job"]}
+    array_tasks = set(Job.objects.filter(array_id=logged["array"]).values_list("pk", flat=True))
+    assert ids == {logged["job"], logged["peer_job"]} | array_tasks and len(array_tasks) == 2
 
 
 @pytest.mark.parametrize("query", ["team=language", "share=language-main", "mine=false"])

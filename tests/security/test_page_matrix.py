@@ -41,6 +41,8 @@ PAGES = [
         {"priority": "5"},
         expect("ok", "ok", "denied", "denied", "denied"),
     ),
+    ("array_cancel", "post", "/arrays/{array}/cancel/", {}, VISION),
+    ("array_priority", "post", "/arrays/{array}/priority/", {"priority": "5"}, VISION),
     ("nodes", "get", "/nodes/", None, EVERYONE),
     ("node_action", "post", "/nodes/{node}/cordon/", {}, ADMINS),
     ("node_action", "post", "/nodes/{node}/drain/", {}, ADMINS),

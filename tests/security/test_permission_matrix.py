@@ -72,6 +72,11 @@ MATRIX = [
     # jobs cannot be deleted or replaced through the API, by anyone
     ("jobs-delete", "delete", "/jobs/{job}/", None, expect(405, 405, 405, 405)),
     ("jobs-put", "put", "/jobs/{job}/", {"priority": 1}, expect(405, 405, 405, 405)),
+    # arrays (bob's): like his jobs
+    ("arrays-list", "get", "/arrays/", None, READ_ALL),
+    ("arrays-retrieve", "get", "/arrays/{array}/", None, expect(200, 200, 200, 404)),
+    ("arrays-priority", "patch", "/arrays/{array}/", {"priority": 5}, expect(200, 200, 200, 404)),
+    ("arrays-cancel", "post", "/arrays/{array}/cancel/", None, expect(200, 200, 200, 404)),
     # queue
     ("queue", "get", "/queue/", None, READ_ALL),
     # audit log: admins only, read-only
