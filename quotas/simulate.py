@@ -51,6 +51,7 @@ import json
 import math
 import statistics
 import sys
+import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -273,8 +274,45 @@ class _Job:
     beneficiary: bool = False
 
 
+class Profile:
+    """Where a simulation's time goes (``--profile``): wall seconds and calls per part. The parts are
+    disjoint except "reasons", which is inside "passes" (the planner writing why each job waits)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    def add(self, part: str, seconds: float) -> None:
+        self.seconds[part] = self.seconds.get(part, 0.0) + seconds
+        self.calls[part] = self.calls.get(part, 0) + 1
+
+    def timed(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        clock = time.perf_counter
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.add(part, clock() - t0)
+
+        return wrapper
+
+    def table(self, total: float) -> str:
+        lines = [f"{'part':<22}{'seconds':>10}{'share':>8}{'calls':>12}{'per call':>12}"]
+        for part in sorted(self.seconds, key=lambda p: -self.seconds[p]):
+            sec, n = self.seconds[part], self.calls[part]
+            lines.append(f"{part:<22}{sec:>10.2f}{sec / total:>8.0%}{n:>12,}{sec / n * 1e6:>10.0f}us")
+        lines.append(f"{'total (wall)':<22}{total:>10.2f}")
+        return "\n".join(lines) + "\n"
+
+
 def simulate(
-    scenario: sc.Scenario | Mapping[str, Any], *, planner: Planner | None = None, forecast: bool = False
+    scenario: sc.Scenario | Mapping[str, Any],
+    *,
+    planner: Planner | None = None,
+    forecast: bool = False,
+    profile: Profile | None = None,
 ) -> SimResult:
     """Replay a scenario (a `Scenario` or its decoded JSON) and return the result.
 
@@ -285,7 +323,18 @@ def simulate(
     """
     if not isinstance(scenario, sc.Scenario):
         scenario = sc.parse(scenario)
-    return _Simulator(scenario, planner or policy.plan, forecast=forecast).run()
+    planner = planner or policy.plan
+    if profile is None:
+        return _Simulator(scenario, planner, forecast=forecast).run()
+    # Time the planner, the event handlers, the accounting and the forecast; "reasons" times the
+    # policy's own waiting-reason writer (patched for the run only: the policy has no hooks).
+    wait = policy._TypePass._wait
+    policy._TypePass._wait = profile.timed("reasons (in passes)", wait)
+    try:
+        sim = _Simulator(scenario, profile.timed("passes", planner), forecast=forecast, profile=profile)
+        return sim.run()
+    finally:
+        policy._TypePass._wait = wait
 
 
 # The forecast's runtime guess for a job without max_runtime_s: the share's median observed runtime
@@ -296,9 +345,17 @@ FORECAST_MAX_PASSES = 20_000  # a deterministic bound (no wall-clock budget in v
 
 
 class _Simulator:
-    def __init__(self, scenario: sc.Scenario, planner: Planner, *, forecast: bool = False) -> None:
+    def __init__(
+        self,
+        scenario: sc.Scenario,
+        planner: Planner,
+        *,
+        forecast: bool = False,
+        profile: Profile | None = None,
+    ) -> None:
         self.scenario = scenario
         self.planner = planner
+        self.profile = profile
         self.forecasting = forecast
         self.to_forecast: list[str] = []  # submitted at this instant, forecast before the pass
         self.runtimes: dict[str, deque[int]] = {}  # share -> recent successful attempt durations
@@ -358,6 +415,19 @@ class _Simulator:
             _EVENT: self.on_event,
             _TICK: lambda ref: None,
         }
+        if self.profile is not None:
+            names = {
+                _END: "events: end",
+                _GRACE: "events: grace",
+                _LOST: "events: node lost",
+                _READY: "events: node ready",
+                _SUBMIT: "events: submit",
+                _EVENT: "events: scenario",
+            }
+            for kind, name in names.items():
+                handlers[kind] = self.profile.timed(name, handlers[kind])
+            self.account = self.profile.timed("accounting", self.account)  # type: ignore[method-assign]
+            self.forecast_submits = self.profile.timed("forecast", self.forecast_submits)  # type: ignore[method-assign]
         heap = self.heap
         while heap and (until is None or heap[0][0] <= until):
             t = heap[0][0]
@@ -892,6 +962,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("scenario", nargs="?", help="scenario JSON (../shared/spec/SCENARIO.md)")
     parser.add_argument("--out", help="write the result JSON here (default: standard output)")
     parser.add_argument(
+        "--profile", action="store_true", help="print where the time goes (passes, events, reasons, ...)"
+    )
+    parser.add_argument(
         "--forecast",
         action="store_true",
         help="run the production forecast at each job's submit and report its error against the actual start",
@@ -936,7 +1009,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  {line}", file=sys.stderr)
         return 2
     try:
-        result = simulate(scenario, forecast=args.forecast)
+        profile = Profile() if args.profile else None
+        started = time.perf_counter()
+        result = simulate(scenario, forecast=args.forecast, profile=profile)
+        if profile is not None:
+            sys.stderr.write(profile.table(time.perf_counter() - started))
         other_result = simulate(other, forecast=args.forecast) if other is not None else None
     except PolicyError as exc:
         print(f"simulation failed: {exc}", file=sys.stderr)

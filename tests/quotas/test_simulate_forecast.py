@@ -103,3 +103,16 @@ def test_tracegen_can_give_jobs_a_max_runtime_as_users_do():
         assert job["max_runtime_s"] % 3600 == 0
         assert job["duration_s"] * 1.5 <= job["max_runtime_s"] < job["duration_s"] * 1.5 + 3600
     assert "max_runtime_s" not in generate(teams=2, gpus=16, jobs=5, seed=3)["jobs"][0]
+
+
+def test_profile_says_where_the_time_goes_and_keeps_the_result(tmp_path, capsys):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(scenario([{"id": "a", "duration_s": 80}, {"id": "b", "duration_s": 50}])))
+    plain, profiled = tmp_path / "plain.json", tmp_path / "profiled.json"
+    assert main([str(path), "--out", str(plain)]) == 0
+    capsys.readouterr()
+    assert main([str(path), "--profile", "--out", str(profiled)]) == 0
+    table = capsys.readouterr().err
+    for part in ("passes", "reasons (in passes)", "events: submit", "accounting", "total (wall)"):
+        assert part in table
+    assert plain.read_text() == profiled.read_text()
