@@ -44,7 +44,7 @@ def test_status_priority_cancel_and_wait_of_an_array(logged_in):
     code, out, _ = logged_in("priority", f"a{array.pk}", 9)
     assert code == 0 and set(Job.objects.values_list("priority", flat=True)) == {9}
     code, out, _ = logged_in("jobs", "--array", f"A{array.pk}")
-    assert len(out.splitlines()) == 4
+    assert len(out.splitlines()) == 4 and f"[A{array.pk}:2]" in out
     code, out, _ = logged_in("cancel", f"A{array.pk}")
     assert code == 0 and "3 cancelled" in out and "done" in out
     code, out, _ = logged_in("wait", f"A{array.pk}", "--poll", 0.01)

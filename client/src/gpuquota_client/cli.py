@@ -298,7 +298,7 @@ def cmd_jobs(args, out) -> int:
     rows = [
         (
             j["id"],
-            j["name"],
+            f"{j['name']}[A{j['array']}:{j['array_index']}]" if j.get("array") else j["name"],
             j["share"],
             j["submitted_by"],
             f"{j['gpus']} {j['gpu_type']}",
