@@ -137,6 +137,31 @@ def drop_privileges_fn(user: JobUser, before=None):
     return run
 
 
+CLONE_NEWNS = 0x00020000
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
+
+
+def private_tmp_fn(tmp: Path):
+    """The function the child runs (as root, before it drops privileges) for a /tmp and /dev/shm of the
+    attempt's own: a mount namespace of its own, where /tmp is `tmp` (inside the attempt's working
+    directory) and /dev/shm a fresh tmpfs. What an attempt leaves there is seen by no other attempt,
+    even one that later runs as the same uid, and goes with it. Best effort: where the host forbids a
+    mount namespace (an unprivileged container) the attempt shares the host's /tmp (the README's
+    residual risks); nothing is mounted before mounts are made private, so nothing leaks to the host."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    source = str(tmp).encode()
+
+    def run() -> None:
+        if libc.unshare(CLONE_NEWNS) != 0:
+            return
+        if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+            return
+        libc.mount(source, b"/tmp", None, MS_BIND | MS_REC, None)
+        libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=1777")
+
+    return run
+
+
 # --- paths that message fields choose -------------------------------------------------------------
 
 

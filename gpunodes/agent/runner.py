@@ -158,6 +158,11 @@ class Runner:
         # Who still uses a GPU (NVML: inventory.gpu_processes), checked before GPUs are handed out.
         self.gpu_holders = gpu_holders
         self.log_cap_bytes = log_cap_bytes
+        # A /tmp and /dev/shm of each attempt's own hide the host's: not where the jobs' directories are.
+        shadowed = [p for p in (self.work_root, self.checkpoint_root) if _under(p, "/tmp", "/dev/shm")]
+        self.private_tmp = uids is not None and not shadowed
+        if uids is not None and shadowed:
+            log.warning("%s is under /tmp: attempts share the host's /tmp and /dev/shm", shadowed[0])
         # The control side's word on this node (agent/tasks.py node_state): starts only while READY.
         self.node_state = "READY"
         self.gpu_indexes: set[int] | None = None  # the host's GPUs, where the agent knows them
@@ -214,6 +219,11 @@ class Runner:
                 user = self.uids.acquire() if self.uids is not None else None
                 checkpoint_dir = identity.checkpoint_dir(self.checkpoint_root, job_id, user)
                 workdir = identity.make_workdir(self.work_root, f"{self.node}-a{attempt_id}-{number}", user)
+                private_tmp = None
+                if user is not None and self.private_tmp:  # the attempt's own /tmp and /dev/shm
+                    private_tmp = workdir / "tmp"
+                    private_tmp.mkdir(mode=0o700)
+                    os.chown(private_tmp, user.uid, user.gid)
                 log_path = identity.inside(self.log_dir, f"job-{job_id}")
                 log_path.mkdir(mode=0o700, exist_ok=True)
                 log_path = identity.inside(log_path, f"attempt-{number}.{self.node}.log")
@@ -258,6 +268,8 @@ class Runner:
             fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             log_file = os.fdopen(fd, "ab")
             enters = [f.enter_fn() for f in (cgroup, devices) if f is not None]
+            if private_tmp is not None:
+                enters.append(identity.private_tmp_fn(private_tmp))
 
             def enter() -> None:
                 for fn in enters:
@@ -626,6 +638,11 @@ class Runner:
             self.cgroups.remove()
         if self.device_cgroups is not None:
             self.device_cgroups.remove()
+
+
+def _under(path: Path, *roots: str) -> bool:
+    real = Path(path).resolve()
+    return any(real.is_relative_to(Path(r).resolve()) for r in roots)
 
 
 def _orphan_cgroup(path) -> AttemptCgroup | None:

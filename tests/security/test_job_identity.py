@@ -152,3 +152,14 @@ def test_when_every_uid_is_taken_the_start_fails_cleanly(root_dir, reports):
         assert "no free uid" in reports.finished(2)["detail"]
     finally:
         runner.shutdown(grace_s=0)
+
+
+def test_each_attempt_has_its_own_tmp_and_dev_shm(root_runner, reports):
+    leave = "echo a > /tmp/left-by-a; echo a > /dev/shm/left-by-a; ls /tmp /dev/shm; exec sleep 30"
+    root_runner.start(attempt_id=1, number=1, job_id=7, command=[leave], use_shell=True)
+    wait_until(lambda: "left-by-a" in reports.log_of(1), runner=root_runner, what="a's files")
+    root_runner.start(attempt_id=2, number=1, job_id=8, command=["ls -a /tmp /dev/shm"], use_shell=True)
+    wait_until(lambda: reports.finished(2), runner=root_runner)
+    assert reports.finished(2)["exit_code"] == 0, reports.log_of(2)
+    assert "left-by-a" not in reports.log_of(2)
+    assert not Path("/tmp/left-by-a").exists() and not Path("/dev/shm/left-by-a").exists()  # not the host's
