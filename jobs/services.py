@@ -254,7 +254,7 @@ def job_submit(
     )
     insert_job_with_event(job, event)
     _after_commit_request_pass("submit", coalesce=True)
-    _known_related(job, attempts=[], events=[event])
+    job.submitted_event = event  # for an answer built without reading the job back (known_related)
     return job
 
 
@@ -602,9 +602,16 @@ def fold_arrays(entries: list[dict], can_manage=None) -> list[dict]:
     return folded
 
 
+def known_related(job: Job) -> Job:
+    """A job just returned by job_submit, with its attempts (none) and events (its SUBMITTED) filled in
+    as if prefetched: serializing it needs no query. Only for answering the submit at once: the filled
+    lists do not follow later changes (refresh_from_db() clears them)."""
+    _known_related(job, attempts=[], events=[job.submitted_event])
+    return job
+
+
 def _known_related(job: Job, **related: list) -> None:
-    """Fill the prefetch cache of a job just created, so reading its attempts and events (the submit's
-    answer) needs no query."""
+    """Fill the prefetch cache of a job just created."""
     cache = job.__dict__.setdefault("_prefetched_objects_cache", {})
     for name, objs in related.items():
         qs = getattr(job, name).all()

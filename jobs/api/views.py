@@ -129,7 +129,8 @@ class JobViewSet(ApiViewMixin, viewsets.ModelViewSet):
         # one serializer kept for the purpose (building a ModelSerializer's fields costs more than
         # using them; to_representation keeps no state, so threads can share it).
         setattr(job, FRESH, True)
-        return Response(_submitted_serializer().to_representation(job), status=status.HTTP_201_CREATED)
+        data = _submitted_serializer().to_representation(services.known_related(job))
+        return Response(data, status=status.HTTP_201_CREATED)
 
     def retrieve(self, request, *args, **kwargs):
         """A job with its queue position, ETA, attempts and events."""
