@@ -138,14 +138,16 @@ def drop_privileges_fn(user: JobUser, before=None):
 
 
 CLONE_NEWNS = 0x00020000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x1000, 0x4000, 0x40000
 
 
 def private_tmp_fn(tmp: Path):
     """The function the child runs (as root, before it drops privileges) for a /tmp and /dev/shm of the
     attempt's own: a mount namespace of its own, where /tmp is `tmp` (inside the attempt's working
     directory) and /dev/shm a fresh tmpfs. What an attempt leaves there is seen by no other attempt,
-    even one that later runs as the same uid, and goes with it. Best effort: where the host forbids a
+    even one that later runs as the same uid, and goes with it. /proc is mounted again with
+    hidepid=invisible: the job sees its own processes only (not other jobs' command lines). Best
+    effort: where the host forbids a
     mount namespace (an unprivileged container) the attempt shares the host's /tmp (the README's
     residual risks); nothing is mounted before mounts are made private, so nothing leaks to the host."""
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -158,6 +160,7 @@ def private_tmp_fn(tmp: Path):
             return
         libc.mount(source, b"/tmp", None, MS_BIND | MS_REC, None)
         libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=1777")
+        libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"hidepid=invisible")
 
     return run
 

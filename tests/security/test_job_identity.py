@@ -163,3 +163,16 @@ def test_each_attempt_has_its_own_tmp_and_dev_shm(root_runner, reports):
     assert reports.finished(2)["exit_code"] == 0, reports.log_of(2)
     assert "left-by-a" not in reports.log_of(2)
     assert not Path("/tmp/left-by-a").exists() and not Path("/dev/shm/left-by-a").exists()  # not the host's
+
+
+def test_a_job_sees_its_own_processes_only(root_runner, reports):
+    root_runner.start(
+        attempt_id=1, number=1, job_id=7, command=["exec sleep 30 --secret-in-argv"], use_shell=True
+    )
+    victim = root_runner._procs[1].popen.pid
+    look = f"cat /proc/{victim}/cmdline && echo LEAK; ls /proc | grep -c '^[0-9]'"
+    root_runner.start(attempt_id=2, number=1, job_id=8, command=[look], use_shell=True)
+    wait_until(lambda: reports.finished(2), runner=root_runner)
+    out = reports.log_of(2)
+    assert "LEAK" not in out and "secret-in-argv" not in out, out
+    assert int(out.split()[-1]) < 10  # its shell, ls, grep: not the host's processes
