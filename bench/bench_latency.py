@@ -86,6 +86,7 @@ def _cluster(tmp: Path) -> list:
                     str(GPUS),
                     "--gpu-type",
                     "a10g",
+                    *([] if os.geteuid() == 0 else ["--unsafe-run-jobs-as-agent-user"]),
                 ],
                 tmp / f"{name}.log",
                 env,

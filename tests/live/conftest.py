@@ -135,6 +135,8 @@ class LiveCluster:
                 str(gpus),
                 "--gpu-type",
                 gpu_type,
+                # Not root: no uid per attempt; run the jobs as this user, as `make run` does.
+                *([] if os.geteuid() == 0 else ["--unsafe-run-jobs-as-agent-user"]),
             ],
         )
 
