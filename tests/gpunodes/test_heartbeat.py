@@ -12,6 +12,13 @@ from jobs.services import job_submit
 
 
 @pytest.fixture(autouse=True)
+def auto_accept(settings):
+    """These tests are about heartbeats, not joining: new nodes are accepted at once, as on the embedded
+    default (on Redis a node joins PENDING until accepted: tests/security/test_control_messages.py)."""
+    settings.NODE_AUTO_ACCEPT = True
+
+
+@pytest.fixture(autouse=True)
 def sent(monkeypatch):
     sent = []
     monkeypatch.setattr("gpunodes.dispatch.app.send_task", lambda name, **kw: sent.append((name, kw)))
