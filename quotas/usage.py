@@ -11,10 +11,11 @@ second copy of the rules. Everything here runs a constant number of queries, wha
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import transaction
 from django.db.models import Count, F, Sum
@@ -215,6 +216,7 @@ class ShareCard:
     description: str
     colour: int
     bars: list[Bar] = field(default_factory=list)
+    team_id: int | None = None
 
 
 @dataclass
@@ -247,10 +249,101 @@ def share_colours(names) -> dict[str, int]:
     }
 
 
+class RunningRow(NamedTuple):
+    """A running attempt as the pages list it (a plain tuple: thousands unpickle in a few ms)."""
+
+    attempt_id: int
+    job_id: int
+    share: str
+    placement: tuple
+    started_at: float
+    preempting: bool
+
+
+@dataclass
+class LivePicture:
+    """The cluster right now as the pages show it, from one snapshot: the picture (every share's card,
+    totals, lending), the running attempts by share, which of them are borrowed, and the queue's totals."""
+
+    picture: ClusterPicture
+    running: dict[str, list[RunningRow]]
+    borrowed: frozenset
+    queued_totals: dict[tuple[str, str], tuple[int, int]]
+
+
+LIVE_KEY = "gpuquota:live-picture"
+
+
+def _version() -> tuple:
+    """What the live picture depends on, in one cheap query: the newest job event (every submit, start,
+    end, pre-emption and cancel writes one), pass and audit entry (share changes), and the nodes' states.
+    Equal versions mean an equal picture."""
+    from django.db import connection
+
+    from gpunodes.models import Node
+    from jobs.models import JobEvent
+    from quotas.models import AuditEntry, SchedulerPass
+
+    def newest(model, column: str = "id") -> str:
+        return f"(SELECT max({column}) FROM {model._meta.db_table})"
+
+    sql = ", ".join(
+        [
+            newest(JobEvent),
+            newest(SchedulerPass),
+            newest(AuditEntry),
+            newest(Node, "state_changed_at"),
+            f"(SELECT count(*) FROM {Node._meta.db_table})",
+        ]
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {sql}")
+        return tuple(str(v) for v in cursor.fetchone())
+
+
+def live_picture() -> LivePicture:
+    """The live picture, shared by every page through the cache while nothing it depends on changed
+    (see _version): a page view costs one small query instead of loading thousands of attempts and
+    GPUs. Never stale: a change gives a new version and the next view computes it afresh."""
+    from django.core.cache import cache
+
+    from quotas.scheduler import load_snapshot
+
+    version = _version()
+    try:
+        hit = cache.get(LIVE_KEY)
+    except Exception:  # a broken cache only costs the load below
+        hit = None
+    if hit is not None and hit[0] == version:
+        return hit[1]
+    loaded = load_snapshot(queued=False)
+    running: dict[str, list[RunningRow]] = {}
+    for r in loaded.snapshot.running:
+        row = RunningRow(r.attempt_id, r.job_id, r.share, r.placement, r.started_at, r.preempting)
+        running.setdefault(r.share, []).append(row)
+    live = LivePicture(
+        picture=cluster_picture(loaded=loaded),
+        running=running,
+        borrowed=policy.borrowed_attempts(loaded.snapshot),
+        queued_totals=dict(loaded.queued_totals),
+    )
+    try:
+        cache.set(LIVE_KEY, (version, live), 3600)
+    except Exception:
+        pass
+    return live
+
+
 def cluster_picture(
     *, team_id: int | None = None, now: datetime | None = None, loaded=None
 ) -> ClusterPicture:
-    """Share cards, cluster totals per type, lending flows and over-commit, from one snapshot."""
+    """Share cards, cluster totals per type, lending flows and over-commit, from one snapshot (the
+    shared live picture unless a snapshot is given). With `team_id`, only that team's cards."""
+    if loaded is None and now is None:
+        picture = live_picture().picture
+        if team_id is not None:
+            picture = dataclasses.replace(picture, cards=[c for c in picture.cards if c.team_id == team_id])
+        return picture
     from quotas.scheduler import load_snapshot
 
     now = now or timezone.now()
@@ -283,6 +376,7 @@ def cluster_picture(
             state=share.state,
             description=share.description,
             colour=colours[share.name],
+            team_id=share.team_id,
         )
         types = sorted(set(capacity.get(share.name, {})) | set(acct.get(share.name, {})))
         for gpu_type in types:

@@ -25,6 +25,7 @@ from jobs.models import Job, JobEvent
 from quotas import services, usage, whatif
 from quotas.choices import ShareState
 from quotas.forms import ShareForm, add_service_errors
+from quotas.hearing import hearing
 from quotas.models import AuditEntry, Membership, Share, Team
 
 FEED_SIZE = 15
@@ -101,12 +102,19 @@ def overview(request):
     part = request.GET.get("part") if request.htmx else None
     if part == "live":
         # Everything that shows the current moment, from one picture, in one answer (see overview.html).
-        context = {"picture": usage.cluster_picture(), "feed": _feed(request.user), "oob": True}
+        context = {
+            "picture": usage.cluster_picture(),
+            "hearing": hearing(timezone.now()),
+            "feed": _feed(request.user),
+            "oob": True,
+        }
         return render(request, "quotas/partials/_overview_live.html", context)
     # The page polls once for all its live parts (part=live); ?part=<name> still answers one part.
     context: dict = {"poll": part is not None, "poll_history": True}
     if part in (None, "cards", "sankey", "totals"):
         context["picture"] = usage.cluster_picture()
+    if part in (None, "totals"):
+        context["hearing"] = hearing(timezone.now())
     if part in (None, "feed"):
         context["feed"] = _feed(request.user)
     if part in (None, "history"):
@@ -136,16 +144,13 @@ def team_queue_context(user, team: Team) -> dict:
     QueueForecast) and its running jobs. No replay and no queue in the snapshot: constant queries,
     whatever the length of the queue."""
     from jobs.choices import JobState
-    from quotas import policy
     from quotas.models import QueueForecast
-    from quotas.scheduler import load_snapshot
 
-    loaded = load_snapshot(queued=False)
-    snapshot = loaded.snapshot
+    live = usage.live_picture()  # shared by the pages while nothing changed: no snapshot load per view
     names = {s.name for s in Share.objects.filter(team=team).only("name")}
-    # Counts from the snapshot's per-share totals (one aggregate it reads anyway); the first rows in
-    # the stored forecast's order walk its position index, then jobs not forecast yet in queue order.
-    queued_total = sum(jobs for (share, _), (jobs, _) in loaded.queued_totals.items() if share in names)
+    # Counts from the live picture's per-share totals; the first rows in the stored forecast's order
+    # walk its position index, then jobs not forecast yet in queue order.
+    queued_total = sum(jobs for (share, _), (jobs, _) in live.queued_totals.items() if share in names)
     queued_qs = Job.objects.filter(state=JobState.QUEUED, share__team=team)
     shown_q = [
         f.job
@@ -160,7 +165,7 @@ def team_queue_context(user, team: Team) -> dict:
             .order_by("-priority", "submitted_at", "id")[: QUEUE_SHOWN - len(shown_q)]
         )
     running = sorted(
-        (r for r in snapshot.running if r.share in names), key=lambda r: (-r.started_at, r.attempt_id)
+        (r for name in names for r in live.running.get(name, ())), key=lambda r: (-r.started_at, r.attempt_id)
     )
     shown_r = running[:RUNNING_SHOWN]
     jobs = Job.objects.select_related("share", "submitted_by").in_bulk([r.job_id for r in shown_r])
@@ -170,7 +175,7 @@ def team_queue_context(user, team: Team) -> dict:
     ]
     computed = [e["computed_at"] for e in entries if e["computed_at"]]
     entries = job_services.fold_arrays(entries, can_manage)  # an array: one expandable row
-    borrowed_now = policy.borrowed_attempts(snapshot)
+    borrowed_now = live.borrowed
     running_rows = [
         {
             "job": jobs[r.job_id],
@@ -185,7 +190,6 @@ def team_queue_context(user, team: Team) -> dict:
     ]
     return {
         "team": team,
-        "loaded": loaded,
         "queue": entries,
         "queued_total": queued_total,
         "forecast_age": services.age_words(max(computed)) if computed else None,
@@ -210,12 +214,10 @@ def team_page(request, slug):
     team, role = _team_for(request.user, slug)
     part = request.GET.get("part") if request.htmx else None
     context: dict = {"team": team, "role": role, "poll": True}
-    loaded = None
     if part in (None, "queue"):
         context.update(team_queue_context(request.user, team))
-        loaded = context["loaded"]
     if part in (None, "cards"):
-        context["picture"] = usage.cluster_picture(team_id=team.pk, loaded=loaded)
+        context["picture"] = usage.cluster_picture(team_id=team.pk)
     if part is None:
         context["form"] = submit_form_for(team)
         context["members"] = list(team.memberships.select_related("user").order_by("user__username"))
