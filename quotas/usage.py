@@ -276,11 +276,12 @@ LIVE_KEY = "gpuquota:live-picture"
 
 def _version() -> tuple:
     """What the live picture depends on, in one cheap query: the newest job event (every submit, start,
-    end, pre-emption and cancel writes one), pass and audit entry (share changes), and the nodes' states.
+    end, pre-emption and cancel writes one), pass and audit entry (share changes), the nodes' states and
+    the GPUs they have.
     Equal versions mean an equal picture."""
     from django.db import connection
 
-    from gpunodes.models import Node
+    from gpunodes.models import Gpu, Node
     from jobs.models import JobEvent
     from quotas.models import AuditEntry, SchedulerPass
 
@@ -294,6 +295,7 @@ def _version() -> tuple:
             newest(AuditEntry),
             newest(Node, "state_changed_at"),
             f"(SELECT count(*) FROM {Node._meta.db_table})",
+            f"(SELECT count(*) FROM {Gpu._meta.db_table})",
         ]
     )
     with connection.cursor() as cursor:
