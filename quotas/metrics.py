@@ -4,7 +4,8 @@ Every value is computed at scrape time from the database, so any web process ans
 nothing is lost when a process restarts. A scrape costs a constant number of queries whatever the number
 of jobs: the pass's own snapshot (`scheduler.load_snapshot`, six queries) for the share gauges, so the
 numbers are the ones the dashboard, the API and the policy see (`policy.usage` / `policy.lending`), plus
-one aggregate query each for nodes, admissions, pre-emptions, waits and passes.
+one aggregate query each for nodes, admissions, pre-emptions, waits and passes, and one for whether the
+control side hears the nodes (quotas/hearing.py).
 
 Counters and histograms are aggregates over rows that are kept: attempts (admissions, pre-emptions,
 waits) are never pruned, so those only grow; `gpuquota_pass_duration_seconds` covers the retained
@@ -42,6 +43,7 @@ from gpunodes.choices import HOLDING_STATES, NodeState
 from gpunodes.models import Node
 from jobs.models import Attempt
 from quotas import policy
+from quotas.hearing import hearing
 from quotas.models import SchedulerPass
 from quotas.scheduler import load_snapshot
 
@@ -69,6 +71,7 @@ class GpuquotaCollector(Collector):
         yield from self._waits(shares)
         yield from self._passes()
         yield from self._nodes(now)
+        yield from self._hearing(now)
 
     # -- shares: the policy's own accounting of the pass's snapshot ----------------------------------
 
@@ -246,6 +249,7 @@ class GpuquotaCollector(Collector):
             labels=["node", "gpu_type", "state"],
         )
         fresh = now - timedelta(seconds=settings.NODE_LOST_AFTER_S)
+        self._latest_heartbeat = None
         for name, gpu_type, state, heartbeat, total, used in (
             Node.objects.annotate(
                 total=Count("gpus", distinct=True), used=Count("gpus__claim", distinct=True)
@@ -254,6 +258,10 @@ class GpuquotaCollector(Collector):
             .order_by("name")
         ):
             alive = state in HOLDING_STATES and heartbeat is not None and heartbeat >= fresh
+            if heartbeat is not None and (
+                self._latest_heartbeat is None or heartbeat > self._latest_heartbeat
+            ):
+                self._latest_heartbeat = heartbeat
             up.add_metric([name, gpu_type], 1 if alive else 0)
             ready = state == NodeState.READY
             schedulable.add_metric([name, gpu_type], 1 if ready else 0)
@@ -263,6 +271,22 @@ class GpuquotaCollector(Collector):
         yield up
         yield schedulable
         yield gpus
+
+    def _hearing(self, now: datetime) -> Iterator[Metric]:
+        heard = hearing(now, latest=self._latest_heartbeat)
+        silence = GaugeMetricFamily(
+            "gpuquota_heartbeat_silence_seconds",
+            "Seconds since the control side heard a heartbeat from any node (0 before any node registered)",
+        )
+        silence.add_metric([], heard.silence_s)
+        yield silence
+        suspended = GaugeMetricFamily(
+            "gpuquota_node_loss_suspended",
+            "1 while a silent node would not be declared LOST: no heartbeat from any node (or no pass) "
+            "lately, or heard again for less than NODE_LOST_AFTER_S after such an outage",
+        )
+        suspended.add_metric([], 1 if heard.suspended else 0)
+        yield suspended
 
 
 def render() -> bytes:

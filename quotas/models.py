@@ -106,6 +106,9 @@ class SchedulerPass(models.Model):
     admitted = models.PositiveIntegerField(default=0)
     preempted = models.PositiveIntegerField(default=0)
     ended = models.PositiveIntegerField(default=0)  # attempts ended by the pass (lost nodes, stop timeouts)
+    # Since when the control side has heard heartbeats without a gap, as this pass saw it (null: it heard
+    # none); a node is declared LOST only once this is NODE_LOST_AFTER_S old (quotas/hearing.py).
+    hearing_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-started_at"]

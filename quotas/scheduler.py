@@ -25,7 +25,7 @@ from jobs import lifecycle
 from jobs.choices import ATTEMPT_ACTIVE_STATES, AttemptState, EventKind, JobState, Outcome
 from jobs.models import Attempt, GpuClaim, Job, JobEvent
 from jobs.services import transition
-from quotas import policy
+from quotas import hearing, policy
 from quotas.models import SchedulerPass, Share, ShareCapacity
 from quotas.triggers import clear_pending
 
@@ -41,6 +41,7 @@ class PassResult:
     preempted: list[int] = field(default_factory=list)  # attempt ids
     ended: list[int] = field(default_factory=list)  # attempt ids ended by housekeeping
     lost_nodes: list[str] = field(default_factory=list)
+    hearing_since: datetime | None = None
     queued: int = 0
     running: int = 0
     duration_ms: float = 0.0
@@ -72,10 +73,13 @@ class Epoch(Func):
 # --- housekeeping --------------------------------------------------------------------------------
 
 
-def mark_lost_nodes(now: datetime) -> tuple[list[str], list[int]]:
-    """Nodes without a heartbeat for NODE_LOST_AFTER_S become LOST; their attempts end as NODE_LOST
-    and their jobs go back to the queue with their original submit time."""
-    cutoff = now - timedelta(seconds=settings.NODE_LOST_AFTER_S)
+def mark_lost_nodes(now: datetime, since: datetime | None) -> tuple[list[str], list[int]]:
+    """Nodes without a heartbeat for NODE_LOST_AFTER_S while the control side heard others (`since`:
+    see quotas/hearing.py) become LOST; their attempts end as NODE_LOST and their jobs go back to the
+    queue with their original submit time."""
+    cutoff = hearing.lost_cutoff(now, since)
+    if cutoff is None:
+        return [], []
     stale = list(
         Node.objects.filter(state__in=list(HOLDING_STATES), last_heartbeat__lt=cutoff).values_list(
             "pk", "name"
@@ -90,6 +94,29 @@ def mark_lost_nodes(now: datetime) -> tuple[list[str], list[int]]:
         log.warning("node %s is LOST (no heartbeat since %s)", name, cutoff)
         ended += end_attempts_on_node(pk, name, f"node {name} stopped heartbeating", now)
     return [name for _, name in stale], ended
+
+
+def _hearing_since(now: datetime) -> datetime | None:
+    """Carry the previous pass's `hearing_since` on, or start/stop it (quotas/hearing.py); a change is
+    logged: a control side that hears no node declares none LOST, however long the silence."""
+    previous = (
+        SchedulerPass.objects.order_by("-started_at").values_list("started_at", "hearing_since").first()
+    )
+    since = hearing.hearing_since(now, previous)
+    was = previous is not None and previous[1] is not None
+    if was and since is None:
+        log.warning(
+            "no heartbeat from any node for %.0f s (broker, database or control worker down?): "
+            "no node is declared LOST until heartbeats arrive again",
+            hearing.gap_s(),
+        )
+    elif previous is not None and since == now:
+        log.warning(
+            "heartbeats heard again after a silence: every node has NODE_LOST_AFTER_S (%d s) to check in "
+            "before it can be declared LOST",
+            settings.NODE_LOST_AFTER_S,
+        )
+    return since
 
 
 def end_attempts_on_node(node_pk: int, node_name: str, reason: str, now: datetime) -> list[int]:
@@ -418,7 +445,8 @@ def run_pass(trigger: str = "") -> PassResult:
     with transaction.atomic():
         _lock()
         now = timezone.now()
-        result.lost_nodes, ended = mark_lost_nodes(now)
+        result.hearing_since = _hearing_since(now)
+        result.lost_nodes, ended = mark_lost_nodes(now, result.hearing_since)
         result.ended = ended + expire_stops(now)
         finish_drains(now)
         loaded = load_snapshot(now)
@@ -440,6 +468,7 @@ def run_pass(trigger: str = "") -> PassResult:
             admitted=len(result.admitted),
             preempted=len(result.preempted),
             ended=len(result.ended),
+            hearing_since=result.hearing_since,
         )
         transaction.on_commit(lambda: [start_attempt(m["node"], m["payload"]) for m in messages])
     if result.admitted or result.preempted or result.ended:

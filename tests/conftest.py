@@ -87,3 +87,16 @@ def vision_share(vision):
 @pytest.fixture
 def language_share(language):
     return make_share(language, "language-main", capacity={"a10g": 2}, strategy=Strategy.LEND)
+
+
+def heard_all_along(hours: float = 1.0) -> None:
+    """Record a pass that has heard heartbeats for `hours`: a silent node may then be declared LOST at
+    once (quotas/hearing.py), as on a cluster that has been up a while."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from quotas.models import SchedulerPass
+
+    now = timezone.now()
+    SchedulerPass.objects.create(started_at=now, hearing_since=now - timedelta(hours=hours))

@@ -15,6 +15,7 @@ from jobs.models import Attempt, GpuClaim, Job, JobEvent
 from jobs.services import job_submit
 from quotas import policy, scheduler
 from quotas.models import SchedulerPass
+from tests.conftest import heard_all_along
 from tests.faults.conftest import needs_postgres
 
 
@@ -91,6 +92,7 @@ def test_a_pass_whose_connection_drops_while_housekeeping_leaves_the_node_as_it_
     [attempt] = Attempt.objects.all()
     node = attempt.placement[0]["node"]
     Node.objects.filter(name=node).update(last_heartbeat=timezone.now() - timezone.timedelta(minutes=5))
+    heard_all_along()  # the other node's heartbeats: the silence is this node's own
     real_end = scheduler.lifecycle.end_attempt
 
     def end_then_lose_the_connection(*args, **kwargs):

@@ -166,6 +166,24 @@ def test_a_silent_node_is_down(cluster):
     assert value(data, "gpuquota_node_up", node="node-2", gpu_type="a10g") == 1
 
 
+def test_an_outage_of_the_control_sides_hearing_is_an_alert(cluster):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from quotas import scheduler
+
+    Node.objects.update(last_heartbeat=timezone.now())
+    scheduler.run_pass("test")  # hears both nodes, from now: no node could be declared LOST yet
+    data = samples(render().decode())
+    assert value(data, "gpuquota_heartbeat_silence_seconds") < 5
+    assert value(data, "gpuquota_node_loss_suspended") == 1
+    Node.objects.update(last_heartbeat=timezone.now() - timedelta(seconds=300))  # nobody heard since
+    data = samples(render().decode())
+    assert value(data, "gpuquota_heartbeat_silence_seconds") == pytest.approx(300, abs=5)
+    assert value(data, "gpuquota_node_loss_suspended") == 1
+
+
 # -- cost ------------------------------------------------------------------------------------------
 
 

@@ -14,7 +14,7 @@ from jobs.models import Attempt, GpuClaim, Job
 from jobs.services import job_submit
 from quotas import policy, scheduler, triggers
 from quotas.choices import Strategy
-from tests.conftest import make_share
+from tests.conftest import heard_all_along, make_share
 
 REAL_REQUEST_PASS = triggers.request_pass
 
@@ -123,6 +123,7 @@ def test_a_node_without_heartbeat_is_lost_and_its_jobs_requeued(
     run(django_capture_on_commit_callbacks)
     node = Job.objects.get(pk=job.pk).attempts.get().placement[0]["node"]
     Node.objects.filter(name=node).update(last_heartbeat=timezone.now() - timedelta(seconds=600))
+    heard_all_along()  # the other node's heartbeats: the silence is this node's own
     result = run(django_capture_on_commit_callbacks)
     assert result.lost_nodes == [node]
     first = Attempt.objects.get(job=job, number=1)

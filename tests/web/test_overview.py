@@ -107,3 +107,18 @@ def test_overview_runs_constant_queries(as_bob, bob, vision_share, language_shar
 
     usage.sample()
     constant_queries(as_bob, "/", grow)
+
+
+def test_a_silence_of_every_node_shows_a_banner_not_lost_nodes(as_bob, vision_share, nodes):
+    from gpunodes.models import Node
+    from quotas import scheduler
+
+    Node.objects.update(last_heartbeat=timezone.now())
+    scheduler.run_pass("test")
+    body = as_bob.get("/").content.decode()
+    assert 'data-testid="hearing-outage"' not in body
+    assert 'data-testid="hearing-resumed"' in body  # heard from now on: nobody may be declared lost yet
+    Node.objects.update(last_heartbeat=timezone.now() - timedelta(seconds=90))
+    body = as_bob.get("/").content.decode()
+    assert 'data-testid="hearing-outage"' in body and "No heartbeat from any node for 90 s" in body
+    assert 'data-testid="hearing-outage"' in hx(as_bob, "/?part=live").content.decode()

@@ -1,0 +1,98 @@
+"""Whether the control side hears the cluster: the witness behind declaring a node LOST.
+
+A node is declared LOST when its heartbeats were missing for NODE_LOST_AFTER_S *while the control side
+was hearing heartbeats from other nodes*. When no heartbeat arrives from anyone (the broker, the
+database or the control worker down, or every agent gone at once), the silence says nothing about any
+one node: nothing is declared LOST, and once heartbeats arrive again every node has a fresh
+NODE_LOST_AFTER_S to check in. An outage of the control side is therefore an alert (a metric, a banner
+on the overview), never a mass node failure that re-queues work the agents still run.
+
+"Hearing since" is kept by the scheduling pass (`SchedulerPass.hearing_since`, one pass at a time): a
+pass that sees a heartbeat from some node within `gap_s()` and follows the previous pass within
+`gap_s()` carries the previous pass's value on; otherwise the hearing starts again (now), or stops
+(null). A gap between passes counts as a gap in hearing because passes and heartbeats are handled by
+the same control worker: when it comes back, heartbeats from its backlog may be applied after the
+first pass.
+
+With a single node there is no other witness: its silence cannot be told from the control side's own,
+so it is never declared LOST; its jobs stay on record as running until its agent heartbeats again
+(a restarted agent's first heartbeat ends what it no longer runs, and those jobs are re-queued). There
+is no other node to run them on meanwhile (README, "Failures and timing").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import Max
+
+from gpunodes.models import Node
+from quotas.models import SchedulerPass
+
+
+def gap_s() -> float:
+    """A silence this long (no heartbeat from any node, or no scheduling pass) is an outage of the
+    control side's hearing: a few heartbeat and pass intervals, and at most half of NODE_LOST_AFTER_S
+    (an outage that it does not notice must stay well short of one that would lose nodes)."""
+    return min(
+        max(3.0 * settings.HEARTBEAT_INTERVAL_S, 3.0 * settings.SCHEDULER_INTERVAL_S),
+        settings.NODE_LOST_AFTER_S / 2,
+    )
+
+
+def latest_heartbeat() -> datetime | None:
+    """The latest heartbeat the control side heard from any node (one query)."""
+    return Node.objects.aggregate(latest=Max("last_heartbeat"))["latest"]
+
+
+def hearing_since(now: datetime, previous: tuple[datetime, datetime | None] | None) -> datetime | None:
+    """The pass's view: since when heartbeats have been heard without a gap (None: none heard now).
+    `previous` is the previous pass's (started_at, hearing_since)."""
+    gap = timedelta(seconds=gap_s())
+    latest = latest_heartbeat()
+    if latest is None or now - latest > gap:
+        return None
+    if previous is None or previous[1] is None or now - previous[0] > gap:
+        return now  # heard again (or for the first time): every node gets a fresh NODE_LOST_AFTER_S
+    return previous[1]
+
+
+def lost_cutoff(now: datetime, since: datetime | None) -> datetime | None:
+    """Nodes whose last heartbeat is older than this are LOST; None while no node may be declared LOST
+    (not hearing, or hearing for less than NODE_LOST_AFTER_S)."""
+    cutoff = now - timedelta(seconds=settings.NODE_LOST_AFTER_S)
+    if since is None or since > cutoff:
+        return None
+    return cutoff
+
+
+@dataclass(frozen=True)
+class Hearing:
+    """What the dashboard and the metrics say about it (read side, two queries, one with `latest`)."""
+
+    nodes: bool  # some node has ever heartbeated
+    silence_s: float  # since the latest heartbeat from any node (0 without nodes)
+    outage: bool  # no heartbeat from any node, or no pass, within gap_s()
+    suspended: bool  # a silent node would not be declared LOST now
+    resumed_s: float | None  # how long heartbeats have been heard again (while suspended after a gap)
+
+
+def hearing(now: datetime, latest: datetime | None | bool = False) -> Hearing:
+    """`latest`: the latest heartbeat of any node where the caller has read it already."""
+    if latest is False:
+        latest = latest_heartbeat()
+    if latest is None:
+        return Hearing(nodes=False, silence_s=0.0, outage=False, suspended=False, resumed_s=None)
+    gap = timedelta(seconds=gap_s())
+    last_pass = (
+        SchedulerPass.objects.order_by("-started_at").values_list("started_at", "hearing_since").first()
+    )
+    silence = max(0.0, (now - latest).total_seconds())
+    passes_stopped = last_pass is None or now - last_pass[0] > gap
+    outage = now - latest > gap or passes_stopped
+    since = None if passes_stopped else last_pass[1]
+    suspended = outage or lost_cutoff(now, since) is None
+    resumed = None if outage or since is None else max(0.0, (now - since).total_seconds())
+    return Hearing(nodes=True, silence_s=silence, outage=outage, suspended=suspended, resumed_s=resumed)
