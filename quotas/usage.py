@@ -276,14 +276,14 @@ LIVE_KEY = "gpuquota:live-picture"
 
 def _version() -> tuple:
     """What the live picture depends on, in one cheap query: the newest job event (every submit, start,
-    end, pre-emption and cancel writes one), pass and audit entry (share changes), the nodes' states and
-    the GPUs they have.
-    Equal versions mean an equal picture."""
+    end, pre-emption and cancel writes one) and audit entry (share changes), the nodes' states and the
+    GPUs they have. Equal versions mean an equal picture. (A pass that decides nothing changes none of
+    them, so the beat's passes do not throw the picture away.)"""
     from django.db import connection
 
     from gpunodes.models import Gpu, Node
     from jobs.models import JobEvent
-    from quotas.models import AuditEntry, SchedulerPass
+    from quotas.models import AuditEntry
 
     def newest(model, column: str = "id") -> str:
         return f"(SELECT max({column}) FROM {model._meta.db_table})"
@@ -291,7 +291,6 @@ def _version() -> tuple:
     sql = ", ".join(
         [
             newest(JobEvent),
-            newest(SchedulerPass),
             newest(AuditEntry),
             newest(Node, "state_changed_at"),
             f"(SELECT count(*) FROM {Node._meta.db_table})",

@@ -49,3 +49,24 @@ def test_the_team_page_shows_the_running_job_from_the_live_picture(as_bob, bob, 
     assert "trainer" in body and "node-1 [0,1,2,3]" in body
     run(submit(bob, vision_share, gpus=1, name="second"), nodes[1], [0])
     assert "second" in hx(as_bob, "/teams/vision/?part=queue").content.decode()
+
+
+def test_a_pass_that_decides_nothing_keeps_the_picture(vision_share, bob, nodes, no_messages):
+    from quotas import scheduler
+
+    run(submit(bob, vision_share, gpus=4), nodes[0], [0, 1, 2, 3])
+    usage.live_picture()
+    version = cache.get(usage.LIVE_KEY)[0]
+    scheduler.run_pass("beat")  # nothing queued: it decides nothing
+    usage.live_picture()
+    assert cache.get(usage.LIVE_KEY)[0] == version
+
+
+def test_a_share_change_is_seen_at_once(vision_share, alice, nodes):
+    from quotas import services
+
+    before = usage.live_picture()
+    services.share_update(share=vision_share, actor=alice, capacity={"a10g": 6})
+    after = usage.live_picture()
+    cap = lambda live: next(c for c in live.picture.cards if c.name == "vision-main").bars[0].capacity  # noqa: E731
+    assert (cap(before), cap(after)) == (4, 6)
