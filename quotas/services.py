@@ -1,8 +1,9 @@
 """Team and share verbs, and the live read-outs of the queue: share usage, queue positions and ETAs.
 
 Writes validate through the models' own validators and ask for a scheduling pass after commit. The
-read-outs load one snapshot (quotas.scheduler.load_snapshot, a constant number of queries) and ask the
-policy's accounting and quotas.forecast for the numbers: nothing here re-decides what the policy decides.
+queue's forecast is computed here for the control worker (`forecast_refresh`: one snapshot, the policy
+replayed by quotas.forecast, stored as QueueForecast) and read back by pages, API and CLI
+(`forecast_fields`); nothing here re-decides what the policy decides.
 """
 
 from __future__ import annotations
