@@ -217,7 +217,13 @@ if MESSAGE_SIGNING_KEY:
 
 # --- gpuquota ---------------------------------------------------------------------------------
 SCHEDULER_INTERVAL_S = env_int("SCHEDULER_INTERVAL_S", 2)
-NODE_LOST_AFTER_S = env_int("NODE_LOST_AFTER_S", 30)
+# A node silent this long while others are heard is LOST (quotas/hearing.py). An agent that could not
+# renew its lease (a heartbeat the broker took) for FENCE_AFTER_S stops its jobs first: SIGTERM,
+# FENCE_GRACE_S, SIGKILL (gpunodes/agent/fence.py); gpunodes/checks.py holds the margin. README, "Failures
+# and timing", says why 180/120/30.
+NODE_LOST_AFTER_S = env_int("NODE_LOST_AFTER_S", 180)
+FENCE_AFTER_S = env_int("FENCE_AFTER_S", 120)
+FENCE_GRACE_S = env_int("FENCE_GRACE_S", 30)
 HEARTBEAT_INTERVAL_S = env_int("HEARTBEAT_INTERVAL_S", 5)
 PREEMPT_ACK_TIMEOUT_S = env_int("PREEMPT_ACK_TIMEOUT_S", 30)
 STARVATION_S = env_int("STARVATION_S", 3600)

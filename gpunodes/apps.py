@@ -8,6 +8,8 @@ class GpunodesConfig(AppConfig):
     def ready(self) -> None:
         from django.conf import settings
 
+        from gpunodes import checks  # noqa: F401 - registers the fencing margin check
+
         if settings.MESSAGE_SIGNING_KEY:
             # Signed control messages (gpunodes/signing.py), in every process that sends or consumes them.
             from gpunodes.signing import register

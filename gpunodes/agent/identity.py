@@ -112,6 +112,21 @@ class UidPool:
         with self._lock:
             self._used.add(uid)
 
+    def held_elsewhere(self, uid: int) -> bool:
+        """Whether another agent on this host runs an attempt as `uid` now (it holds the uid's lock):
+        a previous agent's state file naming it is then out of date, and its processes not orphans."""
+        try:
+            fd = os.open(self.lock_dir / str(uid), os.O_RDWR | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # and with it the lock, where we got it
+        return False
+
     def release(self, uid: int) -> None:
         with self._lock:
             self._used.discard(uid)

@@ -16,6 +16,7 @@ from django.conf import settings
 from config.celery import CONTROL_QUEUE, app, node_queue
 from gpunodes.agent import AGENT_VERSION, inventory
 from gpunodes.agent import tasks as agent_tasks
+from gpunodes.agent.fence import FENCED_FILE, Watchdog
 from gpunodes.agent.identity import UidPool
 from gpunodes.agent.runner import Runner
 
@@ -58,11 +59,14 @@ def new_boot_id() -> str:
     return f"{time.time_ns() // 1_000_000:014d}-{uuid.uuid4().hex}"
 
 
-def send_report(name: str, kwargs: dict) -> None:
+def send_report(name: str, kwargs: dict) -> bool:
+    """Whether the broker took it."""
     try:
         app.send_task(name, kwargs=kwargs, queue=CONTROL_QUEUE)
     except Exception:
         log.exception("could not send %s", name)
+        return False
+    return True
 
 
 class Agent:
@@ -107,10 +111,11 @@ class Agent:
         )
         self.runner.gpu_indexes = {g.index for g in self.gpus}
         self.join_token = join_token
+        self.watchdog: Watchdog | None = None
         self._stop = threading.Event()
 
     def heartbeat(self) -> None:
-        send_report(
+        took = send_report(
             HEARTBEAT,
             {
                 "name": self.name,
@@ -126,6 +131,8 @@ class Agent:
                 "join_token": self.join_token,
             },
         )
+        if took and self.watchdog is not None:
+            self.watchdog.renew()  # the broker took it: the lease runs FENCE_AFTER_S from now
 
     def prune_logs(self) -> None:
         removed = self.runner.prune_logs(settings.JOB_LOG_KEEP_DAYS * 86400)
@@ -141,6 +148,16 @@ class Agent:
 
     def run(self, concurrency: int = 4) -> None:
         self.runner.kill_orphans()
+        (self.runner.state_path.parent / FENCED_FILE).unlink(missing_ok=True)
+        # The jobs never outlive this process, nor its lease (gpunodes/agent/fence.py).
+        self.watchdog = Watchdog(
+            state_path=self.runner.state_path,
+            tree=self.runner.cgroups.base if self.runner.cgroups is not None else None,
+            uids=(self.runner.uids.first, self.runner.uids.last) if self.runner.uids is not None else None,
+            fence_after_s=settings.FENCE_AFTER_S,
+            grace_s=settings.FENCE_GRACE_S,
+        )
+        self.runner.lease_lapsed = self.watchdog.lapsed
         self.prune_logs()
         agent_tasks.RUNNER = self.runner
         self.heartbeat()  # register before taking work
@@ -187,3 +204,5 @@ class Agent:
         finally:
             self._stop.set()
             self.runner.shutdown()
+            if self.watchdog is not None:
+                self.watchdog.close()

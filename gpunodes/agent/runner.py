@@ -32,6 +32,7 @@ from gpunodes.agent.containment import (
     device_number,
     kill_attempt,
 )
+from gpunodes.agent.fence import fenced_keys
 from gpunodes.agent.identity import JobUser, UidPool
 
 log = logging.getLogger(__name__)
@@ -172,6 +173,8 @@ class Runner:
         self._tombstones: set[tuple[int, int]] = set()
         self._finished: set[tuple[int, int]] = set()
         self._recent: dict[tuple[int, int], tuple[float, dict]] = {}  # finished reports to repeat
+        # Whether the agent's lease lapsed (agent/fence.py: its watchdog fences the jobs): no start then.
+        self.lease_lapsed: Callable[[], bool] = lambda: False
 
     # --- lifecycle of one attempt ---------------------------------------------------------------
 
@@ -195,6 +198,9 @@ class Runner:
             if attempt_id in self._procs or key in self._finished:
                 return "duplicate"
             if key in self._tombstones:
+                return "refused"
+            if self.lease_lapsed():
+                self.refuse(attempt_id, number, f"{self.node} holds no lease (its jobs were fenced)")
                 return "refused"
             held = self._gpus_in_use(list(gpus))
             if held:
@@ -462,12 +468,15 @@ class Runner:
                 self._finished.add((proc.attempt_id, proc.number))
                 self._save_state()
             code = proc.popen.returncode
+            how = proc.stop_how or "exited"
+            if proc.stop_how is None and f"{proc.attempt_id}/{proc.number}" in fenced_keys(self.state_path):
+                how = "stopped"  # fenced by the watchdog, not its own end: the job is re-queued
             self._report_finished(
                 {
                     "attempt_id": proc.attempt_id,
                     "number": proc.number,
                     "node": self.node,
-                    "how": proc.stop_how or "exited",
+                    "how": how,
                     "exit_code": code,
                 },
             )
@@ -589,6 +598,11 @@ class Runner:
             cgroup = _orphan_cgroup(entry.get("cgroup"))
             uid = entry.get("uid")
             if not (self.uids and type(uid) is int and self.uids.first <= uid <= self.uids.last):
+                uid = None
+            if uid is not None and self.uids.held_elsewhere(uid):
+                # The orphans are gone (the previous agent's fence watchdog) and another agent took
+                # the uid for an attempt of its own: not ours to kill.
+                log.warning("uid %d of a previous attempt now runs another agent's attempt; left alone", uid)
                 uid = None
             if cgroup is not None or uid is not None:
                 kill_attempt(cgroup=cgroup, pgid=None, uid=uid)

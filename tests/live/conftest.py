@@ -61,6 +61,8 @@ class LiveCluster:
             "SCHEDULER_INTERVAL_S": "1",
             "HEARTBEAT_INTERVAL_S": "1",
             "NODE_LOST_AFTER_S": "4",
+            # No lease: 4 s leave no room for one (gpunodes/checks.py); the fencing tests set their own.
+            "FENCE_AFTER_S": "0",
             "PREEMPT_ACK_TIMEOUT_S": "5",
             "LOG_LEVEL": "INFO",
             "PYTHONUNBUFFERED": "1",

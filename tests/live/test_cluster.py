@@ -120,7 +120,7 @@ def test_a_killed_agent_requeues_its_jobs_and_comes_back_ready(cluster, django_u
     state_file = settings.VAR_DIR / "agent" / victim / "running.json"
     orphan_pgid = json.loads(state_file.read_text())[0]["pgid"]
 
-    cluster.kill(f"agent-{victim}")  # kill -9: its child process lives on as an orphan
+    cluster.kill(f"agent-{victim}")  # kill -9 (its fence watchdog kills its job: gpunodes/agent/fence.py)
     wait_for(lambda: Node.objects.get(name=victim).state == NodeState.LOST, 30, what="node LOST")
     first = Attempt.objects.get(job=job, number=1)
     assert first.outcome == Outcome.NODE_LOST
