@@ -156,7 +156,27 @@ CLONE_NEWNS = 0x00020000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x1000, 0x4000, 0x40000
 
 
-def private_tmp_fn(tmp: Path):
+def under_tmp(path) -> bool:
+    """Whether a path (symlinks resolved) lies under the host's /tmp, which an attempt's own /tmp hides."""
+    try:
+        return Path(os.path.realpath(path)).is_relative_to("/tmp")
+    except (OSError, ValueError):
+        return False
+
+
+def paths_in(argv: list[str], path_env: str) -> list[str]:
+    """The files a command names: its program (found on PATH if bare) and its absolute arguments."""
+    import shutil
+
+    out = [a for a in argv if a.startswith("/")]
+    if argv and not argv[0].startswith("/"):
+        found = shutil.which(argv[0], path=path_env or None)
+        if found:
+            out.append(found)
+    return out
+
+
+def private_tmp_fn(tmp: Path, *, bind_tmp: bool = True):
     """The function the child runs (as root, before it drops privileges) for a /tmp and /dev/shm of the
     attempt's own: a mount namespace of its own, where /tmp is `tmp` (inside the attempt's working
     directory) and /dev/shm a fresh tmpfs. What an attempt leaves there is seen by no other attempt,
@@ -164,7 +184,8 @@ def private_tmp_fn(tmp: Path):
     hidepid=invisible: the job sees its own processes only (not other jobs' command lines). Best
     effort: where the host forbids a
     mount namespace (an unprivileged container) the attempt shares the host's /tmp (the README's
-    residual risks); nothing is mounted before mounts are made private, so nothing leaks to the host."""
+    residual risks); nothing is mounted before mounts are made private, so nothing leaks to the host.
+    `bind_tmp=False`: keep the host's /tmp (the job's own files are there), the rest as above."""
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     source = str(tmp).encode()
 
@@ -173,7 +194,8 @@ def private_tmp_fn(tmp: Path):
             return
         if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
             return
-        libc.mount(source, b"/tmp", None, MS_BIND | MS_REC, None)
+        if bind_tmp:
+            libc.mount(source, b"/tmp", None, MS_BIND | MS_REC, None)
         libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=1777")
         libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"hidepid=invisible")
 

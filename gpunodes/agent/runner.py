@@ -275,7 +275,17 @@ class Runner:
             log_file = os.fdopen(fd, "ab")
             enters = [f.enter_fn() for f in (cgroup, devices) if f is not None]
             if private_tmp is not None:
-                enters.append(identity.private_tmp_fn(private_tmp))
+                # A job whose program, interpreter or directories live under the host's /tmp (a
+                # checkout there, say) would not find them behind its own /tmp: it keeps the host's.
+                needed = [self.workdir, checkpoint_dir, *identity.paths_in(argv, child_env.get("PATH", ""))]
+                bind_tmp = not any(identity.under_tmp(p) for p in needed if p)
+                if not bind_tmp:
+                    log.warning(
+                        "attempt %s of job %s: its files are under /tmp; it keeps the host's /tmp",
+                        number,
+                        job_id,
+                    )
+                enters.append(identity.private_tmp_fn(private_tmp, bind_tmp=bind_tmp))
 
             def enter() -> None:
                 for fn in enters:
