@@ -254,16 +254,6 @@ class QueueView:
     def snapshot(self):
         return self.loaded.snapshot
 
-    def position(self, job_id: int) -> dict[str, int] | None:
-        return self.forecast.positions.get(job_id)
-
-    def eta(self, job_id: int) -> datetime | None:
-        t = self.forecast.eta.get(job_id)
-        return datetime.fromtimestamp(t, tz=timezone.get_current_timezone()) if t is not None else None
-
-    def waiting(self, job_id: int) -> str:
-        return self.forecast.waiting.get(job_id, "")
-
 
 def share_usage(snapshot, queued_totals=None) -> dict[str, dict[str, dict[str, float | int]]]:
     """{share name: {gpu_type: own, borrowed, lent, queued_gpus, running_jobs, queued_jobs}} from one
