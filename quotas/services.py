@@ -366,12 +366,15 @@ def age_words(at: datetime, now: datetime | None = None) -> str:
     return f"{seconds // 60} min" if seconds < 7200 else f"{seconds // 3600} h"
 
 
+def stored_forecast(job):
+    """A queued job's stored forecast (QueueForecast), or None (not queued, or not forecast yet)."""
+    return getattr(job, "forecast", None) if job.state == "QUEUED" else None
+
+
 def forecast_fields(job) -> dict:
     """A queued job's stored forecast for a page: position, ETA, its kind and basis, why it waits, and
     the forecast's age. Empty values for a job without one (not queued, or not forecast yet)."""
-    f = None
-    if job.state == "QUEUED":
-        f = getattr(job, "forecast", None)
+    f = stored_forecast(job)
     if f is None:
         return {
             "position": None,

@@ -136,9 +136,11 @@ class QueuePositionSerializer(serializers.Serializer):
 def _stored_forecast(job):
     """A queued job's stored forecast (quotas.models.QueueForecast), or None. A job just submitted has
     none yet (FRESH): no query for it on the submit path."""
-    if job.state != "QUEUED" or getattr(job, FRESH, False):
+    if getattr(job, FRESH, False):
         return None
-    return getattr(job, "forecast", None)
+    from quotas.services import stored_forecast
+
+    return stored_forecast(job)
 
 
 FRESH = "_gpuquota_fresh"
