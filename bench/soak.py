@@ -31,6 +31,8 @@ PROBE = "soak-probe"
 
 def setup_django() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    # Playwright's sync API keeps an event loop on this thread; our ORM reads are plain blocking calls.
+    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     import django
 
     django.setup()
