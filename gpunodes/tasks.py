@@ -4,10 +4,17 @@ Nodes that stop heartbeating are marked LOST by the scheduling pass itself (quot
 import logging
 
 from celery import shared_task
+from django.db import transaction
 
 from gpunodes import services
 
 log = logging.getLogger(__name__)
+
+# Report and message names, by name: the control side never imports the agent's code.
+STARTED = "jobs.tasks.attempt_started"
+FINISHED = "jobs.tasks.attempt_finished"
+OUTBOX_ACK = "gpunodes.agent.tasks.outbox_ack"
+MAX_REPORTS = 1000  # one heartbeat's worth (the agent sends at most outbox.BATCH)
 
 
 @shared_task(name="gpunodes.tasks.node_heartbeat", ignore_result=True)
@@ -23,6 +30,8 @@ def node_heartbeat(
     sent_at: float | None = None,
     finished: list[dict] | None = None,
     join_token: str = "",
+    outbox: list[dict] | None = None,
+    outbox_epoch: str = "",
 ) -> dict:
     from django.core.exceptions import ValidationError
 
@@ -35,14 +44,19 @@ def node_heartbeat(
     except (ValidationError, TypeError):
         log.warning("refusing a heartbeat with a malformed node name or GPU type: %r, %r", name, gpu_type)
         return {"refused": True}
-    if finished:
+    # `finished`: what agents without an outbox repeat (their recent finished reports, no ids).
+    reports = list(outbox or []) + [{"name": FINISHED, "kwargs": r} for r in finished or ()]
+    if reports:
         from gpunodes.choices import NodeState
         from gpunodes.models import Node
 
         # Before the reconciliation (a restarted host's reports are its last word on what ended); only
         # from a node that was accepted.
         if Node.objects.filter(name=name).exclude(state=NodeState.PENDING).exists():
-            _repeat_finished(name, finished)
+            recorded = apply_reports(name, reports)
+            if recorded and isinstance(outbox_epoch, str) and outbox_epoch:
+                # Applied (each report commits on its own): the agent may forget them.
+                transaction.on_commit(lambda: send_outbox_ack(name, outbox_epoch, recorded))
     return services.node_heartbeat(
         name=name,
         gpu_type=gpu_type,
@@ -57,28 +71,64 @@ def node_heartbeat(
     )
 
 
-def _repeat_finished(node: str, reports: list[dict]) -> None:
-    """The heartbeat repeats the host's recent finished reports, so that one lost with the broker is
-    not lost for good. Only those about attempts still live here are applied (one query for the rest);
-    applying one twice changes nothing (compare-and-set on the attempt number)."""
+def _report_key(report: dict) -> tuple[int | None, str, int, int] | None:
+    """(outbox id, task name, attempt id, number) of a well-formed report, else None."""
+    kwargs = report.get("kwargs") if isinstance(report, dict) else None
+    entry_id = report.get("id") if isinstance(report, dict) else None
+    if not isinstance(kwargs, dict) or report.get("name") not in (STARTED, FINISHED):
+        return None
+    a, n = kwargs.get("attempt_id"), kwargs.get("number")
+    if type(a) is not int or type(n) is not int or (entry_id is not None and type(entry_id) is not int):
+        return None
+    return entry_id, report["name"], a, n
+
+
+def apply_reports(node: str, reports: list[dict]) -> list[int]:
+    """Apply the reports a heartbeat carries (the agent's outbox, oldest first), as if each had
+    arrived on its own: a report lost with the broker is not lost for good. Applying one twice changes
+    nothing (compare-and-set on the attempt number); only those about attempts still live are
+    applied (one query for the rest), and each counts for the heartbeat's sender, whatever it says.
+    Returns the outbox ids recorded: applied, or found moot (the attempt is over) or malformed."""
     from jobs.choices import AttemptState
     from jobs.models import Attempt
-    from jobs.tasks import attempt_finished
+    from jobs.tasks import attempt_finished, attempt_started
 
-    wanted = {(int(r["attempt_id"]), int(r["number"])): r for r in reports}
+    keyed = [(r, _report_key(r)) for r in reports[:MAX_REPORTS]]
+    for r, key in keyed:
+        if key is None:
+            log.warning("ignoring a malformed report in a heartbeat of %s: %.200r", node, r)
     live = set(
-        Attempt.objects.filter(pk__in=[a for a, _ in wanted])
+        Attempt.objects.filter(pk__in={key[2] for _, key in keyed if key})
         .exclude(state=AttemptState.ENDED)
         .values_list("pk", "number")
     )
-    for key in sorted(live & set(wanted)):
-        r = wanted[key]
-        log.info("applying a repeated finished report of attempt %s/%s from %s", *key, node)
-        attempt_finished(
-            attempt_id=key[0],
-            number=key[1],
-            node=node,  # the heartbeat's sender, whatever the report says
-            how=str(r.get("how", "exited")),
-            exit_code=r.get("exit_code"),
-            detail=str(r.get("detail", "")),
-        )
+    recorded = []
+    for r, key in keyed:
+        if key is not None and (key[2], key[3]) in live:
+            entry_id, task, attempt_id, number = key
+            if task == STARTED:
+                attempt_started(attempt_id=attempt_id, number=number, node=node)
+            else:
+                log.info("applying a repeated finished report of attempt %s/%s from %s", *key[2:], node)
+                kwargs = r["kwargs"]
+                exit_code = kwargs.get("exit_code")
+                attempt_finished(
+                    attempt_id=attempt_id,
+                    number=number,
+                    node=node,  # the heartbeat's sender, whatever the report says
+                    how=str(kwargs.get("how", "exited")),
+                    exit_code=exit_code if type(exit_code) is int else None,
+                    detail=str(kwargs.get("detail", "")),
+                )
+                live.discard((attempt_id, number))  # ended (or refused): a later copy is moot
+        entry_id = r.get("id") if isinstance(r, dict) else None
+        if type(entry_id) is int and entry_id > 0:
+            recorded.append(entry_id)
+    return recorded
+
+
+def send_outbox_ack(node: str, epoch: str, ids: list[int]) -> None:
+    """Tell the node's agent which of its outbox entries the control side recorded (it drops them)."""
+    from config.celery import app, node_queue
+
+    app.send_task(OUTBOX_ACK, kwargs={"node": node, "epoch": epoch, "ids": ids}, queue=node_queue(node))

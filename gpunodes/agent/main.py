@@ -115,14 +115,17 @@ class Agent:
         self._stop = threading.Event()
 
     def heartbeat(self) -> None:
+        running = [list(r) for r in self.runner.running()]  # before the outbox: an end is in one of them
         took = send_report(
             HEARTBEAT,
             {
                 "name": self.name,
                 "gpu_type": self.gpu_type,
                 "inventory": [g.__dict__ for g in self.gpus],
-                "running": [list(r) for r in self.runner.running()],
-                "finished": self.runner.recent_finished(),
+                "running": running,
+                # The unacknowledged reports, oldest first; acknowledged by outbox_ack (agent/outbox.py).
+                "outbox": [e.as_message() for e in self.runner.outbox.pending()],
+                "outbox_epoch": self.runner.outbox.epoch,
                 "boot_id": self.boot_id,
                 "agent_version": AGENT_VERSION,
                 "hostname": socket.gethostname(),

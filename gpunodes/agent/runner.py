@@ -34,6 +34,7 @@ from gpunodes.agent.containment import (
 )
 from gpunodes.agent.fence import fenced_keys
 from gpunodes.agent.identity import JobUser, UidPool
+from gpunodes.agent.outbox import Outbox
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +42,13 @@ LOG_CHUNK_BYTES = 64 * 1024
 # What one attempt's log may hold on the control side: the first half and the last half of this are
 # kept, what lies between is dropped with a note (a job printing without end fills no database).
 LOG_CAP_BYTES = 8 * 1024 * 1024
-# Finished reports are repeated in the heartbeats for this long (the most recent ones, up to a cap): a
-# report lost with the broker (a Redis restart drops what it held) still reaches the control side.
-FINISHED_RESEND_S = 120.0
-FINISHED_RESEND_MAX = 500
 # Report names (control-side tasks).
 STARTED = "jobs.tasks.attempt_started"
 FINISHED = "jobs.tasks.attempt_finished"
 LOG = "jobs.tasks.attempt_log"
+# The fields of a started/finished report that its control-side task takes; the outbox entry also
+# keeps `log_bytes` (the attempt's final log offset, what the control side should hold of its log).
+REPORT_FIELDS = frozenset({"attempt_id", "number", "node", "how", "exit_code", "detail"})
 
 Report = Callable[[str, dict], None]
 
@@ -133,6 +133,7 @@ class Runner:
         gpu_devices: dict[int, str] | None = None,
         device_cgroups: DeviceTree | str | None = "auto",
         gpu_holders: Callable[[list[int]], dict[int, list[int]]] | None = None,
+        outbox: Outbox | None = None,
     ) -> None:
         self.node = node
         self.log_dir = identity.ensure_root(Path(log_dir), 0o700)  # the jobs never read the logs
@@ -144,6 +145,9 @@ class Runner:
         )
         self.report = report
         self.state_path = Path(state_path)
+        # Started and finished reports are written here before they are sent, and kept until the
+        # control side acknowledges them (outbox.py): the heartbeat carries them.
+        self.outbox = outbox if outbox is not None else Outbox(self.state_path.parent / "outbox.sqlite3")
         self.workdir = Path(workdir) if workdir else None  # where jobs start (default: their own dir)
         self.uids = uids
         self.base_env = job_base_env(base_env if base_env is not None else os.environ, pass_env)
@@ -172,7 +176,6 @@ class Runner:
         # Attempts told to stop before their start arrived: a late start for them is refused.
         self._tombstones: set[tuple[int, int]] = set()
         self._finished: set[tuple[int, int]] = set()
-        self._recent: dict[tuple[int, int], tuple[float, dict]] = {}  # finished reports to repeat
         # Whether the agent's lease lapsed (agent/fence.py: its watchdog fences the jobs): no start then.
         self.lease_lapsed: Callable[[], bool] = lambda: False
 
@@ -337,7 +340,7 @@ class Runner:
                 devices=devices,
             )
             self._save_state()
-        self.report(STARTED, {"attempt_id": attempt_id, "number": number, "node": self.node})
+        self._report_durably(STARTED, {"attempt_id": attempt_id, "number": number, "node": self.node})
         return "started"
 
     def _gpus_in_use(self, gpus: list[int]) -> dict[int, list[int]]:
@@ -488,6 +491,7 @@ class Runner:
                     "node": self.node,
                     "how": how,
                     "exit_code": code,
+                    "log_bytes": proc.log_sent,
                 },
             )
 
@@ -536,20 +540,18 @@ class Runner:
                 offset += len(data)
         proc.log_sent = offset
 
+    def _report_durably(self, name: str, kwargs: dict) -> None:
+        """Into the outbox first (on disk, until the control side acknowledges it; the heartbeat
+        carries it), then sent at once: the quick path, which a broker outage may lose."""
+        self.outbox.add(name, kwargs)
+        self.report(name, {k: v for k, v in kwargs.items() if k in REPORT_FIELDS})
+
     def _report_finished(self, kwargs: dict) -> None:
-        with self._lock:
-            self._recent[(kwargs["attempt_id"], kwargs["number"])] = (time.monotonic(), kwargs)
-        self.report(FINISHED, kwargs)
+        self._report_durably(FINISHED, kwargs)
 
     def recent_finished(self) -> list[dict]:
-        """The finished reports of the last FINISHED_RESEND_S seconds (newest first, capped), for the
-        heartbeat: the control side ignores those it already has."""
-        cutoff = time.monotonic() - FINISHED_RESEND_S
-        with self._lock:
-            for key in [k for k, (t, _) in self._recent.items() if t < cutoff]:
-                del self._recent[key]
-            newest = sorted(self._recent.values(), key=lambda v: v[0], reverse=True)
-        return [kwargs for _, kwargs in newest[:FINISHED_RESEND_MAX]]
+        """The finished reports the control side has not acknowledged yet, oldest first."""
+        return [e.kwargs for e in self.outbox.pending() if e.name == FINISHED]
 
     def prune_logs(self, max_age_s: float) -> int:
         """Host log rotation: remove the log files of attempts that are over and older than max_age_s

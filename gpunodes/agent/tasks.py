@@ -145,3 +145,19 @@ def node_state(*, node: str, state: str) -> str:
         log.info("node %s is now %s", node, state)
         RUNNER.node_state = state
     return state
+
+
+@shared_task(name="gpunodes.agent.tasks.outbox_ack", ignore_result=True)
+def outbox_ack(*, node: str, epoch: str, ids: list) -> int:
+    """The control side applied these outbox entries (agent/outbox.py): they leave the outbox."""
+    if not _mine(node):
+        return 0
+    if not isinstance(epoch, str) or not isinstance(ids, list) or len(ids) > 10_000:
+        log.error("refusing an outbox ack: %r, %d ids", epoch, len(ids) if isinstance(ids, list) else -1)
+        return 0
+    try:
+        ids = [_int("outbox id", i, minimum=1) for i in ids]
+    except Invalid as e:
+        log.error("refusing an outbox ack: %s", e)
+        return 0
+    return RUNNER.outbox.ack(ids, epoch)
