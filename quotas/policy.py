@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left
-from collections.abc import Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -371,6 +371,9 @@ def lending(snapshot: Snapshot, *, count_preempting: bool = True) -> dict[str, d
 # Status of a queued job inside one pass.
 _TODO, _ADMITTED, _EARMARKED, _BLOCKED, _DEFER, _RESERVED = range(6)
 _NO_LIMIT = 1 << 62
+# Reasons the pass can leave for when they are read (Plan.waiting); off only in the test that checks
+# that reading them later gives the same sentences.
+LAZY_REASONS = True
 
 
 _MASKS: dict[tuple[int, ...], int] = {}  # GPU index tuple -> bit mask; a memo of _mask()
@@ -472,13 +475,52 @@ class _Att:
 
 
 class _Out:
-    __slots__ = ("admissions", "preemptions", "waiting", "reserved")
+    __slots__ = ("admissions", "preemptions", "waiting", "reserved", "later")
 
     def __init__(self) -> None:
         self.admissions: list[Admission] = []
         self.preemptions: list[Preemption] = []
         self.waiting: dict[Hashable, str] = {}
         self.reserved: dict[Hashable, tuple[tuple[str, int], ...]] = {}
+        # Reasons not written during the pass: (function, share, queue indexes) run on first read.
+        self.later: list[tuple[Callable[[int, int], int], int, list[int]]] = []
+
+
+class _Waiting(Mapping):
+    """Plan.waiting, computed lazily: most plans (the simulator's, the forecast's later passes) are
+    never asked why a job waits, and writing a sentence for every queued job on every pass made the
+    pass cost grow with the queue. A reason left for later is one whose inputs no longer change once
+    the pass has moved past it (see _TypePass.run), so reading it after the pass gives the same
+    sentence as writing it at once."""
+
+    __slots__ = ("_done", "_later")
+
+    def __init__(self, done: dict[Hashable, str], later: list) -> None:
+        self._done = done
+        self._later = later
+
+    def _all(self) -> dict[Hashable, str]:
+        if self._later:
+            later, self._later = self._later, []
+            for fn, s, ks in later:
+                for k in ks:
+                    fn(s, k)
+        return self._done
+
+    def __getitem__(self, key: Hashable) -> str:
+        return self._all()[key]
+
+    def __iter__(self) -> Iterator[Hashable]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._all()
+
+    def __repr__(self) -> str:
+        return repr(self._all())
 
 
 class _Context:
@@ -533,7 +575,7 @@ def plan(snapshot: Snapshot) -> Plan:
     return Plan(
         admissions=tuple(out.admissions),
         preemptions=tuple(out.preemptions),
-        waiting=out.waiting,
+        waiting=_Waiting(out.waiting, out.later) if out.later else out.waiting,
         reserved=out.reserved,
     )
 
@@ -1578,20 +1620,33 @@ class _TypePass:
             if ks:
                 pending[s] = ks
         heap = []
+        later = self.out.later if LAZY_REASONS else None
         for s, ks in pending.items():
             if self.lab[s]:
                 heap.append((self._borrow_ratio(s), s))
-            else:
+            elif later is None:
                 for k in ks:
-                    self._borrow(s, k)  # only says why it waits
+                    self._borrow(s, k)
+            else:
+                # Only says why they wait, from numbers of this share that phase C does not change
+                # (it admits only LEND_AND_BORROW jobs, without victims): left for when it is asked.
+                later.append((self._borrow, s, ks))
         heapq.heapify(heap)
         ptr = dict.fromkeys(pending, 0)
         while heap:
             _, s = heapq.heappop(heap)
             ks = pending[s]
             i = ptr[s]
+            limit = self.cap[s] + self.bcap[s]
+            suf = self.sufmin[s]
             while i < len(ks):
                 k = ks[i]
+                if later is not None and self.held[s] + max(self.grace[s], self.pend[s]) + suf[k] > limit:
+                    # Not even the smallest job left fits the borrow limit, and this share's numbers
+                    # cannot change any more: each waits at "held" or "limit" (_borrow's first checks).
+                    later.append((self._borrow, s, ks[i:]))
+                    i = len(ks)
+                    break
                 i += 1
                 if self._borrow(s, k) == _ADMITTED and heap:
                     key = (self._borrow_ratio(s), s)

@@ -203,6 +203,27 @@ def test_plan_never_raises_and_accounts_for_every_queued_job(snapshot):
 
 
 @SETTINGS
+@given(snapshots())
+def test_reasons_read_after_the_pass_are_the_ones_written_during_it(snapshot):
+    """Plan.waiting is lazy (policy.LAZY_REASONS): the reasons it computes when read must be the
+    sentences the pass would have written at once, job for job."""
+    from quotas import policy
+
+    lazy = plan(snapshot)
+    policy.LAZY_REASONS = False
+    try:
+        eager = plan(snapshot)
+    finally:
+        policy.LAZY_REASONS = True
+    assert (lazy.admissions, lazy.preemptions, lazy.reserved) == (
+        eager.admissions,
+        eager.preemptions,
+        eager.reserved,
+    )
+    assert dict(lazy.waiting) == dict(eager.waiting)
+
+
+@SETTINGS
 @given(snapshots(), st.randoms(use_true_random=False))
 def test_plan_is_deterministic_whatever_the_input_order(snapshot, rnd):
     def shuffled(xs):
