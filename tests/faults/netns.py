@@ -1,0 +1,109 @@
+"""A network namespace per agent, so that a partition in a fault test is a real one: the agent runs in
+a namespace of its own, joined to the host by a veth pair with a /30 of 10.213.0.0/16 (an address range
+that exists only while the test runs), and reaches the broker at the host side's address. Taking the
+namespace's end of the link down cuts the agent off from everything (the broker, the control side)
+while its jobs, the control side and the other agents run on.
+
+Processes enter only the network namespace (`nsenter --net`), not `ip netns exec`, which also remounts
+/sys in a mount namespace of its own and so hides the cgroup tree the agent puts its attempts in.
+
+Needs root (or CAP_NET_ADMIN and CAP_SYS_ADMIN): `available()` says why not. `Netns` always removes
+what it made (`close`, also from a context manager); a free /30 is picked each time, so a namespace that
+a killed run left behind (`ip netns list`, names `gqt*`) is in no one's way.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+PREFIX = "gqt"  # the names of these tests' namespaces and veths
+NETNS_DIR = Path("/run/netns")
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=20)
+
+
+def available() -> tuple[bool, str]:
+    """Whether this process may make network namespaces; else the reason to skip."""
+    if shutil.which("ip") is None or shutil.which("nsenter") is None:
+        return False, "network-namespace tests need `ip` (iproute2) and `nsenter` (util-linux)"
+    if os.geteuid() != 0:
+        return False, "network-namespace tests need root (`ip netns add` is not permitted to this user)"
+    probe = f"{PREFIX}probe{os.getpid()}"
+    made = _ip("netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return False, f"`ip netns add` is not permitted here: {made.stderr.strip()}"
+    _ip("netns", "del", probe, check=False)
+    return True, ""
+
+
+def _free_subnet() -> int:
+    """A third octet X whose 10.213.X.0/30 no interface of the host uses."""
+    used = _ip("-4", "-o", "addr", "show").stdout
+    for x in [*range(os.getpid() % 200 + 20, 254), *range(20, 254)]:
+        if f"10.213.{x}." not in used:
+            return x
+    raise RuntimeError("no free 10.213.X.0/30 for a test network")
+
+
+class Netns:
+    """One namespace with its veth pair: `host_addr` on the host side, `addr` inside."""
+
+    def __init__(self, label: str):
+        x = _free_subnet()
+        self.name = f"{PREFIX}{label}{x}"[:15]
+        self.host_veth = f"{PREFIX}h{x}"
+        self.ns_veth = f"{PREFIX}n{x}"
+        self.host_addr = f"10.213.{x}.1"
+        self.addr = f"10.213.{x}.2"
+        self._made = False
+        try:
+            _ip("netns", "add", self.name)
+            self._made = True
+            _ip("link", "add", self.host_veth, "type", "veth", "peer", "name", self.ns_veth)
+            _ip("link", "set", self.ns_veth, "netns", self.name)
+            _ip("addr", "add", f"{self.host_addr}/30", "dev", self.host_veth)
+            _ip("link", "set", self.host_veth, "up")
+            _ip("-n", self.name, "addr", "add", f"{self.addr}/30", "dev", self.ns_veth)
+            _ip("-n", self.name, "link", "set", self.ns_veth, "up")
+            _ip("-n", self.name, "link", "set", "lo", "up")
+        except BaseException:
+            self.close()
+            raise
+
+    def argv(self, argv: list[str]) -> list[str]:
+        """`argv` run inside the namespace's network (and nothing else of it)."""
+        return ["nsenter", f"--net={NETNS_DIR / self.name}", "--", *argv]
+
+    def cut(self) -> None:
+        """The agent's link goes down: nothing in or out of the namespace."""
+        _ip("-n", self.name, "link", "set", self.ns_veth, "down")
+
+    def heal(self) -> None:
+        _ip("-n", self.name, "link", "set", self.ns_veth, "up")
+
+    def pids(self) -> list[int]:
+        out = _ip("netns", "pids", self.name, check=False).stdout
+        return [int(p) for p in out.split()]
+
+    def close(self) -> None:
+        """Kill what still runs inside, remove the namespace and the veth pair (idempotent)."""
+        if self._made:
+            for pid in self.pids():
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+            _ip("netns", "del", self.name, check=False)
+            self._made = False
+        _ip("link", "del", self.host_veth, check=False)  # gone with the namespace's end, normally
+
+    def __enter__(self) -> Netns:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
