@@ -191,9 +191,13 @@ def cluster(transactional_db, tmp_path, request, no_local_messages):
     redis.start()
     live = Cluster(tmp_path, redis)
     failed = False
+    from tests.faults import harness
+
+    harness.LOG_DIR = tmp_path  # a stall's diagnosis names the control worker's last lines
     try:
         yield live
     finally:
+        harness.LOG_DIR = None
         live.stop_all()
         redis.kill()
         rep = getattr(request.node, "rep_call", None)

@@ -6,6 +6,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import requests
 
@@ -101,7 +102,44 @@ def wait_settled(timeout: float, *, every: float = 0.5) -> float:
         if not Job.objects.exclude(state__in=list(JOB_TERMINAL_STATES)).exists():
             return time.perf_counter()
         time.sleep(every)
-    raise AssertionError(f"jobs still open after {timeout}s: {_open_summary()}")
+    raise AssertionError(f"jobs still open after {timeout}s: {_open_summary()}\n{diagnose()}")
+
+
+LOG_DIR: Path | None = None  # set by the cluster fixture: where the processes' logs are
+
+
+def diagnose() -> str:
+    """What a stall looks like from outside, short enough to survive a CI log's excerpt: the last pass,
+    each node's state and heartbeat age, database sessions waiting on a lock or idle in a transaction,
+    and the control worker's last lines (tracebacks left out)."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from gpunodes.models import Node
+    from quotas.models import SchedulerPass
+
+    now = timezone.now()
+    lines = []
+    last = SchedulerPass.objects.order_by("-started_at").values_list("started_at", "trigger").first()
+    lines.append(f"last pass: {(now - last[0]).total_seconds():.1f}s ago ({last[1]})" if last else "no pass")
+    for name, state, hb in Node.objects.order_by("name").values_list("name", "state", "last_heartbeat")[:12]:
+        lines.append(f"node {name} {state} heartbeat {(now - hb).total_seconds():.1f}s ago" if hb else name)
+    if connection.vendor == "postgresql":
+        with connection.cursor() as c:
+            c.execute(
+                "SELECT pid, state, wait_event_type, wait_event, now() - xact_start, left(query, 90)"
+                " FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND (wait_event_type = 'Lock' OR state LIKE 'idle in transaction%')"
+            )
+            lines += [f"pg {row}" for row in c.fetchall()]
+    if LOG_DIR is not None and (LOG_DIR / "control.log").exists():
+        tail = [
+            line
+            for line in (LOG_DIR / "control.log").read_text(errors="replace").splitlines()
+            if line.startswith("[")
+        ][-15:]
+        lines += ["control.log:"] + tail
+    return "\n".join(lines)
 
 
 def _open_summary() -> dict:
