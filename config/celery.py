@@ -1,4 +1,6 @@
-"""The Celery app: the `control` queue for the central worker, one queue per GPU node (`node.<name>`)."""
+"""The Celery app: the `control` queue for the central worker, one queue per GPU node (`node.<name>`),
+and `whatif` for the what-if replays (the control worker consumes it too; more workers on it fan a
+sweep out)."""
 
 import os
 
@@ -7,6 +9,8 @@ from celery import Celery
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 CONTROL_QUEUE = "control"
+WHATIF_QUEUE = "whatif"
+WHATIF_TASKS = frozenset({"quotas.tasks.whatif_replay"})
 AGENT_TASK_PREFIX = "gpunodes.agent."
 
 
@@ -18,6 +22,8 @@ def route_task(name, args, kwargs, options, task=None, **kw):
     # Agent tasks run on the host that owns the attempt; everything else on the control worker.
     if name.startswith(AGENT_TASK_PREFIX) and kwargs and kwargs.get("node"):
         return {"queue": node_queue(kwargs["node"])}
+    if name in WHATIF_TASKS:
+        return {"queue": WHATIF_QUEUE}
     return {"queue": CONTROL_QUEUE}
 
 

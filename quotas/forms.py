@@ -103,3 +103,68 @@ class ShareForm(forms.Form):
         for gpu_type, n in share.capacity_map().items():
             initial[f"cap_{gpu_type}"] = n
         return initial
+
+
+SWEEP_MAX_VALUES = 8
+
+
+class SweepForm(forms.Form):
+    """One setting of one share over several values (the what-if sweep). `setting` is "borrow_limit",
+    "strategy" or "capacity:<gpu type>"; `values` a comma-separated list of 2 to SWEEP_MAX_VALUES."""
+
+    setting = forms.ChoiceField(label="Setting to sweep")
+    values = forms.CharField(
+        label="Values",
+        max_length=200,
+        help_text="2 to 8 values, separated by commas: e.g. 0, 50, 100, 200 (borrow limit, %), "
+        "RESERVE, LEND, LEND_AND_BORROW (strategy), or GPU counts (capacity).",
+    )
+
+    def __init__(self, *args, gpu_types=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["setting"].choices = [
+            ("borrow_limit", "borrow limit (%)"),
+            ("strategy", "strategy"),
+            *[(f"capacity:{t}", f"capacity of {t} (GPUs)") for t in sorted(set(gpu_types))],
+        ]
+
+    def clean(self):
+        data = super().clean()
+        setting, raw = data.get("setting"), data.get("values")
+        if not setting or raw is None:
+            return data
+        words = [w.strip() for w in raw.split(",") if w.strip()]
+        if not 2 <= len(words) <= SWEEP_MAX_VALUES:
+            self.add_error("values", f"Give 2 to {SWEEP_MAX_VALUES} values, separated by commas.")
+            return data
+        if setting == "strategy":
+            values: list = [w.upper() for w in words]
+            wrong = [w for w in values if w not in Strategy.values]
+            if wrong:
+                self.add_error(
+                    "values", f"Not a strategy: {', '.join(wrong)} (use {', '.join(Strategy.values)})."
+                )
+                return data
+        else:
+            low = -1 if setting == "borrow_limit" else 0
+            try:
+                values = [int(w) for w in words]
+            except ValueError:
+                self.add_error("values", "Give whole numbers, separated by commas.")
+                return data
+            if any(v < low or v > 2**31 - 1 for v in values):
+                self.add_error("values", f"Each value must be {low} or more.")
+                return data
+        if len(set(values)) != len(values):
+            self.add_error("values", "Each value once.")
+            return data
+        data["parsed"] = values
+        return data
+
+    def labels(self) -> list[str]:
+        setting, values = self.cleaned_data["setting"], self.cleaned_data["parsed"]
+        if setting == "borrow_limit":
+            return ["no limit" if v == -1 else f"{v} %" for v in values]
+        if setting.startswith("capacity:"):
+            return [f"{v} GPUs" for v in values]
+        return [str(v) for v in values]

@@ -89,3 +89,12 @@ def compact_usage() -> dict:
     from quotas import usage
 
     return {"downsampled": usage.downsample(), "pruned": usage.prune()}
+
+
+@shared_task(name="quotas.tasks.whatif_replay", ignore_result=True)
+def whatif_replay(run_id: str, index: int) -> str:
+    """One replay of a what-if run or sweep (quotas.whatif.run_part); on a worker in a process of its
+    own, so that a run's replays use the cores side by side. Eager (tests): in this process."""
+    from quotas import whatif
+
+    return whatif.run_part(run_id, index, isolated=not whatif_replay.request.is_eager)

@@ -23,8 +23,8 @@ from jobs import services as job_services
 from jobs.choices import EventKind
 from jobs.models import Job, JobEvent
 from quotas import services, usage, whatif
-from quotas.choices import ShareState
-from quotas.forms import ShareForm, add_service_errors
+from quotas.choices import ShareState, Strategy
+from quotas.forms import ShareForm, SweepForm, add_service_errors
 from quotas.hearing import hearing
 from quotas.models import AuditEntry, Membership, Share, Team
 
@@ -307,6 +307,7 @@ def _share_form_response(request, form, share, status=200, warnings=()):
         "recent": recent,
         "overcommitted": _overcommit(),
         "warnings": warnings,
+        "sweep_form": SweepForm(gpu_types=_gpu_types(share)) if share is not None else None,
     }
     return render(request, template, context, status=status)
 
@@ -372,10 +373,18 @@ class _Rollback(Exception):
     pass
 
 
+WHATIF_PARTS = {"preview": "quotas/partials/_whatif.html", "sweep": "quotas/partials/_sweep.html"}
+
+
+def _run_context(run: whatif.RunStatus) -> dict:
+    return {"run": run, "max_jobs": whatif.MAX_JOBS}
+
+
 @require_POST
 @admin_required
 def share_whatif(request, name=None):
-    """Replay the last 7 days with the share as it is and as the form proposes (nothing is saved)."""
+    """Replay the last 7 days with the share as it is and as the form proposes (nothing is saved): two
+    Celery tasks side by side; the answer is the run's progress (polling) or, when done, its result."""
     share = None
     if name is not None:
         share = get_object_or_404(Share.objects.select_related("team"), name=name)
@@ -397,26 +406,62 @@ def share_whatif(request, name=None):
         except ValidationError as e:
             add_service_errors(form, e, {"capacity": "new_gpu_type"})
     if not form.is_valid():
-        return render(request, "quotas/partials/_whatif.html", {"form": form, "errors": True}, status=400)
+        return render(request, WHATIF_PARTS["preview"], {"form": form, "errors": True}, status=400)
     fields = form.share_fields()
-    try:
-        result = whatif.preview(
-            share=share.name if share else fields["name"],
-            changes={
-                "strategy": fields["strategy"],
-                "borrow_limit": fields["borrow_limit"],
-                "in_share_preemption": fields["in_share_preemption"],
-                "capacity": form.capacity(),
-                "team": fields["team"].slug,
-            },
-        )
-    except whatif.ReplayTooLong as e:
-        return render(request, "quotas/partials/_whatif.html", {"too_long": str(e)})
-    return render(
-        request,
-        "quotas/partials/_whatif.html",
-        {"preview": result, "share_name": fields["name"], "max_jobs": whatif.MAX_JOBS},
+    run_id = whatif.start_preview(
+        share=share.name if share else fields["name"],
+        changes={
+            "strategy": fields["strategy"],
+            "borrow_limit": fields["borrow_limit"],
+            "in_share_preemption": fields["in_share_preemption"],
+            "capacity": form.capacity(),
+            "team": fields["team"].slug,
+        },
     )
+    return render(request, WHATIF_PARTS["preview"], _run_context(whatif.status(run_id)))
+
+
+@require_POST
+@admin_required
+def share_sweep(request, name):
+    """Replay the last 7 days once per value of one setting of the share (each its own Celery task)."""
+    share = get_object_or_404(Share.objects.select_related("team"), name=name)
+    form = SweepForm(request.POST, gpu_types=_gpu_types(share))
+    borrows = share.strategy == Strategy.LEND_AND_BORROW
+    if form.is_valid() and form.cleaned_data["setting"] == "borrow_limit" and not borrows:
+        form.add_error("setting", "Only a LEND_AND_BORROW share borrows: sweep its strategy instead.")
+    if not form.is_valid():
+        # Back to the form, with the errors beside its fields (not into the result area).
+        response = render(
+            request, "quotas/partials/_sweep_form.html", {"form": form, "share": share}, status=400
+        )
+        response["HX-Retarget"] = "#sweep-form"
+        response["HX-Reswap"] = "outerHTML"
+        return response
+    run_id = whatif.start_sweep(
+        share=share.name,
+        setting=form.cleaned_data["setting"],
+        values=form.cleaned_data["parsed"],
+        labels=form.labels(),
+        setting_label=dict(form.fields["setting"].choices)[form.cleaned_data["setting"]],
+    )
+    # The form again, out of band: the errors of an earlier try go from beside its fields.
+    context = {"share": share, "sweep_form": form, **_run_context(whatif.status(run_id))}
+    return render(request, WHATIF_PARTS["sweep"], context)
+
+
+@require_GET
+@admin_required
+def whatif_run(request, run_id):
+    """A run's progress, then its result. htmx polls the partial; the answer that shows the result
+    (or the failure) is 286, which stops the polling. Without htmx: a page of its own."""
+    run = whatif.status(run_id)
+    if run is None:
+        raise Http404("No such what-if run (it may have expired).")
+    context = _run_context(run)
+    if request.htmx:
+        return render(request, WHATIF_PARTS[run.kind], context, status=286 if run.finished else 200)
+    return render(request, "quotas/whatif_run.html", {**context, "part": WHATIF_PARTS[run.kind]})
 
 
 @require_POST

@@ -1,19 +1,31 @@
 """What-if preview of a share change: the last 7 days of real submissions, replayed through the simulator
-twice (the shares as they are, and with the proposed change), side by side.
+(quotas.simulate with the production policy: one engine, no copy of a rule), with the shares as they are
+and with a proposed change, side by side; and the sweep: one setting of one share over several values.
 
 The scenario is built in memory from the database (quotas.scenario dataclasses; nothing is written):
-the registered nodes, every share as configured, and the jobs submitted in the window, each needing the
-run time its latest attempt actually took (a job that never ran needs its max_runtime_s, or an hour).
-The replay is bounded: at most MAX_JOBS jobs (the most recent), a cut at the end of the window plus a
-day, and a wall-clock budget for both runs (past it the preview says so instead of answering late);
-the page says when jobs were left out.
+the registered nodes, every share as configured, and the jobs submitted in the window (up to MAX_JOBS,
+the most recent), each needing the run time its latest attempt actually took (a job that never ran
+needs its max_runtime_s, or an hour). A cut at the end of the window plus a day.
+
+A run is a handful of replays ("parts": as is / with the change, or one per swept value), each its own
+Celery task (quotas.tasks.whatif_replay, on the `whatif` queue) so that they run side by side. A task on
+a worker runs its replay in a process of its own (real parallelism beside the control worker's threads;
+a replay never holds the GIL a scheduling pass needs). Everything a run knows lives in the cache under
+its id: the spec (written once, by the request) and one entry per part (written only by its task:
+state, jobs replayed of total, the summary), so the page can poll it. The same request while a run for
+it is going shows that run.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import hashlib
+import json
+import logging
 import time
-from collections.abc import Mapping
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -24,24 +36,24 @@ from django.utils import timezone
 from quotas import policy, simulate
 from quotas import scenario as sc
 
+log = logging.getLogger(__name__)
+
 WINDOW = timedelta(days=7)
-MAX_JOBS = 500
-BUDGET_S = 10.0  # both replays together
+MAX_JOBS = 100_000  # the most recent submissions of the window; older ones are left out (and said so)
+BUDGET_S = 600.0  # one replay's wall-clock budget; past it the part fails and the page says so
 DEFAULT_RUNTIME_S = 3600
 TAIL_S = 24 * 3600  # simulated time after the last submission before the replay is cut
+RUN_TTL_S = 3600  # how long a run's spec, progress and result stay in the cache
+PROGRESS_EVERY_S = 0.25  # at most this often a replay reports how far it is
+PREFIX = "gpuquota:whatif:"
+SUMMARY_METRICS = ("mean_wait_s", "p95_wait_s", "preempted_jobs", "gpu_seconds_borrowed")
+
+# Parts' states
+QUEUED, READING, REPLAYING, DONE, FAILED = "queued", "reading", "replaying", "done", "failed"
 
 
 class ReplayTooLong(Exception):
-    """The replays ran past BUDGET_S."""
-
-
-def _bounded_planner(deadline: float):
-    def planner(snapshot):
-        if time.monotonic() > deadline:
-            raise ReplayTooLong(f"the replay took longer than {BUDGET_S:.0f} s")
-        return policy.plan(snapshot)
-
-    return planner
+    """A replay ran past BUDGET_S."""
 
 
 @dataclass
@@ -56,9 +68,12 @@ class Preview:
     seconds: float
 
 
+# --- the scenario ------------------------------------------------------------------------------------
+
+
 def build_scenario(*, now: datetime | None = None) -> tuple[sc.Scenario, int, datetime]:
     """The last 7 days (from the first submission replayed, if later) as a Scenario. Returns (scenario,
-    jobs left out, window start)."""
+    jobs left out, window start). A constant number of queries, whatever the number of jobs."""
     from gpunodes.models import Node
     from jobs.models import Attempt, Job
     from quotas.models import Share
@@ -104,12 +119,15 @@ def build_scenario(*, now: datetime | None = None) -> tuple[sc.Scenario, int, da
         # (idle days it never lived would dilute the utilisation).
         start = max(start, rows[0][2])
     ran: dict[int, int] = {}
+    # The window's attempts by a join, not an IN list of up to 100k ids; the latest attempt wins.
     for job_id, started, ended in (
-        Attempt.objects.filter(job_id__in=[r[0] for r in rows], started_at__isnull=False)
+        Attempt.objects.filter(
+            job__submitted_at__gte=start, job__submitted_at__lte=now, started_at__isnull=False
+        )
         .order_by("job_id", "number")
         .values_list("job_id", "started_at", "ended_at")
     ):
-        ran[job_id] = max(1, int(((ended or now) - started).total_seconds()))  # the latest attempt wins
+        ran[job_id] = max(1, int(((ended or now) - started).total_seconds()))
     sizes: dict[str, int] = {}
     for n in nodes:
         sizes[n.gpu_type] = max(sizes.get(n.gpu_type, 0), n.gpus)
@@ -164,62 +182,416 @@ def with_change(scenario: sc.Scenario, share: str, changes: Mapping[str, Any]) -
     return dataclasses.replace(scenario, shares=tuple(shares))
 
 
+# --- one replay --------------------------------------------------------------------------------------
+
+
+def replay(
+    scenario: sc.Scenario, *, on_progress: Callable[[int], None] | None = None, budget_s: float | None = None
+) -> dict[str, Any]:
+    """Simulate the scenario with the production policy; the summary the pages compare. `on_progress`
+    hears how many of the scenario's jobs have been submitted in the replay (at most every
+    PROGRESS_EVERY_S); past `budget_s` (default BUDGET_S) it raises ReplayTooLong."""
+    budget = BUDGET_S if budget_s is None else budget_s
+    deadline = time.monotonic() + budget
+    submits = sorted(j.submit_at for j in scenario.jobs)
+    last = [0.0]
+
+    # The simulator has no progress hook: the planner it calls at every pass is wrapped here, and the
+    # virtual time of the pass says how many submissions the replay has reached.
+    def planner(snapshot: policy.Snapshot) -> policy.Plan:
+        wall = time.monotonic()
+        if wall > deadline:
+            raise ReplayTooLong(f"the replay took longer than {budget:.0f} s")
+        if on_progress is not None and wall - last[0] >= PROGRESS_EVERY_S:
+            last[0] = wall
+            on_progress(bisect.bisect_right(submits, snapshot.now))
+        return policy.plan(snapshot)
+
+    if time.monotonic() > deadline:
+        raise ReplayTooLong(f"the replay took longer than {budget:.0f} s")
+    return summarise(simulate.simulate(scenario, planner=planner))
+
+
+def summarise(result: simulate.SimResult) -> dict[str, Any]:
+    """What the pages show of one replay: per share the SUMMARY_METRICS, and the cluster's totals."""
+    jobs = result.jobs.values()
+    return {
+        "shares": {
+            name: {m: values.get(m) for m in SUMMARY_METRICS} for name, values in result.shares.items()
+        },
+        "cluster": {
+            "utilisation": round(100 * result.cluster["utilisation"], 1),
+            "preemptions": sum(j.preemptions for j in jobs),
+            "lost_gpu_hours": round(result.cluster["lost_gpu_seconds"] / 3600, 1),
+            "never_started": sum(1 for j in jobs if j.first_start is None),
+        },
+        "jobs": len(result.jobs),
+    }
+
+
+def _replay_child(conn, scenario: sc.Scenario, budget_s: float) -> None:
+    """In the replay's own process: progress and the summary go back through the pipe."""
+    try:
+        summary = replay(scenario, on_progress=lambda n: conn.send(("progress", n)), budget_s=budget_s)
+        conn.send(("done", summary))
+    except ReplayTooLong as e:
+        conn.send(("too_long", str(e)))
+    except Exception as e:  # said to the parent, which records the part as failed
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+    finally:
+        conn.close()
+
+
+def replay_isolated(
+    scenario: sc.Scenario, *, on_progress: Callable[[int], None] | None = None, budget_s: float | None = None
+) -> dict[str, Any]:
+    """`replay` in a process of its own (spawned: the worker's threads are not forked)."""
+    import multiprocessing
+
+    budget = BUDGET_S if budget_s is None else budget_s
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_replay_child, args=(child, scenario, budget), daemon=True)
+    proc.start()
+    child.close()
+    try:
+        deadline = time.monotonic() + budget + 60
+        while True:
+            if parent.poll(1.0):
+                try:
+                    kind, value = parent.recv()
+                except EOFError:
+                    raise RuntimeError(
+                        f"the replay process ended without an answer ({proc.exitcode})"
+                    ) from None
+                if kind == "progress":
+                    if on_progress is not None:
+                        on_progress(value)
+                elif kind == "done":
+                    return value
+                elif kind == "too_long":
+                    raise ReplayTooLong(value)
+                else:
+                    raise RuntimeError(value)
+            elif not proc.is_alive():
+                raise RuntimeError(f"the replay process died (exit code {proc.exitcode})")
+            elif time.monotonic() > deadline:
+                raise ReplayTooLong(f"the replay took longer than {budget:.0f} s")
+    finally:
+        parent.close()
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
+
+
+# --- comparing replays -------------------------------------------------------------------------------
+
+
 def _delta(a, b):
     if isinstance(a, int | float) and isinstance(b, int | float):
         return b - a
     return None
 
 
-def preview(*, share: str, changes: Mapping[str, Any], now: datetime | None = None) -> Preview:
-    """Replay the window with the shares as they are and with `changes` applied to `share`. Raises
-    ReplayTooLong past the budget."""
-    t0 = time.perf_counter()
-    now = now or timezone.now()
-    base, left_out, start = build_scenario(now=now)
-    changed = with_change(base, share, changes)
-    planner = _bounded_planner(time.monotonic() + BUDGET_S)
-    before = simulate.simulate(base, planner=planner)
-    after = simulate.simulate(changed, planner=planner)
+CLUSTER_LABELS = (
+    ("utilisation", "utilisation (%)"),
+    ("preemptions", "pre-emptions"),
+    ("lost_gpu_hours", "GPU-hours of work lost to pre-emption"),
+    ("never_started", "jobs not started by the cut"),
+)
+
+
+def compare(before: Mapping[str, Any], after: Mapping[str, Any], share: str) -> dict[str, Any]:
+    """Two summaries side by side: rows per share, the cluster's totals, the chart's data."""
+    names = sorted(set(before["shares"]) | set(after["shares"]))
     rows = []
-    names = sorted(set(before.shares) | set(after.shares))
     for name in names:
-        b, a = before.shares.get(name, {}), after.shares.get(name, {})
-        row = {"share": name, "changed": name == share}
-        for metric in ("mean_wait_s", "p95_wait_s", "preempted_jobs", "gpu_seconds_borrowed"):
+        b, a = before["shares"].get(name, {}), after["shares"].get(name, {})
+        row: dict[str, Any] = {"share": name, "changed": name == share}
+        for metric in SUMMARY_METRICS:
             row[metric] = (b.get(metric), a.get(metric), _delta(b.get(metric), a.get(metric)))
         rows.append(row)
-
-    def totals(result) -> dict[str, Any]:
-        jobs = result.jobs.values()
-        return {
-            "utilisation": round(100 * result.cluster["utilisation"], 1),
-            "preemptions": sum(j.preemptions for j in jobs),
-            "lost_gpu_hours": round(result.cluster["lost_gpu_seconds"] / 3600, 1),
-            "never_started": sum(1 for j in jobs if j.first_start is None),
-        }
-
-    tb, ta = totals(before), totals(after)
+    tb, ta = before["cluster"], after["cluster"]
     cluster = [
         {"metric": label, "before": tb[key], "after": ta[key], "change": _delta(tb[key], ta[key])}
-        for key, label in (
-            ("utilisation", "utilisation (%)"),
-            ("preemptions", "pre-emptions"),
-            ("lost_gpu_hours", "GPU-hours of work lost to pre-emption"),
-            ("never_started", "jobs not started by the cut"),
-        )
+        for key, label in CLUSTER_LABELS
     ]
     chart = {
         "shares": names,
-        "before": [before.shares.get(n, {}).get("mean_wait_s") or 0 for n in names],
-        "after": [after.shares.get(n, {}).get("mean_wait_s") or 0 for n in names],
+        "before": [before["shares"].get(n, {}).get("mean_wait_s") or 0 for n in names],
+        "after": [after["shares"].get(n, {}).get("mean_wait_s") or 0 for n in names],
     }
+    return {"rows": rows, "cluster": cluster, "chart": chart}
+
+
+def sweep_table(summaries: Sequence[Mapping[str, Any]], labels: Sequence[str], share: str) -> dict[str, Any]:
+    """One row per swept value: the share's waits and pre-emptions, the cluster's utilisation; and the
+    trade-off chart's data (the share's p95 wait and the utilisation per value)."""
+    rows = []
+    for label, s in zip(labels, summaries, strict=True):
+        mine = s["shares"].get(share, {})
+        rows.append(
+            {
+                "value": label,
+                "p95_wait_s": mine.get("p95_wait_s"),
+                "mean_wait_s": mine.get("mean_wait_s"),
+                "preempted_jobs": mine.get("preempted_jobs"),
+                "utilisation": s["cluster"]["utilisation"],
+                "never_started": s["cluster"]["never_started"],
+            }
+        )
+    chart = {
+        "share": share,
+        "values": list(labels),
+        "p95_wait_s": [r["p95_wait_s"] for r in rows],
+        "utilisation": [r["utilisation"] for r in rows],
+    }
+    return {"rows": rows, "chart": chart}
+
+
+def preview(*, share: str, changes: Mapping[str, Any], now: datetime | None = None) -> Preview:
+    """The comparison in this process, without Celery (the shell, tests): both replays one after the
+    other. Raises ReplayTooLong past the budget."""
+    t0 = time.perf_counter()
+    now = now or timezone.now()
+    base, left_out, start = build_scenario(now=now)
+    before = replay(base)
+    after = replay(with_change(base, share, changes))
+    table = compare(before, after, share)
     return Preview(
         window_start=start,
         window_end=now,
         jobs=len(base.jobs),
         left_out=left_out,
-        rows=rows,
-        cluster=cluster,
-        chart=chart,
         seconds=round(time.perf_counter() - t0, 2),
+        **table,
     )
+
+
+# --- runs: a request's replays as Celery tasks, their progress and results in the cache --------------
+
+
+@dataclass
+class RunStatus:
+    """What the page shows of a run: its spec, each part's state and progress, the result when done."""
+
+    id: str
+    kind: str  # "preview" or "sweep"
+    share: str
+    spec: dict[str, Any]
+    parts: list[dict[str, Any]]
+
+    @property
+    def labels(self) -> list[str]:
+        return [v["label"] for v in self.spec["variants"]]
+
+    @property
+    def finished(self) -> bool:
+        return all(p["state"] in (DONE, FAILED) for p in self.parts)
+
+    @property
+    def labelled_parts(self) -> list[tuple[str, dict[str, Any]]]:
+        return list(zip(self.labels, self.parts, strict=True))
+
+    @property
+    def failed(self) -> list[tuple[str, str]]:
+        """(label, why) of each part that failed."""
+        return [(label, p["error"]) for label, p in self.labelled_parts if p["state"] == FAILED]
+
+    @property
+    def errors(self) -> list[str]:
+        """Why parts failed, each reason once."""
+        return list(dict.fromkeys(error for _, error in self.failed))
+
+    @property
+    def done_jobs(self) -> int:
+        return sum(p.get("done") or 0 for p in self.parts)
+
+    @property
+    def total_jobs(self) -> int | None:
+        totals = [p.get("total") for p in self.parts]
+        return None if None in totals else sum(totals)
+
+    @property
+    def percent(self) -> int:
+        """How far the run is: each part's share of its jobs replayed, averaged over the parts."""
+        fractions = [
+            1.0
+            if p["state"] in (DONE, FAILED)
+            else (p.get("done") or 0) / p["total"]
+            if p.get("total")
+            else 0.0
+            for p in self.parts
+        ]
+        return min(100, int(100 * sum(fractions) / len(fractions)))
+
+    @property
+    def window(self) -> dict[str, Any] | None:
+        """jobs replayed per part, left out, window start and end (from the first part that read it)."""
+        for p in self.parts:
+            if p.get("total") is not None:
+                return {
+                    "jobs": p["total"],
+                    "left_out": p.get("left_out", 0),
+                    "start": datetime.fromisoformat(p["window_start"]),
+                    "end": datetime.fromisoformat(self.spec["now"]),
+                }
+        return None
+
+    @property
+    def seconds(self) -> float | None:
+        """Wall-clock seconds from the request to the last part's answer."""
+        if not self.finished:
+            return None
+        ends = [p.get("ended") or 0 for p in self.parts]
+        return round(max(ends) - self.spec["created"], 1)
+
+    @property
+    def result(self) -> dict[str, Any] | None:
+        if not self.finished or self.failed:
+            return None
+        summaries = [p["summary"] for p in self.parts]
+        if self.kind == "preview":
+            return compare(summaries[0], summaries[1], self.share)
+        return sweep_table(summaries, self.labels, self.share)
+
+
+def _run_key(run_id: str) -> str:
+    return f"{PREFIX}run:{run_id}"
+
+
+def _part_key(run_id: str, index: int) -> str:
+    return f"{PREFIX}run:{run_id}:part:{index}"
+
+
+def status(run_id: str) -> RunStatus | None:
+    from django.core.cache import cache
+
+    spec = cache.get(_run_key(run_id))
+    if spec is None:
+        return None
+    keys = [_part_key(run_id, i) for i in range(len(spec["variants"]))]
+    got = cache.get_many(keys)
+    parts = [got.get(k) or {"state": QUEUED} for k in keys]
+    return RunStatus(id=run_id, kind=spec["kind"], share=spec["share"], spec=spec, parts=parts)
+
+
+def start(
+    *,
+    kind: str,
+    share: str,
+    variants: Sequence[Mapping[str, Any]],
+    now: datetime | None = None,
+    setting_label: str = "",
+) -> str:
+    """Start a run of `variants` ({"label", "changes"} each: one replay per variant) for `share`, or
+    return the id of the same request's run while it is still going. Each replay is its own task."""
+    from django.core.cache import cache
+
+    fingerprint = hashlib.sha256(
+        json.dumps([kind, share, list(variants)], sort_keys=True, default=str).encode()
+    ).hexdigest()[:32]
+    request_key = f"{PREFIX}request:{fingerprint}"
+    running = cache.get(request_key)
+    if running and (st := status(running)) is not None and not st.finished:
+        return running
+    run_id = uuid.uuid4().hex
+    spec = {
+        "kind": kind,
+        "share": share,
+        "variants": [{"label": str(v["label"]), "changes": dict(v["changes"])} for v in variants],
+        "setting_label": setting_label,
+        "now": (now or timezone.now()).isoformat(),
+        "created": time.time(),
+    }
+    cache.set(_run_key(run_id), spec, RUN_TTL_S)
+    cache.set(request_key, run_id, RUN_TTL_S)
+    for index in range(len(variants)):
+        _enqueue(run_id, index)
+    return run_id
+
+
+def _enqueue(run_id: str, index: int) -> None:
+    """Ask for one replay by task name (on the `whatif` queue); eager Celery (tests) runs it here."""
+    from config.celery import WHATIF_QUEUE, app
+    from quotas.tasks import whatif_replay
+
+    kwargs = {"run_id": run_id, "index": index}
+    if app.conf.task_always_eager:
+        whatif_replay.apply(kwargs=kwargs)
+    else:
+        app.send_task(whatif_replay.name, kwargs=kwargs, queue=WHATIF_QUEUE)
+
+
+def start_preview(*, share: str, changes: Mapping[str, Any]) -> str:
+    return start(
+        kind="preview",
+        share=share,
+        variants=[{"label": "as is", "changes": {}}, {"label": "with the change", "changes": changes}],
+    )
+
+
+def start_sweep(
+    *, share: str, setting: str, values: Sequence[Any], labels: Sequence[str], setting_label: str = ""
+) -> str:
+    """One replay per value of `setting` ("strategy", "borrow_limit" or "capacity:<gpu type>") of an
+    existing share; the other settings stay as they are."""
+    from quotas.models import Share
+
+    variants = []
+    for value, label in zip(values, labels, strict=True):
+        if setting.startswith("capacity:"):
+            capacity = Share.objects.get(name=share).capacity_map()
+            capacity[setting.split(":", 1)[1]] = value
+            changes: dict[str, Any] = {"capacity": {t: n for t, n in capacity.items() if n}}
+        else:
+            changes = {setting: value}
+            if setting == "strategy" and value != policy.LEND_AND_BORROW:
+                changes["borrow_limit"] = -1  # only a LEND_AND_BORROW share has a borrow limit
+        variants.append({"label": label, "changes": changes})
+    return start(kind="sweep", share=share, variants=variants, setting_label=setting_label or setting)
+
+
+def run_part(run_id: str, index: int, *, isolated: bool) -> str:
+    """One replay of a run (the task's body): read the window, apply the variant, replay, store the
+    summary under the part's key. Idempotent: a part that has an answer is not replayed again."""
+    from django.core.cache import cache
+
+    spec = cache.get(_run_key(run_id))
+    if spec is None or index >= len(spec["variants"]):
+        return "unknown run"
+    key = _part_key(run_id, index)
+    part = cache.get(key) or {"state": QUEUED}
+    if part["state"] in (DONE, FAILED):
+        return part["state"]
+    t0 = time.monotonic()
+    part = {"state": READING, "done": 0, "total": None}
+    cache.set(key, part, RUN_TTL_S)
+    try:
+        scenario, left_out, window_start = build_scenario(now=datetime.fromisoformat(spec["now"]))
+        changes = spec["variants"][index]["changes"]
+        if changes:
+            scenario = with_change(scenario, spec["share"], changes)
+        part.update(
+            state=REPLAYING,
+            total=len(scenario.jobs),
+            left_out=left_out,
+            window_start=window_start.isoformat(),
+        )
+        cache.set(key, part, RUN_TTL_S)
+
+        def progress(done: int) -> None:
+            part["done"] = done
+            cache.set(key, part, RUN_TTL_S)
+
+        summary = (replay_isolated if isolated else replay)(scenario, on_progress=progress)
+        part.update(state=DONE, done=part["total"], summary=summary)
+    except ReplayTooLong as e:
+        part.update(state=FAILED, error=str(e))
+    except Exception as e:
+        log.exception("what-if replay %s/%s failed", run_id, index)
+        part.update(state=FAILED, error=f"the replay failed ({type(e).__name__}: {e})")
+    part.update(ended=time.time(), seconds=round(time.monotonic() - t0, 2))
+    cache.set(key, part, RUN_TTL_S)
+    return part["state"]

@@ -35,6 +35,18 @@ def no_messages(monkeypatch, settings):
 
 
 @pytest.fixture
+def celery_eager():
+    """Celery tasks run at once, in the process that sends them (CELERY_TASK_ALWAYS_EAGER): the
+    what-if's replays answer within the request."""
+    from config.celery import app
+
+    was = app.conf.task_always_eager
+    app.conf.task_always_eager = True
+    yield
+    app.conf.task_always_eager = was
+
+
+@pytest.fixture
 def alice(django_user_model):
     return django_user_model.objects.create_superuser("alice", "alice@example.com", "alice-pw-123")
 

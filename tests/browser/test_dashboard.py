@@ -75,7 +75,9 @@ def test_cancel_asks_for_confirmation(page, bob, vision_share, nodes):
     assert job.state == JobState.CANCELLED
 
 
-def test_admin_sees_a_field_error_previews_and_fixes_it(page, alice, bob, vision, vision_share, nodes):
+def test_admin_sees_a_field_error_previews_and_fixes_it(
+    celery_eager, page, alice, bob, vision, vision_share, nodes
+):
     for _ in range(3):
         submit(bob, vision_share, gpus=2, max_runtime_s=600)
     login(page, alice)

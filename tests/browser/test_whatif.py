@@ -1,16 +1,98 @@
 """The what-if preview on a share's page: each click replaces the previous preview (the second click
 did nothing: the button inherited the form's outerHTML swap), and editing the form takes a preview of
-other values away."""
+other values away. The replays run as tasks: here a thread per task stands in for the Celery worker,
+so the page shows the run's progress, polls, and then the result; and a sweep draws its trade-off."""
+
+import io
+import threading
 
 import pytest
+from django.core.management import call_command
+from django.db import connection
 
-from tests.browser.conftest import login
+from quotas import whatif
+from tests.browser.conftest import login, screenshot
 from tests.web.conftest import submit
 
 sync_api = pytest.importorskip("playwright.sync_api")
 expect = sync_api.expect
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(autouse=True)
+def worker(monkeypatch):
+    """Each replay task runs in a thread of its own, as a worker would, once `gate` is set."""
+    gate = threading.Event()
+    gate.set()
+    real_replay = whatif.replay
+
+    def held_replay(*args, **kwargs):
+        assert gate.wait(30), "the test never let the replays go"
+        return real_replay(*args, **kwargs)
+
+    def run(run_id, index):
+        try:
+            whatif.run_part(run_id, index, isolated=False)
+        finally:
+            connection.close()
+
+    monkeypatch.setattr(whatif, "replay", held_replay)
+    monkeypatch.setattr(
+        whatif,
+        "_enqueue",
+        lambda run_id, index: threading.Thread(target=run, args=(run_id, index), daemon=True).start(),
+    )
+    return gate
+
+
+@pytest.fixture
+def history(db):
+    """A small seeded week: 200 finished jobs, their own cluster and shares (hist-team-1, …)."""
+    call_command("seed_history", jobs=200, stdout=io.StringIO())
+    return "hist-team-1"
+
+
+def test_a_preview_shows_its_progress_then_the_result(page, alice, history, worker):
+    worker.clear()  # the replays wait: the page shows them going
+    login(page, alice)
+    page.goto(f"/shares/{history}/")
+    page.get_by_role("button", name="Preview what if").click()
+    progress = page.locator('[data-testid="whatif-progress"]')
+    expect(progress).to_contain_text("Replayed 0 of 400 jobs (0 %)", timeout=10_000)
+    expect(page.locator('[data-testid="whatif-run"]')).to_have_attribute("data-state", "running")
+    screenshot(page, "whatif-progress")
+    worker.set()
+    expect(page.locator('[data-testid="whatif-shares"]')).to_contain_text(history, timeout=20_000)
+    expect(progress).to_have_count(0)
+    expect(page.locator('[data-testid="whatif-run"]')).to_have_attribute("data-state", "done")
+    expect(page.locator('[data-plot="whatif"] .js-plotly-plot')).to_be_visible()
+    expect(page.locator("#whatif-result")).to_contain_text("Replayed 200 submissions")
+    screenshot(page, "whatif-result")
+
+
+def test_a_sweep_shows_bad_input_beside_the_field_then_progress_then_the_trade_off(
+    page, alice, history, worker
+):
+    login(page, alice)
+    page.goto(f"/shares/{history}/")
+    page.get_by_label("Setting to sweep").select_option("strategy")
+    page.get_by_label("Values").fill("RESERVE, HOARD")
+    page.get_by_role("button", name="Sweep").click()
+    expect(page.locator("#id_values-error")).to_contain_text("Not a strategy: HOARD")
+
+    worker.clear()
+    page.get_by_label("Values").fill("RESERVE, LEND, LEND_AND_BORROW")
+    page.get_by_role("button", name="Sweep").click()
+    expect(page.locator('[data-testid="whatif-progress"]')).to_contain_text("of 600 jobs", timeout=10_000)
+    expect(page.locator("#id_values-error")).to_have_count(0)
+    worker.set()
+    table = page.locator('[data-testid="sweep-table"]')
+    expect(table).to_contain_text("LEND_AND_BORROW", timeout=20_000)
+    expect(table.locator("tbody tr")).to_have_count(3)
+    expect(page.locator('[data-plot="sweep"] .js-plotly-plot')).to_be_visible()
+    expect(page.locator('[data-testid="sweep-run"]')).to_have_attribute("data-state", "done")
+    screenshot(page, "whatif-sweep")
 
 
 def test_preview_twice_each_preview_replaces_the_previous_one(page, alice, bob, vision_share, nodes):

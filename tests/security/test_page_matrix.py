@@ -53,6 +53,14 @@ PAGES = [
     ("share_edit", "get", "/shares/vision-main/", None, ADMINS),
     ("share_edit", "post", "/shares/vision-main/", {"name": "vision-main"}, ADMINS),
     ("share_whatif", "post", "/shares/vision-main/whatif/", {"name": "vision-main"}, ADMINS),
+    (
+        "share_sweep",
+        "post",
+        "/shares/vision-main/sweep/",
+        {"setting": "borrow_limit", "values": "0, 100"},
+        ADMINS,
+    ),
+    ("whatif_run", "get", "/whatif/{whatif_run}/", None, ADMINS),
     ("share_state", "post", "/shares/{spare}/state/", {"state": "DISABLED"}, ADMINS),
     ("share_delete", "post", "/shares/old/delete/", {}, ADMINS),
     ("audit", "get", "/audit/", None, ADMINS),
@@ -84,9 +92,11 @@ CASES = [_case(n, m, p, d, role, want[role]) for n, m, p, d, want in PAGES for r
 
 @pytest.fixture
 def pages(world, django_user_model, vision):
+    from quotas import whatif
     from tests.conftest import make_share
 
     make_share(vision, "old", capacity={"a10g": 1}, state="DISABLED")
+    world["whatif_run"] = whatif.start_preview(share="vision-main", changes={})  # its tasks are not run
     staff = django_user_model.objects.create_user("sam", "sam@example.com", "sam-pw-123", is_staff=True)
     world["users"]["staff"] = staff
     return world

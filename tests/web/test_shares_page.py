@@ -123,7 +123,9 @@ def test_overcommit_is_warned_on_the_list(as_alice, vision_share, nodes):
     assert "Over-committed" in as_alice.get("/shares/").content.decode()
 
 
-def test_whatif_replays_the_last_week_old_and_new(as_alice, bob, vision_share, language_share, nodes):
+def test_whatif_replays_the_last_week_old_and_new(
+    celery_eager, as_alice, bob, vision_share, language_share, nodes
+):
     for _ in range(3):
         submit(bob, vision_share, gpus=4, max_runtime_s=600)
     run(submit(bob, vision_share, gpus=2), nodes[0], [0, 1])
@@ -144,7 +146,7 @@ def test_whatif_with_invalid_settings_says_what_to_fix(as_alice, vision_share, n
     assert response.status_code == 400 and "Fix the settings first" in response.content.decode()
 
 
-def test_whatif_for_a_new_share(as_alice, vision, nodes):
+def test_whatif_for_a_new_share(celery_eager, as_alice, vision, nodes):
     response = as_alice.post("/shares/new/whatif/", NEW, HTTP_HX_REQUEST="true")
     assert response.status_code == 200 and "vision-batch" in response.content.decode()
     assert not Share.objects.filter(name="vision-batch").exists()
@@ -191,7 +193,7 @@ def test_audit_log_lists_entries_for_admins(as_alice, vision_share, constant_que
     assert "page 1 of 2" in as_alice.get("/audit/").content.decode()
 
 
-def test_whatif_past_its_time_budget_says_so(as_alice, bob, vision_share, nodes, monkeypatch):
+def test_whatif_past_its_time_budget_says_so(celery_eager, as_alice, bob, vision_share, nodes, monkeypatch):
     submit(bob, vision_share, gpus=4, max_runtime_s=600)
     monkeypatch.setattr("quotas.whatif.BUDGET_S", -1.0)
     data = dict(NEW, name="vision-main", strategy="RESERVE", cap_a10g="1")
@@ -201,7 +203,9 @@ def test_whatif_past_its_time_budget_says_so(as_alice, bob, vision_share, nodes,
     )
 
 
-def test_whatif_leaves_out_what_it_cannot_replay(as_alice, bob, vision_share, nodes, monkeypatch):
+def test_whatif_leaves_out_what_it_cannot_replay(
+    celery_eager, as_alice, bob, vision_share, nodes, monkeypatch
+):
     for _ in range(3):
         submit(bob, vision_share)
     monkeypatch.setattr("quotas.whatif.MAX_JOBS", 2)
