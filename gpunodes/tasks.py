@@ -1,10 +1,10 @@
-"""Control-side tasks of the gpunodes app: heartbeats (registration, liveness, reconciliation).
+"""Control-side tasks of the gpunodes app: heartbeats (registration, liveness, the reports of the
+agent's outbox and their acknowledgement, reconciliation).
 Nodes that stop heartbeating are marked LOST by the scheduling pass itself (quotas/scheduler.py)."""
 
 import logging
 
 from celery import shared_task
-from django.db import transaction
 
 from gpunodes import services
 
@@ -46,6 +46,7 @@ def node_heartbeat(
         return {"refused": True}
     # `finished`: what agents without an outbox repeat (their recent finished reports, no ids).
     reports = list(outbox or []) + [{"name": FINISHED, "kwargs": r} for r in finished or ()]
+    recorded = []
     if reports:
         from gpunodes.choices import NodeState
         from gpunodes.models import Node
@@ -54,10 +55,7 @@ def node_heartbeat(
         # from a node that was accepted.
         if Node.objects.filter(name=name).exclude(state=NodeState.PENDING).exists():
             recorded = apply_reports(name, reports)
-            if recorded and isinstance(outbox_epoch, str) and outbox_epoch:
-                # Applied (each report commits on its own): the agent may forget them.
-                transaction.on_commit(lambda: send_outbox_ack(name, outbox_epoch, recorded))
-    return services.node_heartbeat(
+    result = services.node_heartbeat(
         name=name,
         gpu_type=gpu_type,
         inventory=[services.GpuInfo(**g) for g in inventory],
@@ -69,6 +67,14 @@ def node_heartbeat(
         sent_at=sent_at,
         join_token=join_token,
     )
+    if recorded and isinstance(outbox_epoch, str) and outbox_epoch:
+        # Applied (each report committed on its own): the agent may forget them. A lost ack costs only
+        # a repeat with the next heartbeat.
+        try:
+            send_outbox_ack(name, outbox_epoch, recorded)
+        except Exception:
+            log.exception("could not acknowledge %d outbox report(s) of %s", len(recorded), name)
+    return result
 
 
 def _report_key(report: dict) -> tuple[int | None, str, int, int] | None:

@@ -1,4 +1,5 @@
-"""Runs attempts on a GPU host, stops them gracefully, and reports back.
+"""Runs attempts on a GPU host, stops them gracefully, and reports back (each start and end is written
+to the durable outbox, outbox.py, before it is sent).
 
 Each attempt runs in its own session, its own cgroup (containment.py) and, on a root agent, as a uid of
 its own in a private working directory (identity.py). A stop sends SIGTERM to everything of the attempt,
@@ -15,6 +16,7 @@ import json
 import logging
 import os
 import signal
+import sqlite3
 import subprocess
 import threading
 import time
@@ -543,7 +545,12 @@ class Runner:
     def _report_durably(self, name: str, kwargs: dict) -> None:
         """Into the outbox first (on disk, until the control side acknowledges it; the heartbeat
         carries it), then sent at once: the quick path, which a broker outage may lose."""
-        self.outbox.add(name, kwargs)
+        try:
+            self.outbox.add(name, kwargs)
+        except (sqlite3.Error, OSError):  # a full or broken disk: the quick path is all there is
+            log.exception(
+                "could not write a %s report of attempt %s to the outbox", name, kwargs["attempt_id"]
+            )
         self.report(name, {k: v for k, v in kwargs.items() if k in REPORT_FIELDS})
 
     def _report_finished(self, kwargs: dict) -> None:
