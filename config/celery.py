@@ -1,5 +1,6 @@
 """The Celery app: the `control` queue for the central worker, one queue per GPU node (`node.<name>`),
-and `whatif` for the what-if replays (the control worker consumes it too; more workers on it fan a
+and `whatif` for the what-if replays, consumed by a worker of its own (a replay of a week takes minutes:
+on the control worker it would hold the threads heartbeats and passes need; more workers on it fan a
 sweep out)."""
 
 import os

@@ -99,6 +99,7 @@ def test_a_crashed_process_is_restarted_and_ctrl_c_stops_every_process_without_a
     assert {line.split("procman |")[1].split()[0] for line in stopped} == {
         "web",
         "worker",
+        "whatif",
         "beat",
         "agent_1",
         "agent_2",
