@@ -183,6 +183,8 @@ else:
 BROKER_DIR = VAR_DIR / "broker"
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
+    # kombu's Redis transport with a fix: a Redis restart is a reconnect, never a dead worker.
+    CELERY_BROKER_TRANSPORT = "config.redisbroker:Transport"
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 else:
     for sub in ("queue", "processed", "control"):
