@@ -5,6 +5,7 @@ Nodes that stop heartbeating are marked LOST by the scheduling pass itself (quot
 import logging
 
 from celery import shared_task
+from django.db.models import Func, IntegerField
 
 from gpunodes import services
 
@@ -15,6 +16,7 @@ STARTED = "jobs.tasks.attempt_started"
 FINISHED = "jobs.tasks.attempt_finished"
 OUTBOX_ACK = "gpunodes.agent.tasks.outbox_ack"
 MAX_REPORTS = 1000  # one heartbeat's worth (the agent sends at most outbox.BATCH)
+MAX_GAPS = 100  # log gaps asked for in one ack (the rest with the next heartbeats)
 
 
 @shared_task(name="gpunodes.tasks.node_heartbeat", ignore_result=True)
@@ -46,7 +48,7 @@ def node_heartbeat(
         return {"refused": True}
     # `finished`: what agents without an outbox repeat (their recent finished reports, no ids).
     reports = list(outbox or []) + [{"name": FINISHED, "kwargs": r} for r in finished or ()]
-    recorded = []
+    recorded, relog = [], []
     if reports:
         from gpunodes.choices import NodeState
         from gpunodes.models import Node
@@ -54,7 +56,7 @@ def node_heartbeat(
         # Before the reconciliation (a restarted host's reports are its last word on what ended); only
         # from a node that was accepted.
         if Node.objects.filter(name=name).exclude(state=NodeState.PENDING).exists():
-            recorded = apply_reports(name, reports)
+            recorded, relog = apply_reports(name, reports)
     result = services.node_heartbeat(
         name=name,
         gpu_type=gpu_type,
@@ -67,11 +69,11 @@ def node_heartbeat(
         sent_at=sent_at,
         join_token=join_token,
     )
-    if recorded and isinstance(outbox_epoch, str) and outbox_epoch:
+    if (recorded or relog) and isinstance(outbox_epoch, str) and outbox_epoch:
         # Applied (each report committed on its own): the agent may forget them. A lost ack costs only
         # a repeat with the next heartbeat.
         try:
-            send_outbox_ack(name, outbox_epoch, recorded)
+            send_outbox_ack(name, outbox_epoch, recorded, relog)
         except Exception:
             log.exception("could not acknowledge %d outbox report(s) of %s", len(recorded), name)
     return result
@@ -89,12 +91,14 @@ def _report_key(report: dict) -> tuple[int | None, str, int, int] | None:
     return entry_id, report["name"], a, n
 
 
-def apply_reports(node: str, reports: list[dict]) -> list[int]:
+def apply_reports(node: str, reports: list[dict]) -> tuple[list[int], list[list[int]]]:
     """Apply the reports a heartbeat carries (the agent's outbox, oldest first), as if each had
     arrived on its own: a report lost with the broker is not lost for good. Applying one twice changes
     nothing (compare-and-set on the attempt number); only those about attempts still live are
     applied (one query for the rest), and each counts for the heartbeat's sender, whatever it says.
-    Returns the outbox ids recorded: applied, or found moot (the attempt is over) or malformed."""
+    Returns the outbox ids recorded (applied, or found moot: the attempt is over, or malformed), and
+    the log gaps to ask for: [id, start, end] of an end whose log this side does not hold whole (its
+    id is held back until it does)."""
     from jobs.choices import AttemptState
     from jobs.models import Attempt
     from jobs.tasks import attempt_finished, attempt_started
@@ -130,11 +134,100 @@ def apply_reports(node: str, reports: list[dict]) -> list[int]:
         entry_id = r.get("id") if isinstance(r, dict) else None
         if type(entry_id) is int and entry_id > 0:
             recorded.append(entry_id)
-    return recorded
+    gaps = _log_gaps(node, [(r, key) for r, key in keyed if key and key[0] and key[1] == FINISHED])
+    relog = [[entry_id, start, end] for entry_id, holes in gaps.items() for start, end in holes]  # [] waits
+    return [i for i in recorded if i not in gaps], relog[:MAX_GAPS]
 
 
-def send_outbox_ack(node: str, epoch: str, ids: list[int]) -> None:
-    """Tell the node's agent which of its outbox entries the control side recorded (it drops them)."""
+def log_settle_s() -> float:
+    """How old an end report must be before its log is checked for gaps (a few heartbeats)."""
+    from django.conf import settings
+
+    return max(5.0, 3.0 * settings.HEARTBEAT_INTERVAL_S)
+
+
+def _number(value) -> float:
+    return float(value) if type(value) in (int, float) else -1.0
+
+
+def _ranges(value) -> list[tuple[int, int]] | None:
+    if not isinstance(value, list) or len(value) > 4:
+        return None
+    out = []
+    for r in value:
+        if not (isinstance(r, list) and len(r) == 2 and all(type(x) is int for x in r) and 0 <= r[0] < r[1]):
+            return None
+        out.append((r[0], r[1]))
+    return out
+
+
+def _log_gaps(node: str, finished: list[tuple[dict, tuple]]) -> dict[int, list[tuple[int, int]]]:
+    """{outbox id: the byte ranges of its attempt's log, as the end report says they were shipped,
+    that no stored chunk covers}. Only for attempts this node may write the log of (else the chunks
+    sent again would be refused for ever). Two queries."""
+    from jobs.models import Attempt, LogChunk
+
+    wanted = {key[0]: (key[2], _ranges(r["kwargs"].get("log_ranges"))) for r, key in finished}
+    wanted = {i: (a, ranges) for i, (a, ranges) in wanted.items() if ranges}
+    # The last chunks of an end that just happened may still be on their way (the control worker runs
+    # tasks side by side): its log is looked at a little later; until then its ack waits (no gaps).
+    settle_s = log_settle_s()
+    young = {key[0] for r, key in finished if not (_number(r.get("age_s")) >= settle_s)}
+    out: dict[int, list[tuple[int, int]]] = {i: [] for i in wanted if i in young}
+    wanted = {i: v for i, v in wanted.items() if i not in young}
+    if not wanted:
+        return out
+    placements = dict(
+        Attempt.objects.filter(pk__in={a for a, _ in wanted.values()}).values_list("pk", "placement")
+    )
+    mine = {a for a, p in placements.items() if any(x.get("node") == node for x in p or ())}
+    held: dict[int, list[tuple[int, int]]] = {}
+    for attempt_id, offset, size in (
+        LogChunk.objects.filter(attempt_id__in=mine, node=node)
+        .annotate(size=OctetLength("text"))
+        .values_list("attempt_id", "offset", "size")
+    ):
+        held.setdefault(attempt_id, []).append((offset, size))
+    for entry_id, (attempt_id, ranges) in wanted.items():
+        if attempt_id in mine and (holes := uncovered(ranges, held.get(attempt_id, []))):
+            out[entry_id] = holes[:MAX_GAPS]
+    return out
+
+
+def uncovered(ranges: list[tuple[int, int]], chunks: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of the byte ranges [start, end) that no chunk (offset, size) covers, each gap ending
+    where the next chunk begins (so what is sent again never overlaps what is held)."""
+    gaps = []
+    chunks = sorted(chunks)
+    for start, end in ranges:
+        at = start
+        for offset, size in chunks:
+            if offset < start or offset + size <= at:  # before the range: the cap's note, say
+                continue
+            if offset >= end:
+                break
+            if offset > at:
+                gaps.append((at, offset))
+            at = max(at, offset + size)
+        if at < end:
+            gaps.append((at, end))
+    return gaps
+
+
+class OctetLength(Func):
+    """A text's length in bytes (UTF-8), as the agent counts its log."""
+
+    function = "OCTET_LENGTH"
+    output_field = IntegerField()
+
+    def as_sqlite(self, compiler, connection, **extra):
+        return self.as_sql(compiler, connection, template="LENGTH(CAST(%(expressions)s AS BLOB))", **extra)
+
+
+def send_outbox_ack(node: str, epoch: str, ids: list[int], relog: list[list[int]] = ()) -> None:
+    """Tell the node's agent which of its outbox entries the control side recorded (it drops them),
+    and which log bytes it still lacks (it sends them again)."""
     from config.celery import app, node_queue
 
-    app.send_task(OUTBOX_ACK, kwargs={"node": node, "epoch": epoch, "ids": ids}, queue=node_queue(node))
+    kwargs = {"node": node, "epoch": epoch, "ids": ids, "relog": list(relog)}
+    app.send_task(OUTBOX_ACK, kwargs=kwargs, queue=node_queue(node))

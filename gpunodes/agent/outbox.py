@@ -1,6 +1,6 @@
 """The agent's durable outbox: every report about an attempt (started; finished with its exit code and
-how, which covers pre-empted, stopped, fenced and refused; its final log offset) is written here before
-it is sent, and stays until the control side acknowledges it.
+how, which covers pre-empted, stopped, fenced and refused; the byte ranges of its log that were shipped)
+is written here before it is sent, and stays until the control side acknowledges it.
 
 Why this scheme: a message the broker took is not a message the control side applied (a Redis restart
 drops what it held, the control worker may be away), and the agent cannot tell which. So the outbox is
@@ -10,6 +10,9 @@ worker applies them idempotently (attempt numbers: a duplicate, or a report abou
 over, changes nothing) and then puts `outbox_ack` (the entry ids it recorded) on this node's queue. A
 lost heartbeat or a lost ack only means the entries ride along again with the next heartbeat; nothing
 depends on how long the broker stays away, nor on the agent staying up (the file survives a restart).
+The log bytes themselves are not kept here (the log file is): a finished report names the ranges that
+were shipped, and the control side withholds its ack and asks for the gaps it finds (`relog`) until it
+holds them all.
 
 SQLite in WAL mode with synchronous=FULL: a report that returned from `add` survives the agent's crash
 and the host's power cut. Reports are few (two per attempt), so the fsync costs nothing that matters.
@@ -39,7 +42,12 @@ class Entry:
     created: float  # time.time() when written
 
     def as_message(self) -> dict:
-        return {"id": self.id, "name": self.name, "kwargs": self.kwargs}
+        return {
+            "id": self.id,
+            "name": self.name,
+            "kwargs": self.kwargs,
+            "age_s": round(max(0.0, time.time() - self.created), 1),
+        }
 
 
 class Outbox:
@@ -81,6 +89,13 @@ class Outbox:
                 "SELECT id, name, kwargs, created FROM outbox ORDER BY id LIMIT ?", (limit,)
             ).fetchall()
         return [Entry(i, n, json.loads(k), c) for i, n, k, c in rows]
+
+    def get(self, entry_id: int) -> Entry | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT id, name, kwargs, created FROM outbox WHERE id = ?", (int(entry_id),)
+            ).fetchone()
+        return None if row is None else Entry(row[0], row[1], json.loads(row[2]), row[3])
 
     def ack(self, ids, epoch: str | None = None) -> int:
         """The control side recorded these entries: remove them. An ack for another epoch removes

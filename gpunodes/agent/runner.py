@@ -48,8 +48,9 @@ LOG_CAP_BYTES = 8 * 1024 * 1024
 STARTED = "jobs.tasks.attempt_started"
 FINISHED = "jobs.tasks.attempt_finished"
 LOG = "jobs.tasks.attempt_log"
-# The fields of a started/finished report that its control-side task takes; the outbox entry also
-# keeps `log_bytes` (the attempt's final log offset, what the control side should hold of its log).
+# The fields of a started/finished report that its control-side task takes; the outbox entry of an end
+# also keeps the job id and `log_ranges`, the byte ranges of the log that were shipped (the control side
+# asks for the gaps it finds: reship_log).
 REPORT_FIELDS = frozenset({"attempt_id", "number", "node", "how", "exit_code", "detail"})
 
 Report = Callable[[str, dict], None]
@@ -493,7 +494,8 @@ class Runner:
                     "node": self.node,
                     "how": how,
                     "exit_code": code,
-                    "log_bytes": proc.log_sent,
+                    "job_id": proc.job_id,
+                    "log_ranges": self._shipped_ranges(proc.log_sent),
                 },
             )
 
@@ -541,6 +543,59 @@ class Runner:
                 self._send_log(proc, offset, data)
                 offset += len(data)
         proc.log_sent = offset
+
+    def _shipped_ranges(self, size: int) -> list[list[int]]:
+        """The byte ranges [start, end) of a log of `size` bytes that _ship_log sends by its end: all of
+        it, or the first and the last half of the cap (the note between is not the log's)."""
+        head = self.log_cap_bytes // 2
+        if size <= head:
+            return [[0, size]] if size else []
+        tail_from = max(head, size - (self.log_cap_bytes - head))
+        return [[0, head], [tail_from, size]] if tail_from > head else [[0, size]]
+
+    def reship_log(self, entry_id: int, gaps: list[tuple[int, int]]) -> int:
+        """Send again the byte ranges of a finished attempt's log that the control side lacks (it
+        names them by the outbox entry of the attempt's end). Where the log file is gone (rotated) or
+        shorter, nothing more can be sent: the entry leaves the outbox (its end was applied already).
+        Returns how many chunks were sent."""
+        entry = self.outbox.get(entry_id)
+        if entry is None or entry.name != FINISHED or type(entry.kwargs.get("job_id")) is not int:
+            return 0
+        k = entry.kwargs
+        try:
+            path = identity.inside(
+                self.log_dir, f"job-{k['job_id']}", f"attempt-{k['number']}.{self.node}.log"
+            )
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except (OSError, ValueError) as e:
+            log.warning("cannot send the log of attempt %s/%s again: %s", k["attempt_id"], k["number"], e)
+            self.outbox.ack([entry_id])
+            return 0
+        sent = 0
+        with os.fdopen(fd, "rb") as f:
+            for start, end in gaps:
+                f.seek(start)
+                offset = start
+                while offset < end and (data := f.read(min(LOG_CHUNK_BYTES, end - offset))):
+                    self.report(
+                        LOG,
+                        {
+                            "attempt_id": k["attempt_id"],
+                            "number": k["number"],
+                            "node": self.node,
+                            "offset": offset,
+                            "text": data.decode("utf-8", "replace"),
+                        },
+                    )
+                    offset += len(data)
+                    sent += 1
+                if offset < end:  # the file is shorter than what was shipped from it: give up
+                    log.warning(
+                        "the log of attempt %s/%s is shorter than shipped", k["attempt_id"], k["number"]
+                    )
+                    self.outbox.ack([entry_id])
+                    break
+        return sent
 
     def _report_durably(self, name: str, kwargs: dict) -> None:
         """Into the outbox first (on disk, until the control side acknowledges it; the heartbeat

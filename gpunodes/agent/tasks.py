@@ -148,16 +148,30 @@ def node_state(*, node: str, state: str) -> str:
 
 
 @shared_task(name="gpunodes.agent.tasks.outbox_ack", ignore_result=True)
-def outbox_ack(*, node: str, epoch: str, ids: list) -> int:
-    """The control side applied these outbox entries (agent/outbox.py): they leave the outbox."""
+def outbox_ack(*, node: str, epoch: str, ids: list, relog: list | None = None) -> int:
+    """The control side applied these outbox entries (agent/outbox.py): they leave the outbox. `relog`:
+    [entry id, start, end] of the log bytes it still lacks of an end it holds back (sent again)."""
     if not _mine(node):
         return 0
+    relog = relog or []
     if not isinstance(epoch, str) or not isinstance(ids, list) or len(ids) > 10_000:
         log.error("refusing an outbox ack: %r, %d ids", epoch, len(ids) if isinstance(ids, list) else -1)
         return 0
     try:
         ids = [_int("outbox id", i, minimum=1) for i in ids]
+        if not isinstance(relog, list) or len(relog) > 1000:
+            raise Invalid("relog must be a list of at most 1000 gaps")
+        gaps: dict[int, list[tuple[int, int]]] = {}
+        for gap in relog:
+            if not isinstance(gap, list) or len(gap) != 3:
+                raise Invalid(f"a gap must be [entry id, start, end], got {gap!r}")
+            entry_id, start = _int("outbox id", gap[0], minimum=1), _int("start", gap[1])
+            gaps.setdefault(entry_id, []).append((start, _int("end", gap[2], minimum=start + 1)))
     except Invalid as e:
         log.error("refusing an outbox ack: %s", e)
         return 0
+    if epoch != RUNNER.outbox.epoch:
+        return 0
+    for entry_id, wanted in gaps.items():
+        RUNNER.reship_log(entry_id, wanted)
     return RUNNER.outbox.ack(ids, epoch)

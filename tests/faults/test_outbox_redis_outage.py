@@ -1,6 +1,7 @@
 """Redis down for longer than every window and timeout involved while jobs end (the agent's durable
-outbox, gpunodes/agent/outbox.py): every finished report arrives once the broker is back, nothing that
-succeeded runs again, a failure keeps its exit code, the jobs the lease fenced run again once, and no two
+outbox, gpunodes/agent/outbox.py): every finished report arrives once the broker is back, and the last lines of their
+logs, written while the broker was away, are sent again from the log files; nothing that succeeded
+runs again, a failure keeps its exit code, the jobs the lease fenced run again once, and no two
 attempts of a job overlap (the ledger, written from inside the jobs).
 
 The redis-server is killed, not stopped: it comes back empty, so whatever it held (the reports sent
@@ -21,7 +22,7 @@ import pytest
 from gpunodes.choices import NodeState
 from gpunodes.models import Node
 from jobs.choices import JobState, Outcome
-from jobs.models import Attempt, Job
+from jobs.models import Attempt, Job, LogChunk
 from jobs.services import job_submit
 from tests.faults.conftest import make_team, needs_stack, wait_for
 from tests.faults.harness import wait_settled
@@ -58,8 +59,10 @@ def test_every_finished_report_survives_a_redis_outage_longer_than_every_window(
     def submit(command: str) -> Job:
         return job_submit(user=user, share=share, gpus=1, gpu_type="a10g", command=[command], use_shell=True)
 
-    succeed = [submit(ok.command()) for _ in range(2)]
-    fail = [submit(bad.command() + "; exit 3") for _ in range(2)]
+    # Their last line is written during the outage: the log repair (the ends' log ranges) brings it.
+    say = 'echo "hello $GPUQUOTA_JOB_ID"; {}; echo "bye $GPUQUOTA_JOB_ID"'
+    succeed = [submit(say.format(ok.command())) for _ in range(2)]
+    fail = [submit(say.format(bad.command()) + "; exit 3") for _ in range(2)]
     fenced = [submit(long.command()) for _ in range(2)]
     wait_for(lambda: Attempt.objects.filter(state="RUNNING").count() == 6, 60, every=0.5, what="6 running")
 
@@ -117,6 +120,13 @@ def test_every_finished_report_survives_a_redis_outage_longer_than_every_window(
     for job in fail:
         job.refresh_from_db()
         assert job.state == JobState.FAILED and job.exit_code == 3 and job.attempt_count == 1
+    for job in succeed + fail:
+        text = "".join(
+            LogChunk.objects.filter(attempt__job=job, attempt__number=1)
+            .order_by("offset")
+            .values_list("text", flat=True)
+        )
+        assert text == f"hello {job.pk}\nbye {job.pk}\n", text
     for job in fenced:
         job.refresh_from_db()
         first = Attempt.objects.get(job=job, number=1)

@@ -12,11 +12,11 @@ import pytest
 
 from gpunodes.agent import tasks as agent_tasks
 from gpunodes.agent.outbox import Outbox
-from gpunodes.agent.runner import FINISHED, STARTED, Runner
+from gpunodes.agent.runner import FINISHED, LOG, REPORT_FIELDS, STARTED, Runner
 from gpunodes.services import fake_inventory
-from gpunodes.tasks import OUTBOX_ACK, node_heartbeat
+from gpunodes.tasks import OUTBOX_ACK, node_heartbeat, uncovered
 from jobs.choices import AttemptState, JobState, Outcome
-from jobs.models import Attempt, Job
+from jobs.models import Attempt, Job, LogChunk
 from jobs.services import job_submit
 from tests.gpunodes.test_runner import Reports, wait_finished
 
@@ -96,9 +96,9 @@ def test_the_runner_keeps_started_and_finished_reports_until_acknowledged(tmp_pa
         assert [e.name for e in pending] == [STARTED, FINISHED]
         end = pending[1].kwargs
         assert (end["attempt_id"], end["number"], end["how"], end["exit_code"]) == (5, 2, "exited", 0)
-        assert end["log_bytes"] == 3  # the final log offset ("hi\n")
-        # The quick path sent the same report, without the outbox's own field.
-        assert reports.of(FINISHED)[-1] == {k: v for k, v in end.items() if k != "log_bytes"}
+        assert (end["job_id"], end["log_ranges"]) == (9, [[0, 3]])  # the log shipped: "hi\n"
+        # The quick path sent the same report, without the outbox's own fields.
+        assert reports.of(FINISHED)[-1] == {k: v for k, v in end.items() if k in REPORT_FIELDS}
 
         monkeypatch.setattr(agent_tasks, "RUNNER", runner)
         assert agent_tasks.outbox_ack(node="n2", epoch=runner.outbox.epoch, ids=[pending[0].id]) == 0
@@ -146,9 +146,10 @@ def beat(outbox, *, node="node-1", boot="boot-1", running=(), epoch="e1"):
     )
 
 
-def finished(entry_id, attempt, how="exited", exit_code=0):
+def finished(entry_id, attempt, how="exited", exit_code=0, log_ranges=(), age_s=1.0):
     kwargs = {"attempt_id": attempt.pk, "number": attempt.number, "node": "node-1", "how": how}
-    return {"id": entry_id, "name": FINISHED, "kwargs": {**kwargs, "exit_code": exit_code, "log_bytes": 0}}
+    kwargs.update(exit_code=exit_code, job_id=attempt.job_id, log_ranges=[list(r) for r in log_ranges])
+    return {"id": entry_id, "name": FINISHED, "kwargs": kwargs, "age_s": age_s}
 
 
 def acks(sent) -> list[dict]:
@@ -162,13 +163,13 @@ def test_a_heartbeat_applies_the_outbox_and_acknowledges_it(
     with django_capture_on_commit_callbacks(execute=True):
         beat([started, finished(4, running)])
     assert Job.objects.get(pk=running.job_id).state == JobState.SUCCEEDED
-    assert acks(sent) == [{"node": "node-1", "epoch": "e1", "ids": [3, 4]}]
+    assert acks(sent) == [{"node": "node-1", "epoch": "e1", "ids": [3, 4], "relog": []}]
     # The ack was lost: the same entries come again, change nothing, and are acknowledged again.
     sent.clear()
     with django_capture_on_commit_callbacks(execute=True):
         beat([started, finished(4, running)])
     assert Attempt.objects.filter(job_id=running.job_id).count() == 1
-    assert acks(sent) == [{"node": "node-1", "epoch": "e1", "ids": [3, 4]}]
+    assert acks(sent) == [{"node": "node-1", "epoch": "e1", "ids": [3, 4], "relog": []}]
 
 
 def test_a_success_carried_by_a_restarted_agent_is_not_lost_nor_run_again(
@@ -209,7 +210,7 @@ def test_a_report_about_another_nodes_attempt_is_refused_but_acknowledged(
         beat([finished(7, running)], node="node-2")  # node-2 speaks of node-1's attempt
     running.refresh_from_db()
     assert running.state == AttemptState.RUNNING
-    assert acks(sent) == [{"node": "node-2", "epoch": "e1", "ids": [7]}]  # moot: not sent again
+    assert acks(sent) == [{"node": "node-2", "epoch": "e1", "ids": [7], "relog": []}]  # moot: not sent again
 
 
 def test_malformed_entries_are_skipped_and_acknowledged(running, sent, django_capture_on_commit_callbacks):
@@ -222,4 +223,73 @@ def test_malformed_entries_are_skipped_and_acknowledged(running, sent, django_ca
         beat(bad)
     running.refresh_from_db()
     assert running.state == AttemptState.RUNNING
-    assert acks(sent) == [{"node": "node-1", "epoch": "e1", "ids": [1, 2]}]
+    assert acks(sent) == [{"node": "node-1", "epoch": "e1", "ids": [1, 2], "relog": []}]
+
+
+# --- the log: what was shipped is asked for again until it is all held ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ranges", "chunks", "gaps"),
+    [
+        ([(0, 10)], [(0, 4), (4, 6)], []),
+        ([(0, 10)], [(0, 4)], [(4, 10)]),
+        ([(0, 10)], [(0, 2), (6, 4)], [(2, 6)]),  # a gap ends where the next chunk begins
+        ([(0, 10)], [], [(0, 10)]),
+        ([(0, 4), (8, 12)], [(0, 4), (4, 50), (8, 4)], []),  # the cap's note between is not asked for
+        ([(0, 4), (8, 12)], [(0, 4), (4, 50)], [(8, 12)]),
+    ],
+)
+def test_uncovered_names_the_gaps(ranges, chunks, gaps):
+    assert uncovered(ranges, chunks) == gaps
+
+
+def test_the_shipped_ranges_follow_the_log_cap(tmp_path):
+    runner = make_runner(tmp_path, Reports())
+    runner.log_cap_bytes = 100
+    assert runner._shipped_ranges(0) == []
+    assert runner._shipped_ranges(50) == [[0, 50]]
+    assert runner._shipped_ranges(90) == [[0, 90]]  # the tail begins where the head ends: nothing dropped
+    assert runner._shipped_ranges(500) == [[0, 50], [450, 500]]
+
+
+def test_an_end_whose_log_lacks_bytes_is_held_back_and_the_gap_asked_for(
+    running, sent, django_capture_on_commit_callbacks
+):
+    LogChunk.objects.create(attempt=running, node="node-1", offset=0, text="héllo ")  # 7 bytes
+    report = finished(5, running, log_ranges=[(0, 12)], age_s=60)
+    beat([report])
+    assert Job.objects.get(pk=running.job_id).state == JobState.SUCCEEDED  # the end counts at once
+    assert acks(sent) == [{"node": "node-1", "epoch": "e1", "ids": [], "relog": [[5, 7, 12]]}]
+    sent.clear()
+    LogChunk.objects.create(attempt=running, node="node-1", offset=7, text="world")  # sent again
+    beat([report])
+    assert acks(sent) == [{"node": "node-1", "epoch": "e1", "ids": [5], "relog": []}]
+
+
+def test_a_fresh_end_waits_for_its_last_chunks_before_its_log_is_checked(running, sent):
+    beat([finished(5, running, log_ranges=[(0, 12)], age_s=0.5)])
+    assert acks(sent) == []  # neither acknowledged nor asked for: the next heartbeat looks again
+
+
+def test_the_agent_sends_the_gaps_again_from_its_log_file(tmp_path, monkeypatch):
+    reports = Reports()
+    runner = make_runner(tmp_path, reports)
+    try:
+        runner.start(
+            attempt_id=5, number=1, job_id=9, command=[sys.executable, "-c", "print('0123456789')"], grace_s=1
+        )
+        wait_finished(runner, reports)
+        [end] = [e for e in runner.outbox.pending() if e.name == FINISHED]
+        monkeypatch.setattr(agent_tasks, "RUNNER", runner)
+        reports.clear()
+        epoch = runner.outbox.epoch
+        assert agent_tasks.outbox_ack(node="n1", epoch=epoch, ids=[], relog=[[end.id, 3, 7]]) == 0
+        assert [(k["offset"], k["text"]) for k in reports.of(LOG)] == [(3, "3456")]
+        assert runner.outbox.get(end.id) is not None  # still there: the control side will say
+        for path in (tmp_path / "logs").rglob("*.log"):
+            path.unlink()  # rotated away: nothing more can be sent, the end is dropped
+        agent_tasks.outbox_ack(node="n1", epoch=epoch, ids=[], relog=[[end.id, 3, 7]])
+        assert runner.outbox.get(end.id) is None
+    finally:
+        runner.shutdown(grace_s=0)
