@@ -33,11 +33,37 @@ def available() -> tuple[bool, str]:
         return False, "network-namespace tests need `ip` (iproute2) and `nsenter` (util-linux)"
     if os.geteuid() != 0:
         return False, "network-namespace tests need root (`ip netns add` is not permitted to this user)"
-    probe = f"{PREFIX}probe{os.getpid()}"
+    probe = f"{PREFIX}probe{os.getpid() % 100000}"
     made = _ip("netns", "add", probe, check=False)
     if made.returncode != 0:
         return False, f"`ip netns add` is not permitted here: {made.stderr.strip()}"
-    _ip("netns", "del", probe, check=False)
+    try:  # a veth pair into it, and entering it, may still be refused (a container without the caps)
+        veth = _ip(
+            "link",
+            "add",
+            f"{probe}h",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            f"{probe}n",
+            "netns",
+            probe,
+            check=False,
+        )
+        if veth.returncode != 0:
+            return False, f"a veth pair cannot be made here: {veth.stderr.strip()}"
+        enter = subprocess.run(
+            ["nsenter", f"--net={NETNS_DIR / probe}", "--", "true"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+        if enter.returncode != 0:
+            return False, f"`nsenter --net` is not permitted here: {enter.stderr.strip()}"
+    finally:
+        _ip("link", "del", f"{probe}h", check=False)
+        _ip("netns", "del", probe, check=False)
     return True, ""
 
 
