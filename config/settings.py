@@ -185,7 +185,18 @@ if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     # kombu's Redis transport with a fix: a Redis restart is a reconnect, never a dead worker.
     CELERY_BROKER_TRANSPORT = "config.redisbroker:Transport"
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": 3600,
+        # A broker that vanished without closing the TCP connection (a partition, a NAT timeout) must
+        # not hold a publish forever (a heartbeat stuck on a dead socket lapses the agent's lease),
+        # and a consumer on a half-open connection must notice: kombu drops a BRPOP whose reply is
+        # overdue by health_check_interval, so a healed partition rejoins in about 1 + 2 x 5 s (the
+        # default 25 s took 47-48 s in the network-namespace fault test).
+        "socket_timeout": 10,
+        "socket_connect_timeout": 5,
+        "socket_keepalive": True,
+        "health_check_interval": 5,
+    }
 else:
     for sub in ("queue", "processed", "control"):
         (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
