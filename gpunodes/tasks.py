@@ -17,6 +17,7 @@ FINISHED = "jobs.tasks.attempt_finished"
 OUTBOX_ACK = "gpunodes.agent.tasks.outbox_ack"
 MAX_REPORTS = 1000  # one heartbeat's worth (the agent sends at most outbox.BATCH)
 MAX_GAPS = 100  # log gaps asked for in one ack (the rest with the next heartbeats)
+_WARNED_NEWER: set[tuple[str, frozenset]] = set()  # (node, unknown heartbeat fields) already logged
 
 
 @shared_task(name="gpunodes.tasks.node_heartbeat", ignore_result=True)
@@ -34,7 +35,11 @@ def node_heartbeat(
     join_token: str = "",
     outbox: list[dict] | None = None,
     outbox_epoch: str = "",
+    **newer: object,
 ) -> dict:
+    """`newer`: fields of an agent newer than this control side (a rolling upgrade reaches the hosts
+    first): ignored with a warning, once per node and set of fields, instead of failing every heartbeat
+    of that host (a TypeError here would have it declared LOST and its jobs re-queued)."""
     from django.core.exceptions import ValidationError
 
     from gpunodes.models import node_name_validator
@@ -46,6 +51,14 @@ def node_heartbeat(
     except (ValidationError, TypeError):
         log.warning("refusing a heartbeat with a malformed node name or GPU type: %r, %r", name, gpu_type)
         return {"refused": True}
+    if newer and (name, frozenset(newer)) not in _WARNED_NEWER:
+        _WARNED_NEWER.add((name, frozenset(newer)))
+        log.warning(
+            "the heartbeat of %s carries fields this control side does not know (%s): its agent is newer;"
+            " they are ignored until the control side is upgraded",
+            name,
+            ", ".join(sorted(newer)),
+        )
     # `finished`: what agents without an outbox repeat (their recent finished reports, no ids).
     reports = list(outbox or []) + [{"name": FINISHED, "kwargs": r} for r in finished or ()]
     recorded, relog = [], []

@@ -93,3 +93,15 @@ def test_the_host_is_told_to_stop_an_attempt_that_is_over(
         result = beat("node-1", running=[(running_attempt.pk, 1)], boot="boot-1")
     assert result["stop"] == [(running_attempt.pk, 1)]
     assert any(n == "gpunodes.agent.tasks.preempt_attempt" for n, _ in sent)
+
+
+def test_a_heartbeat_from_a_newer_agent_is_applied_and_its_unknown_fields_logged_once(db, caplog):
+    """A rolling upgrade reaches the hosts first: a field this control side does not know must not fail
+    the heartbeat (the node would go LOST and its jobs be re-queued)."""
+    inv = [g.__dict__ for g in fake_inventory("node-9", 4)]
+    with caplog.at_level("WARNING", logger="gpunodes.tasks"):
+        for _ in range(3):
+            node_heartbeat("node-9", "a10g", inv, [], "boot-1", gpu_temperatures=[40, 41], future={"x": 1})
+    assert Node.objects.get(name="node-9").state == NodeState.READY
+    warned = [r.getMessage() for r in caplog.records if "does not know" in r.getMessage()]
+    assert len(warned) == 1 and "future, gpu_temperatures" in warned[0]
