@@ -26,11 +26,11 @@ from tests.faults.ledger import Ledger
 pytestmark = [needs_stack, pytest.mark.django_db(transaction=True)]
 
 
-def test_the_jobs_of_an_agent_killed_with_9_stop_within_seconds_and_run_again_only_once_lost(
-    cluster, django_user_model
-):
-    share, [(user, _)] = make_team(django_user_model, "f", capacity=4)
-    cluster.start({"f1": 2, "f2": 2})
+def four_ledger_jobs(cluster, django_user_model, team: str) -> tuple[Ledger, list[int], list[int]]:
+    """Nodes `<team>1` and `<team>2` of 2 GPUs each, 4 one-GPU jobs that write the ledger, all running:
+    (the ledger, the jobs on `<team>1`, the process groups of its agent's attempts)."""
+    share, [(user, _)] = make_team(django_user_model, team, capacity=4)
+    cluster.start({f"{team}1": 2, f"{team}2": 2})
     ledger = Ledger(cluster.jobs / "ledger")
     for _ in range(4):
         job_submit(
@@ -42,8 +42,17 @@ def test_the_jobs_of_an_agent_killed_with_9_stop_within_seconds_and_run_again_on
         every=0.5,
         what="4 running",
     )
-    on_f1 = sorted(Attempt.objects.filter(nodes__name="f1", number=1).values_list("job_id", flat=True))
-    groups = [e["pgid"] for e in json.loads(cluster.agent_state_file("f1").read_text())]
+    on_first = sorted(
+        Attempt.objects.filter(nodes__name=f"{team}1", number=1).values_list("job_id", flat=True)
+    )
+    groups = [e["pgid"] for e in json.loads(cluster.agent_state_file(f"{team}1").read_text())]
+    return ledger, on_first, groups
+
+
+def test_the_jobs_of_an_agent_killed_with_9_stop_within_seconds_and_run_again_only_once_lost(
+    cluster, django_user_model
+):
+    ledger, on_f1, groups = four_ledger_jobs(cluster, django_user_model, "f")
     assert len(on_f1) == 2 and len(groups) == 2
 
     cluster.kill("agent-f1")  # kill -9, and it stays dead
@@ -77,21 +86,7 @@ def test_a_frozen_agent_has_its_jobs_fenced_before_its_node_is_lost_and_rejoins_
     node, and after SIGCONT the agent renews its lease and its node is READY again."""
     lost_s, fence_s, grace_s = 10, 4, 1
     cluster.env.update(NODE_LOST_AFTER_S=str(lost_s), FENCE_AFTER_S=str(fence_s), FENCE_GRACE_S=str(grace_s))
-    share, [(user, _)] = make_team(django_user_model, "g", capacity=4)
-    cluster.start({"g1": 2, "g2": 2})
-    ledger = Ledger(cluster.jobs / "ledger")
-    for _ in range(4):
-        job_submit(
-            user=user, share=share, gpus=1, gpu_type="a10g", command=[ledger.command()], use_shell=True
-        )
-    wait_for(
-        lambda: Attempt.objects.filter(state=AttemptState.RUNNING).count() == 4,
-        60,
-        every=0.5,
-        what="4 running",
-    )
-    on_g1 = sorted(Attempt.objects.filter(nodes__name="g1", number=1).values_list("job_id", flat=True))
-    groups = [e["pgid"] for e in json.loads(cluster.agent_state_file("g1").read_text())]
+    ledger, on_g1, groups = four_ledger_jobs(cluster, django_user_model, "g")
     agent = cluster.procs["agent-g1"]
 
     os.kill(agent.pid, signal.SIGSTOP)

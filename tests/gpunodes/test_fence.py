@@ -55,14 +55,6 @@ FAKE_AGENT = textwrap.dedent(
 )
 
 
-def alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def sleeps_of(marker: Path) -> list[int]:
     """The `sleep 300` processes of this test's jobs (the setsid one escapes the process group)."""
     found = []
@@ -114,7 +106,7 @@ def agent(tmp_path):
 def test_the_jobs_of_an_agent_killed_with_9_stop_within_a_second(agent, tmp_path):
     proc, pgid, marker = agent()
     wait_for(lambda: len(sleeps_of(marker)) == 2, 10, what="the job and its setsid child")
-    assert alive(pgid)
+    assert group_running(pgid)
     proc.kill()  # kill -9: the watchdog reads EOF on its pipe
     t0 = time.monotonic()
     wait_for(lambda: not group_running(pgid), 5, every=0.02, what="the job's process group killed")

@@ -12,13 +12,13 @@ import pytest
 
 from gpunodes.agent import tasks as agent_tasks
 from gpunodes.agent.outbox import Outbox
-from gpunodes.agent.runner import FINISHED, LOG, REPORT_FIELDS, STARTED, Runner
+from gpunodes.agent.runner import FINISHED, LOG, REPORT_FIELDS, STARTED
 from gpunodes.services import fake_inventory
 from gpunodes.tasks import OUTBOX_ACK, node_heartbeat, uncovered
 from jobs.choices import AttemptState, JobState, Outcome
 from jobs.models import Attempt, Job, LogChunk
 from jobs.services import job_submit
-from tests.gpunodes.test_runner import Reports, wait_finished
+from tests.gpunodes.test_runner import Reports, make_runner, wait_finished
 
 # --- the outbox itself -------------------------------------------------------------------------------
 
@@ -73,20 +73,9 @@ def test_a_crash_between_writing_and_acknowledging_keeps_the_entry(tmp_path):
 # --- the runner writes its reports there ---------------------------------------------------------------
 
 
-def make_runner(tmp_path, reports) -> Runner:
-    return Runner(
-        node="n1",
-        log_dir=tmp_path / "logs",
-        checkpoint_root=tmp_path / "ckpt",
-        report=reports,
-        state_path=tmp_path / "state" / "running.json",
-        cgroups=None,
-    )
-
-
 def test_the_runner_keeps_started_and_finished_reports_until_acknowledged(tmp_path, monkeypatch):
     reports = Reports()
-    runner = make_runner(tmp_path, reports)
+    runner = make_runner(tmp_path, reports, cgroups=None)
     try:
         runner.start(
             attempt_id=5, number=2, job_id=9, command=[sys.executable, "-c", "print('hi')"], grace_s=1
@@ -106,7 +95,7 @@ def test_the_runner_keeps_started_and_finished_reports_until_acknowledged(tmp_pa
         assert agent_tasks.outbox_ack(node="n1", epoch=runner.outbox.epoch, ids=[pending[0].id]) == 1
     finally:
         runner.shutdown(grace_s=0)
-    restarted = make_runner(tmp_path, Reports())  # a new agent on the same state directory
+    restarted = make_runner(tmp_path, Reports(), cgroups=None)  # a new agent on the same state directory
     assert [e.id for e in restarted.outbox.pending()] == [pending[1].id]
 
 
@@ -245,7 +234,7 @@ def test_uncovered_names_the_gaps(ranges, chunks, gaps):
 
 
 def test_the_shipped_ranges_follow_the_log_cap(tmp_path):
-    runner = make_runner(tmp_path, Reports())
+    runner = make_runner(tmp_path, Reports(), cgroups=None)
     runner.log_cap_bytes = 100
     assert runner._shipped_ranges(0) == []
     assert runner._shipped_ranges(50) == [[0, 50]]
@@ -274,7 +263,7 @@ def test_a_fresh_end_waits_for_its_last_chunks_before_its_log_is_checked(running
 
 def test_the_agent_sends_the_gaps_again_from_its_log_file(tmp_path, monkeypatch):
     reports = Reports()
-    runner = make_runner(tmp_path, reports)
+    runner = make_runner(tmp_path, reports, cgroups=None)
     try:
         runner.start(
             attempt_id=5, number=1, job_id=9, command=[sys.executable, "-c", "print('0123456789')"], grace_s=1

@@ -26,15 +26,21 @@ def reports():
     return Reports()
 
 
-@pytest.fixture
-def runner(tmp_path, reports):
-    r = Runner(
+def make_runner(tmp_path, reports, **kw) -> Runner:
+    """A runner of node n1 with its logs, checkpoints and state under tmp_path."""
+    return Runner(
         node="n1",
         log_dir=tmp_path / "logs",
         checkpoint_root=tmp_path / "ckpt",
         report=reports,
         state_path=tmp_path / "state" / "running.json",
+        **kw,
     )
+
+
+@pytest.fixture
+def runner(tmp_path, reports):
+    r = make_runner(tmp_path, reports)
     yield r
     r.shutdown(grace_s=1)
 

@@ -13,19 +13,8 @@ import pytest
 from gpunodes.agent import tasks as agent_tasks
 from gpunodes.agent.identity import UidPool
 from gpunodes.agent.main import UNSAFE_FLAG, job_uids
-from gpunodes.agent.runner import FINISHED, LOG, Runner, _process_start
-from tests.gpunodes.test_runner import Reports, wait_finished
-
-
-def make_runner(tmp_path, reports, **kw):
-    return Runner(
-        node="n1",
-        log_dir=tmp_path / "logs",
-        checkpoint_root=tmp_path / "ckpt",
-        report=reports,
-        state_path=tmp_path / "state" / "running.json",
-        **kw,
-    )
+from gpunodes.agent.runner import FINISHED, LOG, _process_start
+from tests.gpunodes.test_runner import Reports, make_runner, wait_finished
 
 
 def start(runner, command, **kw):
