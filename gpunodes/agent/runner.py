@@ -499,12 +499,12 @@ class Runner:
                 },
             )
 
-    def _send_log(self, proc: Proc, offset: int, data: bytes) -> None:
+    def _send_log(self, attempt_id: int, number: int, offset: int, data: bytes) -> None:
         self.report(
             LOG,
             {
-                "attempt_id": proc.attempt_id,
-                "number": proc.number,
+                "attempt_id": attempt_id,
+                "number": number,
                 "node": self.node,
                 "offset": offset,
                 "text": data.decode("utf-8", "replace"),
@@ -525,7 +525,7 @@ class Runner:
                 data = f.read(min(LOG_CHUNK_BYTES, head - proc.log_sent))
             if not data:
                 break
-            self._send_log(proc, proc.log_sent, data)
+            self._send_log(proc.attempt_id, proc.number, proc.log_sent, data)
             proc.log_sent += len(data)
             if not final:
                 return
@@ -535,12 +535,12 @@ class Runner:
         if tail_from > proc.log_sent:
             dropped = tail_from - proc.log_sent
             note = f"\n[gpuquota: {dropped} bytes of output dropped here (log cap {self.log_cap_bytes})]\n"
-            self._send_log(proc, proc.log_sent, note.encode())
+            self._send_log(proc.attempt_id, proc.number, proc.log_sent, note.encode())
         offset = tail_from
         with open(proc.log_path, "rb") as f:
             f.seek(offset)
             while data := f.read(LOG_CHUNK_BYTES):
-                self._send_log(proc, offset, data)
+                self._send_log(proc.attempt_id, proc.number, offset, data)
                 offset += len(data)
         proc.log_sent = offset
 
@@ -577,16 +577,7 @@ class Runner:
                 f.seek(start)
                 offset = start
                 while offset < end and (data := f.read(min(LOG_CHUNK_BYTES, end - offset))):
-                    self.report(
-                        LOG,
-                        {
-                            "attempt_id": k["attempt_id"],
-                            "number": k["number"],
-                            "node": self.node,
-                            "offset": offset,
-                            "text": data.decode("utf-8", "replace"),
-                        },
-                    )
+                    self._send_log(k["attempt_id"], k["number"], offset, data)
                     offset += len(data)
                     sent += 1
                 if offset < end:  # the file is shorter than what was shipped from it: give up
@@ -610,10 +601,6 @@ class Runner:
 
     def _report_finished(self, kwargs: dict) -> None:
         self._report_durably(FINISHED, kwargs)
-
-    def recent_finished(self) -> list[dict]:
-        """The finished reports the control side has not acknowledged yet, oldest first."""
-        return [e.kwargs for e in self.outbox.pending() if e.name == FINISHED]
 
     def prune_logs(self, max_age_s: float) -> int:
         """Host log rotation: remove the log files of attempts that are over and older than max_age_s

@@ -278,10 +278,10 @@ def test_a_preempt_for_an_old_number_does_not_touch_the_running_attempt(runner):
     assert runner.running() == [(1, 2)]
 
 
-def test_the_runner_repeats_recent_finished_reports_for_the_heartbeat(runner):
+def test_the_runner_keeps_its_finished_report_for_the_heartbeat(runner):
     start(runner, command=["true"])
     wait_finished(runner, runner.reports)
-    [report] = runner.recent_finished()
+    [report] = [e.kwargs for e in runner.outbox.pending() if e.name == FINISHED]
     assert (report["attempt_id"], report["number"], report["how"]) == (1, 1, "exited")
 
 
