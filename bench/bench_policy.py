@@ -1,4 +1,4 @@
-"""Benchmark 1: quotas.policy.plan() alone, no database.
+"""Benchmark 1: quotas.engine.policy.plan() alone, no database.
 
 A full cluster (1,000 nodes x 8 GPUs, every GPU held by a running attempt, borrowers over their
 capacity, lenders under theirs), 50 shares of mixed strategies, and 1k / 10k / 100k queued jobs of a
@@ -21,7 +21,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from quotas.policy import (  # noqa: E402
+from quotas.engine.policy import (  # noqa: E402
     LEND,
     LEND_AND_BORROW,
     RESERVE,

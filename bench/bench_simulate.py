@@ -1,6 +1,6 @@
-"""Benchmark: quotas.simulate.simulate() on generated traces, with the real policy, no database.
+"""Benchmark: quotas.engine.simulate.simulate() on generated traces, with the real policy, no database.
 
-Two sizes from `quotas.tracegen` (6 teams, seed 1): 20,000 jobs on 512 GPUs (target: under 60 s on one
+Two sizes from `quotas.engine.tracegen` (6 teams, seed 1): 20,000 jobs on 512 GPUs (target: under 60 s on one
 core) and 100,000 jobs on 2,048 GPUs (target: under 2 minutes). Prints wall time, planner passes, the
 share of time inside `policy.plan()`, attempts, pre-emptions and utilisation per size.
 
@@ -17,9 +17,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from quotas import policy, tracegen  # noqa: E402
-from quotas import scenario as sc  # noqa: E402
-from quotas.simulate import simulate  # noqa: E402
+from quotas.engine import policy, tracegen  # noqa: E402
+from quotas.engine import scenario as sc  # noqa: E402
+from quotas.engine.simulate import simulate  # noqa: E402
 
 SIZES = ((20_000, 512, 60.0), (100_000, 2_048, 120.0))  # (jobs, GPUs, target seconds)
 

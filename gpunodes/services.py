@@ -356,7 +356,7 @@ def hatched_gpus(snapshot, borrowed: frozenset) -> dict[int, int]:
     borrowed count (usage - own, as its card says), the latest-started borrowed attempts first. An
     attempt only partly over its share's capacity is borrowed as a whole (it is reclaimable), but only
     its GPUs over the capacity are hatched, so hatched GPUs add up to the cards' borrowed numbers."""
-    from quotas import policy
+    from quotas.engine import policy
 
     left = {
         (share, gpu_type): u.borrowed
@@ -382,7 +382,7 @@ def node_grid(*, now=None, names: list[str] | None = None) -> list[dict]:
     from django.conf import settings
 
     from jobs.models import GpuClaim
-    from quotas import policy
+    from quotas.engine import policy
     from quotas.models import Share
     from quotas.scheduler import load_snapshot
     from quotas.usage import share_colours

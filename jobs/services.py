@@ -165,7 +165,7 @@ def check_fits(
 def share_never_fits(share: Share, gpu_type: str, gpus: int) -> str | None:
     """Why the share can never hold this job as it is configured (policy.never_fits), or None. An
     unlimited borrower needs no look at its capacity: no query on the common path."""
-    from quotas import policy
+    from quotas.engine import policy
 
     if share.strategy == Strategy.LEND_AND_BORROW and share.borrow_limit == policy.UNLIMITED:
         return None

@@ -58,7 +58,7 @@ def _label_borrowed_now(attempts) -> None:
     classification as the team page, the nodes grid and reclaim); an ended one keeps how it was
     admitted (borrowed_now None)."""
     from jobs.choices import ATTEMPT_ACTIVE_STATES
-    from quotas import policy
+    from quotas.engine import policy
     from quotas.scheduler import load_snapshot
 
     live = [a for a in attempts if a.state in ATTEMPT_ACTIVE_STATES]

@@ -2,7 +2,7 @@
 
 from django.db import models
 
-from quotas import policy
+from quotas.engine import policy
 
 
 class Strategy(models.TextChoices):

@@ -42,7 +42,7 @@ from prometheus_client.utils import floatToGoString
 from gpunodes.choices import HOLDING_STATES, NodeState
 from gpunodes.models import Node
 from jobs.models import Attempt
-from quotas import policy
+from quotas.engine import policy
 from quotas.hearing import hearing
 from quotas.models import SchedulerPass
 from quotas.scheduler import load_snapshot

@@ -25,7 +25,8 @@ from jobs import lifecycle
 from jobs.choices import ATTEMPT_ACTIVE_STATES, AttemptState, EventKind, JobState, Outcome
 from jobs.models import Attempt, GpuClaim, Job, JobEvent
 from jobs.services import transition
-from quotas import hearing, policy
+from quotas import hearing
+from quotas.engine import policy
 from quotas.models import SchedulerPass, Share, ShareCapacity
 from quotas.triggers import clear_pending
 

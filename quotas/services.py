@@ -2,7 +2,7 @@
 
 Writes validate through the models' own validators and ask for a scheduling pass after commit. The
 queue's forecast is computed here for the control worker (`forecast_refresh`: one snapshot, the policy
-replayed by quotas.forecast, stored as QueueForecast) and read back by pages, API and CLI
+replayed by quotas.engine.forecast, stored as QueueForecast) and read back by pages, API and CLI
 (`forecast_fields`); nothing here re-decides what the policy decides.
 """
 
@@ -22,8 +22,8 @@ from django.db.models import ProtectedError
 from django.utils import timezone
 
 from quotas import audit
-from quotas import forecast as fc
 from quotas.choices import Role, ShareState, Strategy
+from quotas.engine import forecast as fc
 from quotas.models import GPU_TYPE_RE, Membership, Share, ShareCapacity, Team
 
 log = logging.getLogger(__name__)
@@ -260,7 +260,7 @@ def share_usage(snapshot, queued_totals=None) -> dict[str, dict[str, dict[str, f
     snapshot. own/borrowed/lent are the policy's accounting (lent is fractional: SEMANTICS "Lent").
     `queued_totals` ({(share, type): (jobs, gpus)}, see scheduler.Loaded) stands in for a snapshot
     loaded without its queue."""
-    from quotas import policy
+    from quotas.engine import policy
 
     out: dict[str, dict[str, dict[str, float | int]]] = {}
 

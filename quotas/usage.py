@@ -21,7 +21,7 @@ from django.db import transaction
 from django.db.models import Count, F, Sum
 from django.utils import timezone
 
-from quotas import policy
+from quotas.engine import policy
 from quotas.models import Share, UsageSample
 
 FRESH_RESOLUTION_S = 60

@@ -1,8 +1,8 @@
 """What-if preview of a share change: the last 7 days of real submissions, replayed through the simulator
-(quotas.simulate with the production policy: one engine, no copy of a rule), with the shares as they are
+(quotas.engine.simulate with the production policy: one engine, no copy of a rule), with the shares as they are
 and with a proposed change, side by side; and the sweep: one setting of one share over several values.
 
-The scenario is built in memory from the database (quotas.scenario dataclasses; nothing is written):
+The scenario is built in memory from the database (quotas.engine.scenario dataclasses; nothing is written):
 the registered nodes, every share as configured, and the jobs submitted in the window (up to MAX_JOBS,
 the most recent), each needing the run time its latest attempt actually took (a job that never ran
 needs its max_runtime_s, or an hour). A cut at the end of the window plus a day.
@@ -33,8 +33,8 @@ from typing import Any
 from django.db.models import Count
 from django.utils import timezone
 
-from quotas import policy, simulate
-from quotas import scenario as sc
+from quotas.engine import policy, simulate
+from quotas.engine import scenario as sc
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from gpunodes.models import Gpu
 from jobs.choices import AttemptState, EventKind, JobState
 from jobs.models import Attempt, GpuClaim, Job
 from jobs.services import job_submit, record_event
-from quotas import policy
+from quotas.engine import policy
 
 
 @pytest.fixture(autouse=True)

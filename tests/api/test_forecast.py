@@ -1,7 +1,16 @@
-"""quotas.forecast replays the planner's own decisions forward in virtual time (pure, no database)."""
+"""quotas.engine.forecast replays the planner's own decisions forward in virtual time (pure, no database)."""
 
-from quotas import forecast, policy
-from quotas.policy import Admission, NodeView, Plan, Preemption, QueuedView, RunningView, ShareView, Snapshot
+from quotas.engine import forecast, policy
+from quotas.engine.policy import (
+    Admission,
+    NodeView,
+    Plan,
+    Preemption,
+    QueuedView,
+    RunningView,
+    ShareView,
+    Snapshot,
+)
 
 NODE = NodeView("n1", "a10g", 4)
 SHARE = ShareView("s", {"a10g": 4})

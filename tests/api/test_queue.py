@@ -92,7 +92,7 @@ def test_when_the_planner_fails_the_queue_is_in_plain_order(as_bob, bob, vision_
     def broken(snapshot):
         raise RuntimeError("a planner bug")
 
-    monkeypatch.setattr("quotas.policy.plan", broken)
+    monkeypatch.setattr("quotas.engine.policy.plan", broken)
     low = submit(bob, vision_share, gpus=1)
     high = submit(bob, vision_share, gpus=1, priority=5)
     data = as_bob.get(URL, {"share": "vision-main"}).json()

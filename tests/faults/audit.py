@@ -45,7 +45,7 @@ def check_invariants(*, cover: bool = False) -> dict:
 def _check(cover: bool) -> tuple[list[str], dict]:
     from gpunodes.models import Gpu
     from jobs.models import Attempt, GpuClaim, Job, JobEvent
-    from quotas import policy
+    from quotas.engine import policy
     from quotas.scheduler import load_snapshot
 
     problems: list[str] = []

@@ -13,7 +13,8 @@ from gpunodes.models import Node
 from jobs.choices import JobState
 from jobs.models import Attempt, GpuClaim, Job, JobEvent
 from jobs.services import job_submit
-from quotas import policy, scheduler
+from quotas import scheduler
+from quotas.engine import policy
 from quotas.models import SchedulerPass
 from tests.conftest import heard_all_along
 from tests.faults.conftest import needs_postgres

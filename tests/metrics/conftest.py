@@ -11,7 +11,7 @@ from gpunodes.models import Gpu, Node
 from jobs.choices import AttemptState, JobState, Outcome
 from jobs.models import Attempt, GpuClaim, Job
 from jobs.services import job_submit
-from quotas import policy
+from quotas.engine import policy
 from quotas.models import SchedulerPass
 
 NOW = timezone.now().replace(microsecond=0)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from quotas.policy import (
+from quotas.engine.policy import (
     ADMITTED_BORROWED,
     ADMITTED_OWN,
     LEND,

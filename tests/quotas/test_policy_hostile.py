@@ -10,7 +10,7 @@ import time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quotas.policy import (
+from quotas.engine.policy import (
     LEND,
     LEND_AND_BORROW,
     PRIORITY,
@@ -201,7 +201,7 @@ def test_thousands_of_shares_in_reasonable_time():
 def test_the_forecast_replays_with_real_and_simulated_attempts_together():
     # Replayed attempts get ids of the same type as real ones (the planner breaks ties by id), so a
     # forecast over running work gives ETAs instead of falling back to the plain queue order.
-    from quotas.forecast import forecast
+    from quotas.engine.forecast import forecast
 
     node = NodeView("n1", "a10g", 2)
     share = ShareView("s", {"a10g": 2})

@@ -5,8 +5,8 @@ twice, an index outside the node, a node gone from the snapshot) count as before
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quotas import policy
-from quotas.policy import NodeView, QueuedView, RunningView, ShareView, Snapshot, plan
+from quotas.engine import policy
+from quotas.engine.policy import NodeView, QueuedView, RunningView, ShareView, Snapshot, plan
 
 from .test_policy_properties import SETTINGS, snapshots
 

@@ -15,7 +15,7 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quotas.policy import (
+from quotas.engine.policy import (
     LEND,
     LEND_AND_BORROW,
     PRIORITY,
@@ -207,7 +207,7 @@ def test_plan_never_raises_and_accounts_for_every_queued_job(snapshot):
 def test_reasons_read_after_the_pass_are_the_ones_written_during_it(snapshot):
     """Plan.waiting is lazy (policy.LAZY_REASONS): the reasons it computes when read must be the
     sentences the pass would have written at once, job for job."""
-    from quotas import policy
+    from quotas.engine import policy
 
     lazy = plan(snapshot)
     policy.LAZY_REASONS = False

@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from quotas.policy import LEND_AND_BORROW, RESERVE, plan
+from quotas.engine.policy import LEND_AND_BORROW, RESERVE, plan
 from tests.quotas.test_policy import job, node, on, running, share, snap
 
 

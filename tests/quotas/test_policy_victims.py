@@ -13,7 +13,7 @@ import random
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
-from quotas.policy import (
+from quotas.engine.policy import (
     ADMITTED_OWN,
     LEND,
     LEND_AND_BORROW,

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from quotas import report
-from quotas import scenario as sc
-from quotas.simulate import Timeline, main, simulate
+from quotas.engine import report
+from quotas.engine import scenario as sc
+from quotas.engine.simulate import Timeline, main, simulate
 
 FIXTURES = Path(__file__).resolve().parent / "scenarios"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from quotas import scenario as sc
-from quotas.simulate import main, simulate
+from quotas.engine import scenario as sc
+from quotas.engine.simulate import main, simulate
 
 FIXTURES = Path(__file__).resolve().parent / "scenarios"
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "scenarios"

@@ -12,8 +12,9 @@ from gpunodes.models import Gpu, Node
 from jobs.choices import AttemptState, EventKind, JobState, Outcome
 from jobs.models import Attempt, GpuClaim, Job
 from jobs.services import job_submit
-from quotas import policy, scheduler, triggers
+from quotas import scheduler, triggers
 from quotas.choices import Strategy
+from quotas.engine import policy
 from tests.conftest import heard_all_along, make_share
 
 REAL_REQUEST_PASS = triggers.request_pass

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quotas import policy
-from quotas import scenario as sc
-from quotas.simulate import PolicyError, main, simulate
+from quotas.engine import policy
+from quotas.engine import scenario as sc
+from quotas.engine.simulate import PolicyError, main, simulate
 
 
 def scenario(jobs, *, nodes=None, shares=None, events=(), **setting):

@@ -6,7 +6,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quotas.simulate import main, simulate
+from quotas.engine.simulate import main, simulate
 from tests.quotas.test_simulate import scenario
 
 
@@ -83,8 +83,8 @@ def test_property_a_bound_eta_is_met_when_every_job_declares_its_runtime(jobs):
 
 
 def test_the_report_shows_the_error_distribution():
-    from quotas import scenario as sc
-    from quotas.report import render_report
+    from quotas.engine import scenario as sc
+    from quotas.engine.report import render_report
 
     data = scenario([{"id": "a", "duration_s": 80}, {"id": "b", "submit_at": 10, "duration_s": 50}])
     result = simulate(data, forecast=True)
@@ -96,7 +96,7 @@ def test_the_report_shows_the_error_distribution():
 
 
 def test_tracegen_can_give_jobs_a_max_runtime_as_users_do():
-    from quotas.tracegen import generate
+    from quotas.engine.tracegen import generate
 
     jobs = generate(teams=2, gpus=16, jobs=50, seed=3, max_runtime=1.5)["jobs"]
     for job in jobs:

@@ -5,9 +5,9 @@ import statistics
 
 import pytest
 
-from quotas import policy, tracegen
-from quotas import scenario as sc
-from quotas.simulate import simulate
+from quotas.engine import policy, tracegen
+from quotas.engine import scenario as sc
+from quotas.engine.simulate import simulate
 
 
 @pytest.fixture(scope="module")

@@ -69,7 +69,7 @@ def test_no_web_request_replays_the_queue(as_bob, bob, vision_share, nodes, monk
     def no_replay(*a, **k):
         raise AssertionError("a web request replayed the queue")
 
-    monkeypatch.setattr("quotas.forecast.forecast", no_replay)
+    monkeypatch.setattr("quotas.engine.forecast.forecast", no_replay)
     job_id = QueueForecast.objects.get().job_id
     assert as_bob.get("/teams/vision/").status_code == 200
     assert as_bob.get(f"/jobs/{job_id}/").status_code == 200

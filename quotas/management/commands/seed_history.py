@@ -1,6 +1,6 @@
 """Seed a week of finished history for the what-if: `python manage.py seed_history --jobs 20000`.
 
-A synthetic trace (quotas.tracegen: Helios-shaped teams, job sizes, run times and bursty arrivals) with
+A synthetic trace (quotas.engine.tracegen: Helios-shaped teams, job sizes, run times and bursty arrivals) with
 its own cluster: teams, shares and LOST nodes named `hist-…` (no agent runs them, so no work is ever
 placed there), and N jobs submitted over the last `--days` days, written with bulk inserts. Every job
 is finished: SUCCEEDED with one attempt of its run time, or, when that run would end after now,
@@ -24,7 +24,7 @@ from gpunodes.choices import NodeState
 from gpunodes.models import Gpu, Node
 from jobs.choices import AttemptState, JobState, Outcome
 from jobs.models import Attempt, Job
-from quotas import tracegen
+from quotas.engine import tracegen
 from quotas.models import Share, ShareCapacity, Team
 
 PREFIX = "hist-"

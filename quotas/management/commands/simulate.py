@@ -11,11 +11,11 @@ class Command(BaseCommand):
 
     def run_from_argv(self, argv):
         # Hand the arguments to the simulator's own parser so both entry points behave the same.
-        from quotas.simulate import main
+        from quotas.engine.simulate import main
 
         sys.exit(main(argv[2:]))
 
     def handle(self, *args, **options):  # pragma: no cover - run_from_argv is the entry point
-        from quotas.simulate import main
+        from quotas.engine.simulate import main
 
         return str(main(list(args)))

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from quotas import policy
+from quotas.engine import policy
 
 ENABLED = "ENABLED"
 DISABLED = "DISABLED"

@@ -15,8 +15,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from quotas import scenario as sc
-from quotas.simulate import Timeline, percentile
+from quotas.engine import scenario as sc
+from quotas.engine.simulate import Timeline, percentile
 
 MAX_POINTS = 1200
 MAX_BARS = 4000

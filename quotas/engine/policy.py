@@ -1,7 +1,7 @@
 """The scheduling policy: one pure function from a snapshot to a plan.
 
 This module owns the semantics of ../shared/spec/SEMANTICS.md. It imports nothing from Django and does
-no I/O: production passes (quotas/scheduler.py), the simulator (quotas/simulate.py), queue positions,
+no I/O: production passes (quotas/scheduler.py), the simulator (quotas/engine/simulate.py), queue positions,
 ETAs and the what-if preview all call `plan()` and the accounting helpers here. Never a second copy.
 
 Identifiers (job ids, attempt ids) are opaque hashable, orderable values: ints in production, strings

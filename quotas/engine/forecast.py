@@ -1,6 +1,6 @@
 """ETAs and queue positions: the policy's own decisions, replayed forward in virtual time.
 
-Pure like quotas/policy.py (no Django, no I/O). Starting from a snapshot it asks `policy.plan` what it
+Pure like quotas/engine/policy.py (no Django, no I/O). Starting from a snapshot it asks `policy.plan` what it
 would do, applies the admissions and pre-emptions to a copy of the snapshot, and when a plan decides
 nothing new it advances virtual time to the next expected end of a running attempt (its job's
 max_runtime_s, or a default the caller gives, e.g. the share's median observed runtime). The instant a
@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from quotas import policy
-from quotas.policy import Plan, QueuedView, RunningView, Snapshot
+from quotas.engine import policy
+from quotas.engine.policy import Plan, QueuedView, RunningView, Snapshot
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1042 @@
+"""Discrete-event simulator: replays a scenario through the real policy in virtual time.
+
+This module owns the event loop around `quotas.engine.policy.plan()`, the accounting of a run and the result
+format of ../shared/spec/SCENARIO.md. It imports nothing from Django, touches no database and never
+sleeps: `python -m quotas.simulate SCENARIO.json --out RESULT.json [--report REPORT.html]`.
+
+The loop keeps a heap of timed events and jumps from one instant to the next; idle time costs nothing.
+At one instant it applies, in this order: attempt ends, grace expiries, node losses, node arrivals,
+submissions, then the scenario's events in file order. Then, at a tick (`settings.tick_s`) at which
+anything changed and jobs are queued, it runs passes: snapshot -> planner -> apply, repeated until a
+pass decides nothing new (so a zero-grace victim stops and its beneficiary starts at the same instant).
+A victim keeps its GPUs for its whole grace and then stops, losing the work since its last periodic
+checkpoint. The simulator checks every decision it applies (no double-booked GPU, right size and type,
+only queued jobs admitted, only running attempts pre-empted) and raises `PolicyError` otherwise.
+
+Definitions used in the result (all times are integer seconds of virtual time):
+- ``wait_s`` = ``first_start - submit_at``: from submission to the start of the job's FIRST attempt.
+  Time queued again after a pre-emption or node loss does not add to it. ``null`` if it never started.
+- ``mean_wait_s`` / ``p95_wait_s`` of a share: over its jobs that started (rounded; p95 by nearest
+  rank); ``null`` when none did. Jobs still queued at the end are not counted.
+- ``gpu_seconds_own`` / ``_borrowed`` / ``_lent``: the time integrals of the share's own, borrowed and
+  lent GPUs (policy accounting, all GPU types together), rounded.
+- ``makespan_s``: the instant the last attempt stopped, or ``until_s`` if the cut left work running.
+- ``utilisation``: GPU-seconds held by attempts (grace periods included) / GPU-seconds of READY
+  capacity over ``[0, makespan_s]``.
+- ``lost_gpu_seconds``: GPU time of work that pre-emption or node loss threw away (since the last
+  checkpoint). Cancelled work is not counted.
+- ``passes``: how many times the planner was called.
+- A job submitted while its share is DISABLED is refused: ``final`` FAILED, no attempts,
+  ``end`` = ``submit_at`` (and `SimResult.rejected` says why).
+- A running attempt cut by ``until_s`` has ``end`` and ``outcome`` null; its job is ``RUNNING``; a job
+  not yet submitted by then is reported ``QUEUED`` with no attempts.
+- ``attempts[].borrowed`` and ``reason`` are as admitted; ``preempted_by`` / ``preemption_reason`` are
+  set only on attempts that a pre-emption stopped (outcome PREEMPTED, or FAILED past
+  ``max_preemptions``); an attempt that finished, was cancelled or lost its node during its grace
+  has neither. An attempt past its job's ``max_runtime_s`` ends FAILED.
+
+Passes: at an instant where something changed and jobs are queued, passes run until one decides
+nothing (so admitting a lone job costs two passes: the one that admits it and the one that finds nothing
+new). `RunningView.borrowed` is passed as admitted; the policy re-classifies with
+`borrowed_attempts()` itself. The timeline (`SimResult.timeline`) records `policy.usage()` per share
+and type after each instant at which it changed, for the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import heapq
+import json
+import math
+import statistics
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quotas.engine import policy
+from quotas.engine import scenario as sc
+from quotas.engine.policy import (
+    Admission,
+    NodeView,
+    Placement,
+    Plan,
+    Preemption,
+    QueuedView,
+    RunningView,
+    ShareView,
+    Snapshot,
+)
+
+SUCCEEDED = "SUCCEEDED"
+FAILED = "FAILED"
+CANCELLED = "CANCELLED"
+QUEUED = "QUEUED"
+RUNNING = "RUNNING"
+PREEMPTED = "PREEMPTED"
+NODE_LOST = "NODE_LOST"
+
+# Event kinds, in the order they apply at one instant.
+_END, _GRACE, _LOST, _READY, _SUBMIT, _EVENT, _TICK = range(7)
+
+# Passes at one instant that still decide something new: beyond this the policy is looping.
+MAX_PASSES_PER_INSTANT = 1000
+MAX_WARNINGS = 100
+
+Planner = Callable[[Snapshot], Plan]
+
+
+class PolicyError(RuntimeError):
+    """The planner returned a decision that cannot be applied (a policy bug)."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Result records
+
+
+@dataclass(slots=True)
+class AttemptRecord:
+    job_id: str
+    number: int
+    start: int
+    placement: Placement
+    borrowed: bool  # as admitted
+    reason: str
+    end: int | None = None
+    outcome: str | None = None
+    preempted_by: str | None = None
+    preemption_reason: str | None = None
+
+    @property
+    def attempt_id(self) -> str:
+        return f"{self.job_id}#{self.number}"
+
+    @property
+    def gpus(self) -> int:
+        return sum(len(idx) for _, idx in self.placement)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {
+            "start": self.start,
+            "end": self.end,
+            "nodes": [node for node, _ in self.placement],
+            "borrowed": self.borrowed,
+            "outcome": self.outcome,
+            "preempted_by": self.preempted_by,
+            "reason": self.reason,
+        }
+        if self.preemption_reason is not None:
+            out["preemption_reason"] = self.preemption_reason
+        return out
+
+
+@dataclass(slots=True)
+class JobRecord:
+    spec: sc.Job
+    final: str = QUEUED
+    first_start: int | None = None
+    end: int | None = None
+    preemptions: int = 0
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    forecast_at_submit: dict[str, Any] | None = None  # with --forecast: {"eta": t or None, "kind": ...}
+
+    @property
+    def wait_s(self) -> int | None:
+        return None if self.first_start is None else self.first_start - self.spec.submit_at
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "final": self.final,
+            "submit_at": self.spec.submit_at,
+            "first_start": self.first_start,
+            "end": self.end,
+            "wait_s": self.wait_s,
+            "preemptions": self.preemptions,
+            "attempts": [a.to_dict() for a in self.attempts],
+            **(
+                {"forecast_at_submit": self.forecast_at_submit} if self.forecast_at_submit is not None else {}
+            ),
+        }
+
+
+class Timeline:
+    """Step functions over virtual time, recorded only where a value changes.
+
+    Keys are ``(share, gpu_type, metric)`` with metric ``own``, ``borrowed``, ``lent`` or ``capacity``;
+    the unassigned pool shows as share ``policy.UNASSIGNED`` (metric ``lent``) and the READY cluster as
+    share ``"(cluster)"`` (metric ``capacity``). A value holds from its time until the next change.
+    """
+
+    CLUSTER = "(cluster)"
+
+    def __init__(self) -> None:
+        self.series: dict[tuple[str, str, str], tuple[list[int], list[float]]] = {}
+        self.end = 0
+
+    def record(self, t: int, values: Mapping[tuple[str, str, str], float]) -> None:
+        for key in self.series.keys() - values.keys():
+            self._set(key, t, 0)
+        for key, value in values.items():
+            self._set(key, t, value)
+        self.end = max(self.end, t)
+
+    def _set(self, key: tuple[str, str, str], t: int, value: float) -> None:
+        times, values = self.series.setdefault(key, ([], []))
+        if values and values[-1] == value:
+            return
+        if times and times[-1] == t:
+            values[-1] = value
+            if len(values) > 1 and values[-2] == value:
+                times.pop()
+                values.pop()
+        else:
+            times.append(t)
+            values.append(value)
+
+    def keys(self, *, share: str | None = None, metric: str | None = None) -> list[tuple[str, str, str]]:
+        return sorted(
+            k for k in self.series if (share is None or k[0] == share) and (metric is None or k[2] == metric)
+        )
+
+    def integral(self, key: tuple[str, str, str], until: int | None = None) -> float:
+        """The area under one series over [0, until] (default: the end of the run)."""
+        until = self.end if until is None else until
+        times, values = self.series.get(key, ((), ()))
+        total = 0.0
+        for i, (t, v) in enumerate(zip(times, values, strict=True)):
+            nxt = times[i + 1] if i + 1 < len(times) else until
+            if t >= until:
+                break
+            total += v * (min(nxt, until) - t)
+        return total
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "end": self.end,
+            "series": [
+                {"share": s, "gpu_type": g, "metric": m, "t": list(ts), "v": list(vs)}
+                for (s, g, m), (ts, vs) in sorted(self.series.items())
+            ],
+        }
+
+
+@dataclass
+class SimResult:
+    jobs: dict[str, JobRecord]
+    shares: dict[str, dict[str, Any]]
+    cluster: dict[str, Any]
+    timeline: Timeline
+    # Why each job still QUEUED at the end waits (the planner's last word), and refused submissions.
+    waiting: dict[str, str] = field(default_factory=dict)
+    rejected: dict[str, str] = field(default_factory=dict)
+    # Policy decisions that were odd but applicable (e.g. one pre-emption listed twice in a plan).
+    warnings: list[str] = field(default_factory=list)
+
+    def attempts(self) -> list[AttemptRecord]:
+        return [a for job in self.jobs.values() for a in job.attempts]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "jobs": {job_id: rec.to_dict() for job_id, rec in self.jobs.items()},
+            "shares": self.shares,
+            "cluster": self.cluster,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, indent=1) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------
+# The simulator
+
+
+@dataclass(slots=True)
+class _Run:
+    """A running attempt: its record, its job and what the policy sees of it."""
+
+    record: AttemptRecord
+    job: _Job
+    base_progress: int  # work saved before this attempt started
+    view: RunningView
+
+
+@dataclass(slots=True)
+class _Job:
+    spec: sc.Job
+    record: JobRecord
+    priority: int
+    saved: int = 0  # work kept by checkpoints
+    run: _Run | None = None
+    beneficiary: bool = False
+
+
+class Profile:
+    """Where a simulation's time goes (``--profile``): wall seconds and calls per part. The parts are
+    disjoint except "reasons", which is inside "passes" (the planner writing why each job waits)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    def add(self, part: str, seconds: float) -> None:
+        self.seconds[part] = self.seconds.get(part, 0.0) + seconds
+        self.calls[part] = self.calls.get(part, 0) + 1
+
+    def timed(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        clock = time.perf_counter
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.add(part, clock() - t0)
+
+        return wrapper
+
+    def table(self, total: float) -> str:
+        lines = [f"{'part':<22}{'seconds':>10}{'share':>8}{'calls':>12}{'per call':>12}"]
+        for part in sorted(self.seconds, key=lambda p: -self.seconds[p]):
+            sec, n = self.seconds[part], self.calls[part]
+            lines.append(f"{part:<22}{sec:>10.2f}{sec / total:>8.0%}{n:>12,}{sec / n * 1e6:>10.0f}us")
+        lines.append(f"{'total (wall)':<22}{total:>10.2f}")
+        return "\n".join(lines) + "\n"
+
+
+def simulate(
+    scenario: sc.Scenario | Mapping[str, Any],
+    *,
+    planner: Planner | None = None,
+    forecast: bool = False,
+    profile: Profile | None = None,
+) -> SimResult:
+    """Replay a scenario (a `Scenario` or its decoded JSON) and return the result.
+
+    `planner` defaults to `policy.plan`; tests may pass a stand-in. With `forecast`, the production
+    forecast (quotas.engine.forecast) runs at each job's submit and its error against the actual start is
+    reported (SCENARIO.md `--forecast`). Raises `ScenarioError` for an invalid scenario and
+    `PolicyError` for a decision that cannot be applied.
+    """
+    if not isinstance(scenario, sc.Scenario):
+        scenario = sc.parse(scenario)
+    planner = planner or policy.plan
+    if profile is None:
+        return _Simulator(scenario, planner, forecast=forecast).run()
+    # Time the planner, the event handlers, the accounting and the forecast; "reasons" times the
+    # policy's own waiting-reason writer (patched for the run only: the policy has no hooks).
+    wait = policy._TypePass._wait
+    policy._TypePass._wait = profile.timed("reasons (in passes)", wait)
+    try:
+        sim = _Simulator(scenario, profile.timed("passes", planner), forecast=forecast, profile=profile)
+        return sim.run()
+    finally:
+        policy._TypePass._wait = wait
+
+
+# The forecast's runtime guess for a job without max_runtime_s: the share's median observed runtime
+# over its last RUNTIME_SAMPLE successful attempts, else DEFAULT_RUNTIME_S (as in production).
+DEFAULT_RUNTIME_S = 3600
+RUNTIME_SAMPLE = 200
+FORECAST_MAX_PASSES = 20_000  # a deterministic bound (no wall-clock budget in virtual time)
+
+
+class _Simulator:
+    def __init__(
+        self,
+        scenario: sc.Scenario,
+        planner: Planner,
+        *,
+        forecast: bool = False,
+        profile: Profile | None = None,
+    ) -> None:
+        self.scenario = scenario
+        self.planner = planner
+        self.profile = profile
+        self.forecasting = forecast
+        self.to_forecast: list[str] = []  # submitted at this instant, forecast before the pass
+        self.runtimes: dict[str, deque[int]] = {}  # share -> recent successful attempt durations
+        self.settings = scenario.settings
+        self.heap: list[tuple[int, int, int, Any]] = []
+        self.seq = 0
+        self.now = 0
+
+        self.jobs = {j.id: _Job(spec=j, record=JobRecord(spec=j), priority=j.priority) for j in scenario.jobs}
+        self.node_specs = {n.name: n for n in scenario.nodes}
+        self.ready: dict[str, NodeView] = {}
+        self.holders: dict[str, list[str | None]] = {}  # READY node -> attempt id holding each GPU
+        self.share_specs = {s.name: s for s in scenario.shares}
+        self.share_views = {s.name: self._share_view(s) for s in scenario.shares}
+
+        self.running: dict[str, _Run] = {}
+        self.rviews: dict[str, RunningView] = {}
+        self.qviews: dict[str, QueuedView] = {}
+
+        self.passes = 0
+        self.busy_gpu_s = 0
+        self.lost_gpu_s = 0
+        self.last_stop = 0
+        self.last_waiting: Mapping[Hashable, str] = {}
+        self.rejected: dict[str, str] = {}
+        self.warnings: list[str] = []
+        self.timeline = Timeline()
+
+        self.changed = False  # since the last pass: something the planner should look at
+        self.dirty = True  # since the last accounting: usage may have changed
+        self.cluster_caps: dict[tuple[str, str, str], float] | None = None
+        self.tick_pending: set[int] = set()
+
+        for node in scenario.nodes:
+            self.push(node.ready_at, _READY, node.name)
+            if node.lost_at is not None:
+                self.push(node.lost_at, _LOST, node.name)
+        for job in scenario.jobs:
+            self.push(job.submit_at, _SUBMIT, job.id)
+        for event in scenario.events:
+            self.push(event.at, _EVENT, event)
+
+    # -- the loop -----------------------------------------------------------------------------------
+
+    def push(self, t: int, kind: int, ref: Any) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, kind, self.seq, ref))
+
+    def run(self) -> SimResult:
+        until = self.settings.until_s
+        handlers = {
+            _END: self.on_end,
+            _GRACE: self.on_grace,
+            _LOST: self.on_lost,
+            _READY: self.on_ready,
+            _SUBMIT: self.on_submit,
+            _EVENT: self.on_event,
+            _TICK: lambda ref: None,
+        }
+        if self.profile is not None:
+            names = {
+                _END: "events: end",
+                _GRACE: "events: grace",
+                _LOST: "events: node lost",
+                _READY: "events: node ready",
+                _SUBMIT: "events: submit",
+                _EVENT: "events: scenario",
+            }
+            for kind, name in names.items():
+                handlers[kind] = self.profile.timed(name, handlers[kind])
+            self.account = self.profile.timed("accounting", self.account)  # type: ignore[method-assign]
+            self.forecast_submits = self.profile.timed("forecast", self.forecast_submits)  # type: ignore[method-assign]
+        heap = self.heap
+        while heap and (until is None or heap[0][0] <= until):
+            t = heap[0][0]
+            self.now = t
+            while heap and heap[0][0] == t:
+                _, kind, _, ref = heapq.heappop(heap)
+                handlers[kind](ref)
+            if self.to_forecast:
+                self.forecast_submits()
+            if self.changed:
+                tick = self.settings.tick_s
+                if t % tick == 0:
+                    self.passes_at(t)
+                elif (nxt := t - t % tick + tick) not in self.tick_pending:
+                    self.tick_pending.add(nxt)
+                    self.push(nxt, _TICK, None)
+            self.account(t)
+        cut = until is not None and any(j.record.final in (QUEUED, RUNNING) for j in self.jobs.values())
+        end = until if cut else self.last_stop
+        if cut:
+            self.now = until
+            self.account(until)
+        return self.result(end, cut)
+
+    def passes_at(self, t: int) -> None:
+        self.tick_pending.discard(t)
+        self.changed = False
+        if not self.qviews:
+            return  # nothing to admit, so nothing to pre-empt for
+        for _ in range(MAX_PASSES_PER_INSTANT):
+            self.changed = False
+            snapshot = self.snapshot()
+            decided = self.planner(snapshot)
+            self.passes += 1
+            self.last_waiting = decided.waiting
+            if not decided.admissions and not decided.preemptions:
+                return
+            self.apply(decided)
+        raise PolicyError(f"t={t}: more than {MAX_PASSES_PER_INSTANT} passes still decided something new")
+
+    # -- state the policy sees -----------------------------------------------------------------------
+
+    def invalidate(self, *, usage: bool = False) -> None:
+        """The planner should look again; with `usage`, who holds which GPUs changed too."""
+        self.changed = True
+        self.dirty = self.dirty or usage
+
+    def snapshot(self, *, queued: bool = True) -> Snapshot:
+        return Snapshot(
+            now=self.now,
+            nodes=tuple(self.ready.values()),
+            shares=tuple(self.share_views.values()),
+            running=tuple(self.rviews.values()),
+            queued=tuple(self.qviews.values()) if queued else (),
+            starvation_s=self.settings.starvation_s,
+        )
+
+    @staticmethod
+    def _share_view(share: sc.Share) -> ShareView:
+        return ShareView(
+            name=share.name,
+            capacity=dict(share.capacity),
+            strategy=share.strategy,
+            borrow_limit=share.borrow_limit,
+            in_share_preemption=share.in_share_preemption,
+        )
+
+    def queue(self, job: _Job) -> None:
+        self.qviews[job.spec.id] = QueuedView(
+            job_id=job.spec.id,
+            share=job.spec.share,
+            gpu_type=job.spec.gpu_type,
+            gpus=job.spec.gpus,
+            priority=job.priority,
+            submitted_at=job.spec.submit_at,
+            beneficiary=job.beneficiary,
+        )
+        job.record.final = QUEUED
+        self.invalidate()
+
+    def set_view(self, run: _Run, **changes: Any) -> None:
+        run.view = dataclasses.replace(run.view, **changes)
+        self.rviews[run.record.attempt_id] = run.view
+
+    # -- event handlers -----------------------------------------------------------------------------
+
+    def on_submit(self, job_id: str) -> None:
+        job = self.jobs[job_id]
+        share = self.share_specs[job.spec.share]
+        if share.state == sc.DISABLED:
+            self.rejected[job_id] = f'share "{share.name}" is disabled'
+            self.finish(job, FAILED)
+            return
+        self.queue(job)
+        if self.forecasting:
+            self.to_forecast.append(job_id)
+
+    def forecast_submits(self) -> None:
+        """The production forecast for the jobs just submitted, from the state they were submitted
+        into: what a user would have been told."""
+        from quotas.engine import forecast as fc
+
+        targets, self.to_forecast = self.to_forecast, []
+        default = fc.Estimate(float(DEFAULT_RUNTIME_S))
+        medians = {
+            share: fc.Estimate(float(statistics.median(d)), share) for share, d in self.runtimes.items() if d
+        }
+        runtime: dict[Hashable, float] = {}
+        estimates: dict[Hashable, fc.Estimate] = {}
+        grace: dict[Hashable, float] = {}
+        ids = [r.job.spec.id for r in self.running.values()] + list(self.qviews)
+        for job_id in ids:
+            spec = self.jobs[job_id].spec
+            if spec.max_runtime_s is not None:
+                runtime[job_id] = float(spec.max_runtime_s)
+            else:
+                est = medians.get(spec.share, default)
+                runtime[job_id], estimates[job_id] = est.seconds, est
+            g = spec.preemption_grace_s
+            grace[job_id] = float(self.settings.preemption_grace_s if g is None else g)
+        result = fc.forecast(
+            self.snapshot(),
+            runtime_s=runtime,
+            estimates=estimates,
+            grace_s=grace,
+            default_runtime_s=DEFAULT_RUNTIME_S,
+            planner=self.planner,
+            targets=targets,
+            max_passes=FORECAST_MAX_PASSES,
+            budget_s=float("inf"),
+        )
+        for job_id in targets:
+            eta = result.eta.get(job_id)
+            self.jobs[job_id].record.forecast_at_submit = {
+                "eta": None if eta is None else int(math.ceil(eta)),
+                "kind": result.kind.get(job_id, fc.NONE),
+            }
+
+    def on_end(self, ref: tuple[str, str]) -> None:
+        attempt_id, outcome = ref
+        run = self.running.get(attempt_id)
+        if run is not None:
+            self.stop(run, outcome)
+
+    def on_grace(self, attempt_id: str) -> None:
+        run = self.running.get(attempt_id)
+        if run is not None:
+            self.stop(run, PREEMPTED)
+
+    def on_ready(self, name: str) -> None:
+        node = self.node_specs[name]
+        self.ready[name] = NodeView(name=name, gpu_type=node.gpu_type, gpus=node.gpus)
+        self.holders[name] = [None] * node.gpus
+        self.cluster_caps = None
+        self.invalidate(usage=True)
+
+    def on_lost(self, name: str) -> None:
+        for attempt_id in sorted({a for a in self.holders[name] if a is not None}):
+            self.stop(self.running[attempt_id], NODE_LOST)
+        del self.ready[name]
+        del self.holders[name]
+        self.cluster_caps = None
+        self.invalidate(usage=True)
+
+    def on_event(self, event: sc.Event) -> None:
+        if event.kind == sc.UPDATE_SHARE:
+            share = dataclasses.replace(self.share_specs[event.share], **event.set)
+            self.share_specs[share.name] = share
+            self.share_views[share.name] = self._share_view(share)
+            self.invalidate(usage=True)
+            return
+        job = self.jobs[event.job]
+        if event.kind == sc.UPDATE_JOB:
+            job.priority = event.set["priority"]
+            if job.run is not None:
+                self.set_view(job.run, priority=job.priority)
+                self.invalidate()
+            elif job.spec.id in self.qviews:
+                self.queue(job)
+        elif event.kind == sc.CANCEL:
+            if job.run is not None:
+                self.stop(job.run, CANCELLED)
+            elif self.qviews.pop(job.spec.id, None) is not None:
+                self.finish(job, CANCELLED)
+                self.invalidate()
+
+    # -- applying decisions -------------------------------------------------------------------------
+
+    def apply(self, decided: Plan) -> None:
+        for admission in decided.admissions:
+            self.admit(admission)
+        seen: set[Preemption] = set()
+        for preemption in decided.preemptions:
+            if preemption in seen:
+                # The same decision twice in one plan (a policy bug): apply it once and say so.
+                self.warn(f"t={self.now}: the plan pre-empts {preemption.attempt_id!r} twice")
+                continue
+            seen.add(preemption)
+            self.preempt(preemption)
+
+    def warn(self, message: str) -> None:
+        if len(self.warnings) < MAX_WARNINGS:
+            self.warnings.append(message)
+
+    def admit(self, admission: Admission) -> None:
+        t = self.now
+        job_id = admission.job_id
+        if job_id not in self.qviews:
+            raise PolicyError(f"t={t}: admitted job {job_id!r}, which is not queued")
+        job = self.jobs[job_id]
+        spec = job.spec
+        if admission.share != spec.share:
+            raise PolicyError(
+                f"t={t}: admitted job {job_id!r} to share {admission.share!r}, not {spec.share!r}"
+            )
+        gpus = 0
+        for node, idx in admission.placement:
+            view = self.ready.get(node)
+            if view is None or view.gpu_type != spec.gpu_type:
+                raise PolicyError(
+                    f"t={t}: job {job_id!r} placed on {node!r}: not a READY {spec.gpu_type} node"
+                )
+            holders = self.holders[node]
+            for i in idx:
+                if not 0 <= i < view.gpus or holders[i] is not None:
+                    held = f"held by {holders[i]}" if 0 <= i < view.gpus else "no such GPU"
+                    raise PolicyError(f"t={t}: job {job_id!r} placed on {node}:{i} ({held})")
+            gpus += len(idx)
+        if gpus != spec.gpus or len({(n, i) for n, idx in admission.placement for i in idx}) != gpus:
+            raise PolicyError(
+                f"t={t}: job {job_id!r} needs {spec.gpus} GPUs, placement gives {gpus} (or repeats)"
+            )
+
+        record = AttemptRecord(
+            job_id=job_id,
+            number=len(job.record.attempts) + 1,
+            start=t,
+            placement=admission.placement,
+            borrowed=admission.borrowed,
+            reason=admission.reason,
+        )
+        attempt_id = record.attempt_id
+        for node, idx in admission.placement:
+            holders = self.holders[node]
+            for i in idx:
+                holders[i] = attempt_id
+        view = RunningView(
+            attempt_id=attempt_id,
+            job_id=job_id,
+            share=spec.share,
+            gpu_type=spec.gpu_type,
+            priority=job.priority,
+            submitted_at=spec.submit_at,
+            started_at=t,
+            placement=admission.placement,
+            borrowed=admission.borrowed,
+        )
+        run = _Run(record=record, job=job, base_progress=job.saved, view=view)
+        job.run = run
+        job.beneficiary = False
+        job.record.attempts.append(record)
+        job.record.final = RUNNING
+        if job.record.first_start is None:
+            job.record.first_start = t
+        del self.qviews[job_id]
+        self.running[attempt_id] = run
+        self.rviews[attempt_id] = view
+        finish = t + spec.duration_s - job.saved
+        if spec.max_runtime_s is not None and t + spec.max_runtime_s < finish:
+            self.push(t + spec.max_runtime_s, _END, (attempt_id, FAILED))
+        else:
+            self.push(finish, _END, (attempt_id, SUCCEEDED))
+        self.invalidate(usage=True)
+
+    def preempt(self, preemption: Preemption) -> None:
+        t = self.now
+        run = self.running.get(preemption.attempt_id)
+        if run is None or run.view.preempting:
+            state = "already pre-empting" if run is not None else "not running"
+            raise PolicyError(f"t={t}: pre-empted attempt {preemption.attempt_id!r}, which is {state}")
+        run.record.preempted_by = preemption.beneficiary_job_id
+        run.record.preemption_reason = preemption.reason
+        self.set_view(run, preempting=True, beneficiary_job_id=preemption.beneficiary_job_id)
+        beneficiary = self.jobs.get(preemption.beneficiary_job_id)
+        if beneficiary is not None and not beneficiary.beneficiary and beneficiary.spec.id in self.qviews:
+            beneficiary.beneficiary = True
+            self.queue(beneficiary)
+        grace = self.scenario.grace_s(run.job.spec)
+        if grace == 0:
+            self.stop(run, PREEMPTED)
+        else:
+            self.push(t + grace, _GRACE, run.record.attempt_id)
+        self.invalidate()
+
+    def stop(self, run: _Run, outcome: str) -> None:
+        """End a running attempt at `now`: free its GPUs, account its work, move its job on."""
+        t = self.now
+        record, job, spec = run.record, run.job, run.job.spec
+        attempt_id = record.attempt_id
+        for node, idx in record.placement:
+            holders = self.holders[node]
+            for i in idx:
+                holders[i] = None
+        del self.running[attempt_id]
+        del self.rviews[attempt_id]
+        job.run = None
+        record.end = t
+        record.outcome = outcome
+        elapsed = t - record.start
+        self.busy_gpu_s += record.gpus * elapsed
+        self.last_stop = max(self.last_stop, t)
+        self.invalidate(usage=True)
+        if outcome != PREEMPTED:
+            # It ended (or was lost) before its grace ran out: the pre-emption did not happen.
+            record.preempted_by = record.preemption_reason = None
+
+        if outcome == SUCCEEDED and self.forecasting:
+            self.runtimes.setdefault(spec.share, deque(maxlen=RUNTIME_SAMPLE)).append(elapsed)
+        if outcome in (PREEMPTED, NODE_LOST):
+            every = spec.checkpoint_every_s
+            saved = run.base_progress + elapsed // every * every if every else 0
+            self.lost_gpu_s += record.gpus * (run.base_progress + elapsed - saved)
+            job.saved = saved
+            if outcome == PREEMPTED:
+                job.record.preemptions += 1
+                if spec.max_preemptions != -1 and job.record.preemptions > spec.max_preemptions:
+                    record.outcome = FAILED
+                    self.finish(job, FAILED)
+                    return
+            self.queue(job)
+        else:
+            self.finish(job, outcome)
+
+    def finish(self, job: _Job, final: str) -> None:
+        job.record.final = final
+        job.record.end = self.now
+        job.beneficiary = False
+
+    # -- accounting ---------------------------------------------------------------------------------
+
+    def account(self, t: int) -> None:
+        """Record own / borrowed / lent GPUs per share and type after the instant, if they changed."""
+        if not self.dirty:
+            return
+        self.dirty = False
+        snapshot = self.snapshot(queued=False)  # usage does not depend on the queue
+        values: dict[tuple[str, str, str], float] = {}
+        for share, by_type in policy.usage(snapshot).items():
+            for gpu_type, u in by_type.items():
+                for metric, value in (
+                    ("own", u.own),
+                    ("borrowed", u.borrowed),
+                    ("lent", round(u.lent, 3)),
+                    ("capacity", u.capacity),
+                ):
+                    if value:
+                        values[(share, gpu_type, metric)] = value
+        if self.cluster_caps is None:  # READY GPUs per type, recounted only when nodes come or go
+            caps: dict[tuple[str, str, str], float] = {}
+            for node in snapshot.nodes:
+                key = (Timeline.CLUSTER, node.gpu_type, "capacity")
+                caps[key] = caps.get(key, 0) + node.gpus
+            self.cluster_caps = caps
+        for key, gpus in self.cluster_caps.items():
+            values[key] = values.get(key, 0) + gpus
+        self.timeline.record(t, values)
+
+    def result(self, end: int, cut: bool) -> SimResult:
+        self.timeline.end = end
+        jobs = {job_id: job.record for job_id, job in self.jobs.items()}
+        if cut:
+            self.busy_gpu_s += sum(r.record.gpus * (end - r.record.start) for r in self.running.values())
+        capacity_gpu_s = 0
+        for node in self.scenario.nodes:
+            lost = end if node.lost_at is None else min(node.lost_at, end)
+            capacity_gpu_s += node.gpus * max(0, lost - node.ready_at)
+
+        shares: dict[str, dict[str, Any]] = {}
+        by_share: dict[str, list[JobRecord]] = {s.name: [] for s in self.scenario.shares}
+        for record in jobs.values():
+            by_share[record.spec.share].append(record)
+        for name, records in by_share.items():
+            waits = sorted(r.wait_s for r in records if r.wait_s is not None)
+            shares[name] = {
+                **{
+                    f"gpu_seconds_{metric}": round(
+                        sum(self.timeline.integral(k) for k in self.timeline.keys(share=name, metric=metric))
+                    )
+                    for metric in ("own", "borrowed", "lent")
+                },
+                "mean_wait_s": round(sum(waits) / len(waits)) if waits else None,
+                "p95_wait_s": percentile(waits, 95),
+                "preempted_jobs": sum(1 for r in records if r.preemptions),
+            }
+        cluster = {
+            "makespan_s": end,
+            "utilisation": round(self.busy_gpu_s / capacity_gpu_s, 6) if capacity_gpu_s else 0.0,
+            "lost_gpu_seconds": self.lost_gpu_s,
+            "passes": self.passes,
+        }
+        if self.forecasting:
+            cluster["forecast_error"] = forecast_error(jobs.values())
+        waiting = {
+            job_id: str(self.last_waiting.get(job_id, "no reason given"))
+            for job_id, record in jobs.items()
+            if record.final == QUEUED
+        }
+        return SimResult(
+            jobs=jobs,
+            shares=shares,
+            cluster=cluster,
+            timeline=self.timeline,
+            waiting=waiting,
+            rejected=self.rejected,
+            warnings=self.warnings,
+        )
+
+
+def forecast_error(records: Iterable[JobRecord]) -> dict[str, Any]:
+    """ETA at submit against the actual first start (SCENARIO.md `--forecast`): over the jobs that
+    started and had an ETA, the median and p90 absolute error, and the share whose actual wait was
+    within 25% of the forecast wait or within 60 s. Also how many jobs had each kind of ETA."""
+    errors: list[int] = []
+    within = 0
+    kinds: dict[str, int] = {}
+    bound_late = 0
+    for r in records:
+        f = r.forecast_at_submit
+        if f is None:
+            continue
+        kinds[f["kind"]] = kinds.get(f["kind"], 0) + 1
+        if f["eta"] is None or r.first_start is None:
+            continue
+        err = abs(r.first_start - f["eta"])
+        errors.append(err)
+        forecast_wait = f["eta"] - r.spec.submit_at
+        if err <= max(60, 0.25 * forecast_wait):
+            within += 1
+        if f["kind"] == "bound" and r.first_start > f["eta"]:
+            bound_late += 1
+    errors.sort()
+    return {
+        "n": len(errors),
+        "median_abs_s": percentile(errors, 50),
+        "p90_abs_s": percentile(errors, 90),
+        "within_25pct": round(within / len(errors), 4) if errors else None,
+        "kinds": dict(sorted(kinds.items())),
+        "bound_started_late": bound_late,
+    }
+
+
+def percentile(sorted_values: Sequence[int], pct: int) -> int | None:
+    """Nearest-rank percentile of already sorted values."""
+    if not sorted_values:
+        return None
+    rank = max(1, math.ceil(pct / 100 * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+# ---------------------------------------------------------------------------------------------------
+# CLI
+
+
+def compare_table(results: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> str:
+    """A side-by-side text table of the headline numbers of two or more results."""
+    rows: list[tuple[str, list[Any]]] = [
+        ("utilisation", [r["cluster"]["utilisation"] for r in results]),
+        ("makespan_s", [r["cluster"]["makespan_s"] for r in results]),
+        ("lost_gpu_seconds", [r["cluster"]["lost_gpu_seconds"] for r in results]),
+        ("pre-emptions", [sum(j["preemptions"] for j in r["jobs"].values()) for r in results]),
+        (
+            "jobs never started",
+            [sum(1 for j in r["jobs"].values() if j["first_start"] is None) for r in results],
+        ),
+    ]
+    share_names = sorted({name for r in results for name in r["shares"]})
+    for name in share_names:
+        for metric, label in (
+            ("mean_wait_s", "mean wait_s"),
+            ("p95_wait_s", "p95 wait_s"),
+            ("preempted_jobs", "pre-empted jobs"),
+        ):
+            rows.append((f"{name} {label}", [r["shares"].get(name, {}).get(metric) for r in results]))
+
+    def fmt(value: Any) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            return f"{value:.4f}"
+        return f"{value:,}"
+
+    def delta(values: list[Any]) -> str:
+        a, b = values[0], values[-1]
+        if not isinstance(a, int | float) or not isinstance(b, int | float):
+            return ""
+        diff = b - a
+        text = f"{diff:+.4f}" if isinstance(diff, float) else f"{diff:+,}"
+        return text + (f" ({diff / a:+.0%})" if a and not isinstance(diff, float) else "")
+
+    header = ["metric", *labels, "change"]
+    body = [[label, *(fmt(v) for v in values), delta(values)] for label, values in rows]
+    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
+    lines = []
+    for n, row in enumerate([header, *body]):
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines) + "\n"
+
+
+def variant(scenario: sc.Scenario, spec: str) -> sc.Scenario:
+    """The scenario with some shares' strategy set: ``STRATEGY`` (all shares) or ``STRATEGY:a,b``."""
+    strategy, _, names = spec.partition(":")
+    if strategy not in policy.STRATEGIES:
+        raise sc.ScenarioError([f"--variant: strategy must be one of {', '.join(policy.STRATEGIES)}"])
+    wanted = set(filter(None, names.split(","))) or {s.name for s in scenario.shares}
+    unknown = wanted - {s.name for s in scenario.shares}
+    if unknown:
+        raise sc.ScenarioError([f'--variant: share "{name}" is not defined' for name in sorted(unknown)])
+    shares = tuple(
+        dataclasses.replace(s, strategy=strategy) if s.name in wanted else s for s in scenario.shares
+    )
+    return dataclasses.replace(scenario, shares=shares)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m quotas.simulate",
+        description="Replay a gpuquota scenario in virtual time with the real policy.",
+    )
+    parser.add_argument("scenario", nargs="?", help="scenario JSON (../shared/spec/SCENARIO.md)")
+    parser.add_argument("--out", help="write the result JSON here (default: standard output)")
+    parser.add_argument(
+        "--profile", action="store_true", help="print where the time goes (passes, events, reasons, ...)"
+    )
+    parser.add_argument(
+        "--forecast",
+        action="store_true",
+        help="run the production forecast at each job's submit and report its error against the actual start",
+    )
+    parser.add_argument("--report", help="write a self-contained HTML report here")
+    parser.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), help="compare two result files")
+    parser.add_argument(
+        "--variant",
+        metavar="STRATEGY[:share,...]",
+        help="run the scenario as given and with these shares' strategy set (all shares if none named) "
+        "and print a comparison; --out and --report then refer to the run as given",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse has printed the usage error
+        return int(exc.code or 0)
+
+    if args.compare:
+        try:
+            results = [json.loads(Path(p).read_text(encoding="utf-8")) for p in args.compare]
+            sys.stdout.write(compare_table(results, [Path(p).name for p in args.compare]))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"cannot compare: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    if not args.scenario:
+        parser.print_usage(sys.stderr)
+        print("error: a scenario file is required (or --compare A.json B.json)", file=sys.stderr)
+        return 2
+
+    try:
+        scenario = sc.load(args.scenario)
+        other = variant(scenario, args.variant) if args.variant else None
+    except sc.ScenarioError as exc:
+        print(f"invalid scenario {args.scenario}:", file=sys.stderr)
+        for line in exc.errors:
+            print(f"  {line}", file=sys.stderr)
+        return 2
+    try:
+        profile = Profile() if args.profile else None
+        started = time.perf_counter()
+        result = simulate(scenario, forecast=args.forecast, profile=profile)
+        if profile is not None:
+            sys.stderr.write(profile.table(time.perf_counter() - started))
+        other_result = simulate(other, forecast=args.forecast) if other is not None else None
+    except PolicyError as exc:
+        print(f"simulation failed: {exc}", file=sys.stderr)
+        return 1
+
+    if args.out:
+        Path(args.out).write_text(result.to_json(), encoding="utf-8")
+    elif other_result is None:
+        sys.stdout.write(result.to_json())
+    if args.report:
+        from quotas.engine.report import render_report
+
+        Path(args.report).write_text(render_report(scenario, result, result.timeline), encoding="utf-8")
+    if other_result is not None:
+        sys.stdout.write(
+            compare_table([result.to_dict(), other_result.to_dict()], ["as given", args.variant])
+        )
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    for job_id, why in sorted(result.waiting.items())[:10]:
+        print(f"note: job {job_id} never finished queueing: {why}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
