@@ -4,7 +4,9 @@ request gets only the partial it swaps (templates/quotas/partials/_<target>.html
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import heapq
 from datetime import UTC as dt_utc
 from datetime import datetime
 
@@ -139,55 +141,114 @@ def _team_for(user, slug: str) -> tuple[Team, str | None]:
     return team, role
 
 
-def team_queue_context(user, team: Team) -> dict:
+# The job columns the team queue shows (and manage_checker / fold_arrays read): nothing else is loaded.
+QUEUE_JOB_FIELDS = (
+    "id",
+    "name",
+    "gpu_type",
+    "gpus",
+    "priority",
+    "state",
+    "submitted_at",
+    "array_id",
+    "array_index",
+    "submitted_by_id",
+    "submitted_by__username",
+    "share_id",
+    "share__name",
+    "share__team_id",
+)
+
+
+def _queue_row(e: dict, now) -> dict:
+    """A queued job's row, ready to print: numbers as text and the wording computed once (a long table
+    otherwise costs a template variable lookup, a number format or a timesince per cell)."""
+    from quotas.templatetags.gpuquota import ago
+
+    job, position = e["job"], e["position"]
+    return {
+        **e,
+        "id": str(job.pk),
+        "overall": str(position["overall"]) if position else "–",
+        "in_share": f" ({position['in_share']} in share)" if position else "",
+        "who": job.submitted_by.username,
+        "submitted": ago(job.submitted_at, now),
+        "share": job.share.name,
+        "size": f"{job.gpus} × {job.gpu_type}",
+        "priority": str(job.priority),
+    }
+
+
+def team_queue_context(user, team: Team, live: usage.LivePicture | None = None) -> dict:
     """The team's queue in admission order (position, ETA, why it waits: the stored forecast, see
     QueueForecast) and its running jobs. No replay and no queue in the snapshot: constant queries,
-    whatever the length of the queue."""
+    whatever the length of the queue. Rows come ready to print (_queue_row): the template only places
+    them."""
     from jobs.choices import JobState
     from quotas.models import QueueForecast
+    from quotas.templatetags.gpuquota import ago
 
-    live = usage.live_picture()  # shared by the pages while nothing changed: no snapshot load per view
+    now = timezone.now()
+    # Shared by the pages while nothing changed: no snapshot load per view.
+    live = live or usage.live_picture()
     names = {s.name for s in Share.objects.filter(team=team).only("name")}
     # Counts from the live picture's per-share totals; the first rows in the stored forecast's order
     # walk its position index, then jobs not forecast yet in queue order.
     queued_total = sum(jobs for (share, _), (jobs, _) in live.queued_totals.items() if share in names)
     queued_qs = Job.objects.filter(state=JobState.QUEUED, share__team=team)
-    shown_q = [
-        f.job
-        for f in QueueForecast.objects.filter(job__in=queued_qs)
-        .select_related("job__share", "job__submitted_by", "job__forecast")
+    shown_q = []
+    for f in (
+        QueueForecast.objects.filter(job__in=queued_qs)
+        .select_related("job__share", "job__submitted_by")
+        .only(
+            *(f.name for f in QueueForecast._meta.concrete_fields), *(f"job__{n}" for n in QUEUE_JOB_FIELDS)
+        )
         .order_by("position_overall")[:QUEUE_SHOWN]
-    ]
+    ):
+        f.job.forecast = f  # the row read is the job's forecast (no second join for it)
+        shown_q.append(f.job)
     if len(shown_q) < QUEUE_SHOWN:
         shown_q += list(
             queued_qs.filter(forecast__isnull=True)
             .select_related("share", "submitted_by", "forecast")
+            .only(*QUEUE_JOB_FIELDS, "forecast")
             .order_by("-priority", "submitted_at", "id")[: QUEUE_SHOWN - len(shown_q)]
         )
-    running = sorted(
-        (r for name in names for r in live.running.get(name, ())), key=lambda r: (-r.started_at, r.attempt_id)
+    running = [r for name in names for r in live.running.get(name, ())]
+    shown_r = heapq.nsmallest(RUNNING_SHOWN, running, key=lambda r: (-r.started_at, r.attempt_id))
+    jobs = (
+        Job.objects.select_related("share", "submitted_by")
+        .only(*QUEUE_JOB_FIELDS)
+        .in_bulk([r.job_id for r in shown_r])
     )
-    shown_r = running[:RUNNING_SHOWN]
-    jobs = Job.objects.select_related("share", "submitted_by").in_bulk([r.job_id for r in shown_r])
     can_manage = job_services.manage_checker(user)
     entries = [
-        {"job": job, **services.forecast_fields(job), "can_manage": can_manage(job)} for job in shown_q
+        _queue_row({"job": job, **services.forecast_fields(job), "can_manage": can_manage(job)}, now)
+        for job in shown_q
     ]
     computed = [e["computed_at"] for e in entries if e["computed_at"]]
     entries = job_services.fold_arrays(entries, can_manage)  # an array: one expandable row
     borrowed_now = live.borrowed
-    running_rows = [
-        {
-            "job": jobs[r.job_id],
-            "placement": [{"node": node, "gpus": list(idx)} for node, idx in r.placement],
-            "since": datetime.fromtimestamp(r.started_at, tz=dt_utc),
-            "preempting": r.preempting,
-            "borrowed": r.attempt_id in borrowed_now,
-            "can_manage": can_manage(jobs[r.job_id]),
-        }
-        for r in shown_r
-        if r.job_id in jobs
-    ]
+    running_rows = []
+    for r in shown_r:
+        job = jobs.get(r.job_id)
+        if job is None:
+            continue
+        running_rows.append(
+            {
+                "job": job,
+                "id": str(job.pk),
+                "share": job.share.name,
+                "who": job.submitted_by.username,
+                "state": job.state,
+                "state_class": job.state.lower(),
+                "where": "; ".join(f"{node} [{','.join(map(str, idx))}]" for node, idx in r.placement),
+                "size": f"{job.gpus} × {job.gpu_type}",
+                "borrowed": r.attempt_id in borrowed_now,
+                "started": ago(datetime.fromtimestamp(r.started_at, tz=dt_utc), now),
+                "can_manage": can_manage(job),
+            }
+        )
     return {
         "team": team,
         "queue": entries,
@@ -196,7 +257,7 @@ def team_queue_context(user, team: Team) -> dict:
         "planned": True,
         "running": running_rows,
         "running_total": len(running),
-        "now": timezone.now(),
+        "now": now,
     }
 
 
@@ -214,10 +275,13 @@ def team_page(request, slug):
     team, role = _team_for(request.user, slug)
     part = request.GET.get("part") if request.htmx else None
     context: dict = {"team": team, "role": role, "poll": True}
+    live = usage.live_picture()  # once per view: the queue's running rows and the cards share it
     if part in (None, "queue"):
-        context.update(team_queue_context(request.user, team))
+        context.update(team_queue_context(request.user, team, live=live))
     if part in (None, "cards"):
-        context["picture"] = usage.cluster_picture(team_id=team.pk)
+        # This team's cards (as cluster_picture(team_id=...) gives them), from the same picture.
+        cards = [c for c in live.picture.cards if c.team_id == team.pk]
+        context["picture"] = dataclasses.replace(live.picture, cards=cards)
     if part is None:
         context["form"] = submit_form_for(team)
         context["members"] = list(team.memberships.select_related("user").order_by("user__username"))

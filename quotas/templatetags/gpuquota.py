@@ -1,23 +1,56 @@
 """Template filters of the dashboard: wording that reads right for small numbers."""
 
-from datetime import datetime
+import functools
+import hashlib
+import pickle
+from datetime import UTC, datetime, timedelta
 
 from django import template
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import escape
+from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
+from django.utils.translation import get_language
 
 register = template.Library()
 
 
 @register.filter
-def ago(value: datetime | None) -> str:
+def ago(value: datetime | None, now: datetime | None = None) -> str:
     """'just now' under a minute ('0 minutes ago' says nothing), else '3 minutes ago'."""
     if not value:
         return ""
-    if (timezone.now() - value).total_seconds() < 60:
+    now = now or timezone.now()
+    if (now - value).total_seconds() < 60:
         return "just now"
-    return f"{timesince(value)} ago"
+    return f"{span(value, now)} ago"
+
+
+@register.filter
+def until(value: datetime | None, now: datetime | None = None) -> str:
+    """Django's `timeuntil`, through span(): '3 minutes'."""
+    if not value:
+        return ""
+    return span(now or timezone.now(), value)
+
+
+_SHORT_S = 27 * 86400  # under 4 weeks timesince's words depend only on the whole minutes between
+
+
+@functools.lru_cache(maxsize=8192)
+def _minutes_words(minutes: int, language: str | None) -> str:
+    ref = datetime(2001, 1, 1, tzinfo=UTC)
+    return timesince(ref - timedelta(minutes=minutes), ref)
+
+
+def span(earlier: datetime, later: datetime) -> str:
+    """timesince(earlier, later): the same words, remembered by whole minutes for spans under four weeks
+    (a long table asks for a hundred of them per render; each costs a calendar walk and translations)."""
+    seconds = (later - earlier).total_seconds()
+    if 0 <= seconds < _SHORT_S:
+        return _minutes_words(int(seconds // 60), get_language())
+    return timesince(earlier, later)
 
 
 _PATHS: dict[str, str] = {}
@@ -32,3 +65,73 @@ def job_path(name: str, pk) -> str:
     if pattern is None:
         pattern = _PATHS[name] = reverse(name, args=[int(_MARK)]).replace(_MARK, "{}")
     return pattern.format(int(pk))
+
+
+@register.filter
+def digest(value) -> str:
+    """A short fingerprint of plain data (the share cards of a picture) for `{% cache %}`'s key: equal
+    data, equal key, so a cached fragment is reused exactly while what it shows is unchanged."""
+    return hashlib.blake2b(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), digest_size=16).hexdigest()
+
+
+_NAME = "\x00job-name\x00"  # NUL: in no stored name (PostgreSQL refuses it in text)
+_PRIORITY = "876543219"
+
+
+@register.simple_tag(takes_context=True)
+def job_actions(context, job, origin: str) -> str:
+    """templates/jobs/partials/_job_actions.html for one job of a long table: the partial is rendered
+    once per render (with markers for the job's id, priority and name), then each row fills the markers
+    in, instead of an {% include %} per row (two forms, four URLs and two CSRF tokens each)."""
+    skeletons = context.render_context.setdefault("job_actions", {})
+    key = (origin, bool(job.name))
+    skeleton = skeletons.get(key)
+    if skeleton is None:
+        from types import SimpleNamespace
+
+        fake = SimpleNamespace(pk=int(_MARK), name=_NAME if job.name else "", priority=_PRIORITY)
+        with context.push(job=fake, **{"from": origin}):
+            skeleton = skeletons[key] = context.template.engine.get_template(
+                "jobs/partials/_job_actions.html"
+            ).render(context)
+    # The priority, then the id, then the name: no value filled in is searched for a later marker.
+    html = skeleton.replace(_PRIORITY, str(int(job.priority))).replace(_MARK, str(int(job.pk)))
+    return mark_safe(html.replace(escape(_NAME), escape(job.name)) if job.name else html)  # noqa: S308
+
+
+class _FragmentNode(template.Node):
+    def __init__(self, nodelist, name: str, vary_on: list):
+        self.nodelist, self.name, self.vary_on = nodelist, name, vary_on
+
+    def render(self, context):
+        from django.core.cache import cache
+        from django.core.cache.utils import make_template_fragment_key
+
+        key = make_template_fragment_key(self.name, [v.resolve(context) for v in self.vary_on])
+        try:
+            html = cache.get(key)
+        except Exception:  # a broken cache only costs the rendering (as the live picture's does)
+            html = None
+        if html is None:
+            html = self.nodelist.render(context)
+            try:
+                cache.set(key, html, FRAGMENT_TTL_S)
+            except Exception:
+                pass
+        return html
+
+
+FRAGMENT_TTL_S = 300
+
+
+@register.tag
+def fragment(parser, token):
+    """`{% fragment name var1 var2 ... %}...{% endfragment %}`: Django's `{% cache %}` for what a key
+    fully determines (vary on everything the fragment shows), without failing the page while the cache
+    (Redis) is away."""
+    bits = token.split_contents()
+    if len(bits) < 2:
+        raise template.TemplateSyntaxError("fragment needs a name")
+    nodelist = parser.parse(("endfragment",))
+    parser.delete_first_token()
+    return _FragmentNode(nodelist, bits[1], [parser.compile_filter(b) for b in bits[2:]])
