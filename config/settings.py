@@ -86,6 +86,9 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # A token-authenticated plain submit is answered here, without the session, CSRF, auth, message,
+    # htmx and axes middleware below (none applies to it); everything else goes on down the chain.
+    "jobs.api.fast_submit.FastSubmitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -335,6 +338,12 @@ REST_KNOX = {
     "TOKEN_TTL": timedelta(hours=env_int("API_TOKEN_TTL_HOURS", 30 * 24)),
     "AUTO_REFRESH": False,
 }
+# The quick submit path (jobs.api.fast_submit) keeps a token's user in each web process's memory for
+# this many seconds: a token revoked (logout, password change, admin) or a user deactivated in another
+# process stops working within it (at once in the process that did it). 0: ask the database each time.
+API_TOKEN_CACHE_S = env_int("API_TOKEN_CACHE_S", 5)
+# The quick submit path itself (0: every submit goes through DRF's view).
+FAST_SUBMIT = env_bool("FAST_SUBMIT", True)
 SPECTACULAR_SETTINGS = {
     "TITLE": "gpuquota API",
     "DESCRIPTION": "GPU quota shares: lend, borrow, reclaim and pre-empt.",
