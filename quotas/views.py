@@ -191,14 +191,15 @@ def team_queue_context(user, team: Team, live: usage.LivePicture | None = None) 
     now = timezone.now()
     # Shared by the pages while nothing changed: no snapshot load per view.
     live = live or usage.live_picture()
-    names = {s.name for s in Share.objects.filter(team=team).only("name")}
+    names = {c.name for c in live.picture.cards if c.team_id == team.pk}  # every share has its card
     # Counts from the live picture's per-share totals; the first rows in the stored forecast's order
     # walk its position index, then jobs not forecast yet in queue order.
     queued_total = sum(jobs for (share, _), (jobs, _) in live.queued_totals.items() if share in names)
     queued_qs = Job.objects.filter(state=JobState.QUEUED, share__team=team)
     shown_q = []
     for f in (
-        QueueForecast.objects.filter(job__in=queued_qs)
+        # A join, not `job__in=queued_qs`: the same rows, planned in a fraction of the time.
+        QueueForecast.objects.filter(job__state=JobState.QUEUED, job__share__team=team)
         .select_related("job__share", "job__submitted_by")
         .only(
             *(f.name for f in QueueForecast._meta.concrete_fields), *(f"job__{n}" for n in QUEUE_JOB_FIELDS)

@@ -74,6 +74,35 @@ def digest(value) -> str:
     return hashlib.blake2b(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), digest_size=16).hexdigest()
 
 
+@register.filter
+def unbound_digest(form) -> str | None:
+    """The key of an unbound form's rendered fields (its fields' choices, initial values, labels, help and
+    widgets' attributes: what a blank form shows), or None for a bound form (its data and errors vary)."""
+    if form is None or form.is_bound:
+        return None
+    fields = [
+        (
+            name,
+            type(f).__name__,
+            getattr(f, "choices", None),
+            f.initial,
+            form.initial.get(name),
+            f.required,
+            str(f.label),
+            str(f.help_text),
+            f.widget.attrs,
+            f.max_length if hasattr(f, "max_length") else None,
+            getattr(f, "min_value", None),
+            getattr(f, "max_value", None),
+        )
+        for name, f in form.fields.items()
+    ]
+    try:
+        return digest([type(form).__name__, form.prefix, form.auto_id, fields])
+    except Exception:  # something that does not pickle (a callable initial): render it each time
+        return None
+
+
 _NAME = "\x00job-name\x00"  # NUL: in no stored name (PostgreSQL refuses it in text)
 _PRIORITY = "876543219"
 
@@ -107,7 +136,10 @@ class _FragmentNode(template.Node):
         from django.core.cache import cache
         from django.core.cache.utils import make_template_fragment_key
 
-        key = make_template_fragment_key(self.name, [v.resolve(context) for v in self.vary_on])
+        vary_on = [v.resolve(context) for v in self.vary_on]
+        if vary_on and vary_on[0] is None:  # no key: this one is rendered, not cached
+            return self.nodelist.render(context)
+        key = make_template_fragment_key(self.name, vary_on)
         try:
             html = cache.get(key)
         except Exception:  # a broken cache only costs the rendering (as the live picture's does)
@@ -128,7 +160,7 @@ FRAGMENT_TTL_S = 300
 def fragment(parser, token):
     """`{% fragment name var1 var2 ... %}...{% endfragment %}`: Django's `{% cache %}` for what a key
     fully determines (vary on everything the fragment shows), without failing the page while the cache
-    (Redis) is away."""
+    (Redis) is away. A first var that is None renders the fragment uncached."""
     bits = token.split_contents()
     if len(bits) < 2:
         raise template.TemplateSyntaxError("fragment needs a name")

@@ -116,6 +116,28 @@ def test_cards_follow_the_picture(as_bob, bob, vision_share, nodes):
     assert "2 used of" in overview and 'hx-get="/?part=cards"' not in overview
 
 
+def test_a_blank_submit_form_is_rendered_once_a_filled_one_each_time(as_bob, vision, vision_share, nodes):
+    """The blank form's fields are cached by what they show; a form with errors never comes from the
+    cache, and a share added to the team shows in the next blank form."""
+    from quotas.models import Share
+
+    def form_html(body: str) -> str:
+        return _csrf_free(
+            body[body.index('<form id="submit-form"') : body.index("</form>", body.index("submit-form"))]
+        )
+
+    first = form_html(as_bob.get("/teams/vision/").content.decode())
+    assert form_html(as_bob.get("/teams/vision/").content.decode()) == first
+    bad = {"share": "vision-main", "gpu_type": "a10g", "gpus": "0", "priority": "0", "command": "x"}
+    response = as_bob.post("/teams/vision/submit/", bad, HTTP_HX_REQUEST="true")
+    assert response.status_code == 400 and 'id="id_gpus-error"' in response.content.decode()
+    assert 'value="0"' in re.search(r'<input[^>]*id="id_gpus"[^>]*>', response.content.decode()).group()
+    again = form_html(as_bob.get("/teams/vision/").content.decode())
+    assert "id_gpus-error" not in again and again == first
+    Share.objects.create(name="vision-extra", team=vision, strategy="LEND")
+    assert '<option value="vision-extra">' in form_html(as_bob.get("/teams/vision/").content.decode())
+
+
 def test_cards_render_without_a_cache(as_bob, vision_share, nodes, settings):
     """A cache that is away (Redis down) costs the rendering, not the page."""
     settings.CACHES = {"default": {"BACKEND": "tests.web.test_page_rendering.BrokenCache"}}
