@@ -33,8 +33,9 @@ Where SEMANTICS leaves room, this module decides:
 from __future__ import annotations
 
 import heapq
+import math
 from bisect import bisect_left
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -301,7 +302,6 @@ def usage(snapshot: Snapshot, *, count_preempting: bool = True) -> dict[str, dic
     idle * B / L. If the cover is broken (B > L) each lender lends all its idle GPUs and the rest of
     the borrowed GPUs are attributed to nobody.
     """
-    shares = _all_shares(snapshot)
     used: dict[tuple[str, str], int] = {}
     for run in snapshot.running:
         if run.preempting and not count_preempting:
@@ -311,7 +311,13 @@ def usage(snapshot: Snapshot, *, count_preempting: bool = True) -> dict[str, dic
         for _, idx in run.placement:
             g += len(idx)
         used[key] = used.get(key, 0) + g
-    cluster = _schedulable_capacity(snapshot)
+    return _usage(_all_shares(snapshot), used, _schedulable_capacity(snapshot))
+
+
+def _usage(
+    shares: Mapping[str, ShareView], used: Mapping[tuple[str, str], int], cluster: Mapping[str, int]
+) -> dict[str, dict[str, ShareUsage]]:
+    """usage() from GPUs used per (share, type) and schedulable GPUs per type."""
     gpu_types = set(cluster) | {t for _, t in used}
     for share in shares.values():
         gpu_types.update(share.capacity)
@@ -462,7 +468,7 @@ def _node_table(gpu_type: str, nodes: list[NodeView] | tuple[NodeView, ...]) -> 
 class _Att:
     """A running attempt as the pass sees it (mutable: it may become a victim)."""
 
-    __slots__ = ("view", "s", "gpus", "prio", "on", "victim", "bnow")
+    __slots__ = ("view", "s", "gpus", "prio", "on", "victim", "bnow", "masks")
 
     def __init__(self, view: RunningView, s: int, on: list[tuple[int, int]], gpus: int) -> None:
         self.view = view
@@ -472,6 +478,7 @@ class _Att:
         self.on = on  # [(node index, GPUs on it)] for the nodes of this type that it holds
         self.victim = False
         self.bnow = False  # in borrowed_attempts()
+        self.masks: list[tuple[int, int]] = []  # [(node index, bit mask of the GPUs it holds there)]
 
 
 class _Out:
@@ -523,35 +530,408 @@ class _Waiting(Mapping):
         return repr(self._all())
 
 
-class _Context:
-    """The snapshot regrouped once: shares indexed by name order, everything else by GPU type."""
+class _Shares:
+    """The shares as a pass indexes them, by name order. A share referenced by work but missing from
+    the declared ones owns nothing and may borrow nothing (see _all_shares)."""
 
-    def __init__(self, snap: Snapshot) -> None:
-        self.snap = snap
-        shares = _all_shares(snap)
-        self.known = {s.name for s in snap.shares}
+    __slots__ = ("known", "names", "views", "sidx")
+
+    def __init__(
+        self, declared: Iterable[ShareView], running: Iterable[RunningView], queued: Iterable[QueuedView]
+    ):
+        shares = {s.name: s for s in declared}
+        self.known = set(shares)
+        named = {r.share for r in running} | {q.share for q in queued}
+        for name in sorted(named - shares.keys()):
+            shares[name] = ShareView(name=name, capacity={}, strategy=LEND_AND_BORROW, borrow_limit=0)
         self.names = sorted(shares)
         self.views = [shares[n] for n in self.names]
         self.sidx = {n: i for i, n in enumerate(self.names)}
-        self.nodes: dict[str, list[NodeView]] = {}
-        for node in snap.nodes:
-            self.nodes.setdefault(node.gpu_type, []).append(node)
-        self.running: dict[str, list[RunningView]] = {}
-        for run in snap.running:
-            self.running.setdefault(run.gpu_type, []).append(run)
-        # One sort of all queued jobs gives both each share's queue and the global queue order (rule 1:
-        # priority desc, submit time asc, job id asc; rule 8 makes the earlier win a tie). Three stable
-        # passes on single keys equal one sort on that tuple, about three times faster.
-        order = sorted(snap.queued, key=attrgetter("job_id"))
-        order.sort(key=attrgetter("submitted_at"))
-        order.sort(key=_neg_priority)
-        self.queued: dict[str, list[QueuedView]] = {}
-        for job in order:
-            self.queued.setdefault(job.gpu_type, []).append(job)
-        self.beneficiaries = {
-            r.beneficiary_job_id for r in snap.running if r.preempting and r.beneficiary_job_id is not None
-        }
-        self.types = sorted(set(self.nodes) | set(self.running) | set(self.queued))
+
+
+def _job_key(job: QueuedView) -> tuple:
+    # Rule 1's order in a pass: priority desc, submit time asc, job id asc (rule 8: the earlier wins).
+    return (-job.priority, job.submitted_at, job.job_id)
+
+
+_KEY_MAX = (math.inf,)  # after every _job_key
+
+
+class _TypeBase:
+    """One GPU type's scheduling state as it stands between passes, kept up to date by events
+    (`add_run`, `remove_run`, `add_job`, `remove_job`) instead of being rebuilt from a snapshot for
+    every pass: node tables, GPUs in use per node, per share the GPUs held and in grace, the running
+    attempts, the queue in rule 1's order with its suffix minima, and the victim orders (refreshed
+    for the shares whose attempts changed, when a pass first needs them). A pass (_TypePass) copies
+    the few small arrays it changes and reads the rest: it costs what it decides plus the shares it
+    looks at, not the size of the queue.
+
+    `plan(snapshot)` builds the same state in bulk, so production passes, the simulator, the forecast
+    and the what-if run one engine."""
+
+    def __init__(
+        self,
+        sh: _Shares,
+        gpu_type: str,
+        nodes: Iterable[NodeView],
+        running: Iterable[RunningView],
+        queued: Iterable[QueuedView],
+    ) -> None:
+        self.sh = sh
+        self.t = gpu_type
+        st = _node_table(gpu_type, tuple(nodes))
+        self.node_names, self.size, self.sched, self.full = st.names, st.size, st.sched, st.full
+        self.node_index = st.index
+        self.C, self.M, self.maxk, self.m_nodes = st.C, st.M, st.maxk, st.m_nodes
+        n_nodes = len(st.names)
+
+        views = sh.views
+        n = len(views)
+        self.cap = cap = [max(0, v.capacity.get(gpu_type, 0)) for v in views]
+        self.lender = [_lends(v.strategy) for v in views]
+        self.reserve = [v.strategy == RESERVE for v in views]
+        self.lab = [v.strategy == LEND_AND_BORROW for v in views]
+        self.in_share = [v.in_share_preemption for v in views]
+        limits = [_borrow_cap(v, c) for v, c in zip(views, cap, strict=True)]
+        self.bcap = [_NO_LIMIT if b is None else b for b in limits]
+        self.pool = max(0, self.C - sum(cap))
+        self.overcommitted = sum(cap) > self.C
+        self.lender_shares = [s for s in range(n) if self.lender[s] and cap[s] > 0]
+
+        # -- running attempts
+        self.used = [0] * n_nodes  # GPUs in use per node, a bit mask
+        self.pend_u = [0] * n_nodes  # GPUs of pre-empting attempts per schedulable node
+        self.pend_nodes: set[int] = set()
+        self.held = [0] * n
+        self.grace = [0] * n
+        self.atts: list[dict[Hashable, _Att]] = [{} for _ in range(n)]  # not pre-empting
+        self.pre: dict[
+            Hashable, tuple
+        ] = {}  # pre-empting: attempt id -> (share, masks, on, gpus, beneficiary)
+        self.ben_nodes: dict[
+            Hashable, dict[int, int]
+        ] = {}  # beneficiary -> node -> its pre-empting attempts there
+        self.ben_count: dict[Hashable, int] = {}  # beneficiary -> pre-empting attempts naming it
+        # False once an attempt claimed a GPU another one holds: only a rebuild in snapshot order
+        # then says who holds it, so the engine rebuilds.
+        self.regular = True
+        self.free: list[int] = []
+        self.bk: list[list[int]] = []
+        for run in running:
+            self.add_run(run, bulk=True)
+        self.free = [st.size[i] - self.used[i].bit_count() if st.sched[i] else 0 for i in range(n_nodes)]
+        self._rebuild_buckets()
+
+        # -- victim orders, refreshed for the shares in `dirty` when a pass first needs them
+        self.dirty: set[int] = set(range(n))
+        self.vlist: list[list[_Att]] = [[] for _ in range(n)]
+        self.ilist: list[list[_Att]] = [[] for _ in range(n)]
+        self.iprio: list[list[int]] = [[] for _ in range(n)]
+        self.vshares: list[int] = []
+        self.rec = [0] * n_nodes
+
+        # -- queues (lists are replaced, never changed in place: an earlier plan's lazy reasons read them)
+        self.waiting: dict[Hashable, str] = {}  # jobs that can never run as things are, and why
+        self._shape: dict[int, str | None] = {}
+        self._never: dict[tuple[str, int], str | None] = {}
+        self.q: list[list[QueuedView]] = [[] for _ in range(n)]
+        self.keys: list[list[tuple]] = [[] for _ in range(n)]
+        self.qinfo: dict[Hashable, tuple[int, tuple]] = {}
+        self.bens: set[Hashable] = set()  # queued jobs flagged as beneficiaries
+        sidx, q, keys, qinfo = sh.sidx, self.q, self.keys, self.qinfo
+        for job in queued:  # in rule 1's order
+            why = self._never_why(job)
+            if why is not None:
+                self.waiting[job.job_id] = why
+                continue
+            s = sidx[job.share]
+            key = (-job.priority, job.submitted_at, job.job_id)
+            q[s].append(job)
+            keys[s].append(key)
+            qinfo[job.job_id] = (s, key)
+            if job.beneficiary:
+                self.bens.add(job.job_id)
+        self.suf: list[list[int]] = []
+        for qs in q:
+            suf = [0] * len(qs)
+            m = _NO_LIMIT
+            for k in range(len(qs) - 1, -1, -1):
+                g = qs[k].gpus
+                if g < m:
+                    m = g
+                suf[k] = m
+            self.suf.append(suf)
+
+    # -- nodes ---------------------------------------------------------------------------------------
+
+    def _rebuild_buckets(self) -> None:
+        self.bk = [[] for _ in range(self.maxk + 1)]
+        for i, f in enumerate(self.free):
+            if f:
+                self.bk[f].append(i)  # ascending: already a heap
+        self._bk_entries = sum(map(len, self.bk))
+
+    def _free_changed(self, i: int, d: int) -> None:
+        v = self.free[i] + d
+        self.free[i] = v
+        if v:
+            heapq.heappush(self.bk[v], i)  # the old entry goes stale; passes skip stale entries
+            self._bk_entries += 1
+            if self._bk_entries > 2 * len(self.free) + 64:
+                self._rebuild_buckets()
+
+    # -- running attempts ------------------------------------------------------------------------------
+
+    def add_run(self, run: RunningView, bulk: bool = False) -> None:
+        # GPUs in use per node as a bit mask; a GPU index listed twice, taken already, or outside the
+        # node counts once, for the first attempt (in snapshot order) only.
+        s = self.sh.sidx[run.share]
+        node_index, full, used = self.node_index, self.full, self.used
+        masks: list[tuple[int, int]] = []
+        gpus = 0
+        for name, idxs in run.placement:
+            gpus += len(idxs)
+            i = node_index.get(name)
+            if i is None:
+                continue  # a node gone from the snapshot: the GPUs still count as usage
+            m = _MASKS.get(idxs) if idxs.__class__ is tuple else None
+            if m is None:
+                m = _mask(idxs)
+            m &= full[i]
+            new = m & ~used[i]
+            if new != m:
+                self.regular = False
+            if new:
+                used[i] |= new
+                masks.append((i, new))
+                if not bulk and self.sched[i]:
+                    self._free_changed(i, -new.bit_count())
+        if len(masks) == 1:
+            on = [(masks[0][0], masks[0][1].bit_count())]
+        else:
+            per_node: dict[int, int] = {}
+            for i, m in masks:
+                per_node[i] = per_node.get(i, 0) + m.bit_count()
+            on = sorted(per_node.items())
+        if run.preempting:
+            self.grace[s] += gpus
+            sched, pend_u = self.sched, self.pend_u
+            for i, c in on:
+                if sched[i]:
+                    pend_u[i] += c
+                    self.pend_nodes.add(i)
+            b = run.beneficiary_job_id
+            if b is not None:
+                self.ben_count[b] = self.ben_count.get(b, 0) + 1
+                nodes = self.ben_nodes.setdefault(b, {})
+                for i, _ in on:
+                    nodes[i] = nodes.get(i, 0) + 1
+            self.pre[run.attempt_id] = (s, masks, on, gpus, b)
+            return
+        att = _Att(run, s, on, gpus)
+        att.masks = masks
+        self.held[s] += gpus
+        self.atts[s][run.attempt_id] = att
+        if not bulk:
+            self.dirty.add(s)
+
+    def remove_run(self, run: RunningView) -> None:
+        if run.preempting:
+            s, masks, on, gpus, b = self.pre.pop(run.attempt_id)
+            self.grace[s] -= gpus
+            sched, pend_u = self.sched, self.pend_u
+            for i, c in on:
+                if sched[i]:
+                    pend_u[i] -= c
+                    if not pend_u[i]:
+                        self.pend_nodes.discard(i)
+            if b is not None:
+                left = self.ben_count[b] - 1
+                if left:
+                    self.ben_count[b] = left
+                else:
+                    del self.ben_count[b]
+                nodes = self.ben_nodes[b]
+                for i, _ in on:
+                    nodes[i] -= 1
+                    if not nodes[i]:
+                        del nodes[i]
+                if not left:
+                    del self.ben_nodes[b]
+        else:
+            s = self.sh.sidx[run.share]
+            att = self.atts[s].pop(run.attempt_id)
+            self.held[s] -= att.gpus
+            masks = att.masks
+            self.dirty.add(s)
+        used, sched = self.used, self.sched
+        for i, m in masks:
+            used[i] &= ~m
+            if sched[i]:
+                self._free_changed(i, m.bit_count())
+
+    def victim_orders(self) -> None:
+        """Rule 8's borrowed part and the victim orders of rules 3 and 4, for the shares whose
+        attempts changed since they were last ordered."""
+        if not self.dirty:
+            return
+        rec = self.rec
+        for s in self.dirty:
+            for a in self.vlist[s]:
+                a.bnow = False
+                for i, c in a.on:
+                    rec[i] -= c
+            atts = list(self.atts[s].values())
+            vl: list[_Att] = []
+            over = self.held[s] - self.cap[s]
+            if over > 0:
+                vl = _borrowed_atts(atts, over)
+                for a in vl:
+                    a.bnow = True
+                    for i, c in a.on:
+                        rec[i] += c
+                vl.sort(key=_att_victim_key, reverse=True)
+            self.vlist[s] = vl
+            if self.in_share[s]:
+                il = sorted(atts, key=_att_victim_key, reverse=True)
+                self.ilist[s] = il
+                self.iprio[s] = [a.prio for a in il]
+        self.dirty.clear()
+        self.vshares = [s for s in range(len(self.vlist)) if self.vlist[s]]
+
+    # -- queued jobs ----------------------------------------------------------------------------------
+
+    def _never_why(self, job: QueuedView) -> str | None:
+        g = job.gpus
+        shape = self._shape
+        why = shape[g] if g in shape else shape.setdefault(g, self._invalid(g))
+        if why is None and job.share not in self.sh.known:
+            why = f"unknown share {job.share}"
+        if why is None:
+            never_key = (job.share, g)
+            if never_key not in self._never:
+                self._never[never_key] = never_fits(self.sh.views[self.sh.sidx[job.share]], self.t, g)
+            why = self._never[never_key]
+        return why
+
+    def _invalid(self, g: int) -> str | None:
+        """Why a job of g GPUs can never be placed on this type's nodes as they are, or None."""
+        if g <= 0:
+            return "asks for no GPUs"
+        if not self.size:
+            return f"no {self.t} nodes in the cluster"
+        M = self.M
+        if M == 0:  # only GPU-less nodes of this type
+            return f"no {self.t} node has any GPUs"
+        if g > M:
+            if g % M:
+                return f"{g} GPUs is more than one {M}-GPU node and not a multiple of it"
+            if g // M > len(self.m_nodes):
+                return f"needs {g // M} whole {M}-GPU nodes; only {len(self.m_nodes)} are schedulable"
+            return None
+        if g > self.maxk:
+            if not self.maxk:
+                return f"no schedulable {self.t} nodes"
+            return f"needs {g} GPUs on one node; no schedulable {self.t} node has that many"
+        return None
+
+    def add_job(self, job: QueuedView) -> None:
+        why = self._never_why(job)
+        if why is not None:
+            self.waiting[job.job_id] = why
+            return
+        s = self.sh.sidx[job.share]
+        key = (-job.priority, job.submitted_at, job.job_id)
+        pos = bisect_left(self.keys[s], key)
+        keys = self.keys[s].copy()
+        keys.insert(pos, key)
+        self.keys[s] = keys
+        q = self.q[s].copy()
+        q.insert(pos, job)
+        self.q[s] = q
+        self.qinfo[job.job_id] = (s, key)
+        if job.beneficiary:
+            self.bens.add(job.job_id)
+        g = job.gpus
+        suf = self.suf[s]  # read by passes only while they run: changed in place
+        suf.insert(pos, g if pos + 1 == len(q) or suf[pos] > g else suf[pos])
+        k = pos - 1
+        while k >= 0 and suf[k] > g:
+            suf[k] = g
+            k -= 1
+
+    def remove_job(self, job: QueuedView) -> None:
+        if self.waiting.pop(job.job_id, None) is not None:
+            return
+        s, key = self.qinfo.pop(job.job_id)
+        pos = bisect_left(self.keys[s], key)
+        keys = self.keys[s].copy()
+        del keys[pos]
+        self.keys[s] = keys
+        q = self.q[s].copy()
+        del q[pos]
+        self.q[s] = q
+        self.bens.discard(job.job_id)
+        suf = self.suf[s]
+        del suf[pos]
+        nxt = suf[pos] if pos < len(suf) else _NO_LIMIT
+        for k in range(pos - 1, -1, -1):
+            g = q[k].gpus
+            v = g if g < nxt else nxt
+            if suf[k] == v:
+                break
+            suf[k] = v
+            nxt = v
+
+
+def _att_victim_key(a: _Att) -> tuple:
+    return _victim_key(a.view)
+
+
+def _type_bases(
+    sh: _Shares, nodes: Iterable[NodeView], running: Iterable[RunningView], queued: Iterable[QueuedView]
+) -> dict[str, _TypeBase]:
+    """Every GPU type's state built at once from views (plan(snapshot), and an Engine's rebuild)."""
+    by_nodes: dict[str, list[NodeView]] = {}
+    for node in nodes:
+        by_nodes.setdefault(node.gpu_type, []).append(node)
+    by_run: dict[str, list[RunningView]] = {}
+    for run in running:
+        by_run.setdefault(run.gpu_type, []).append(run)
+    # One sort of all queued jobs gives each type's queue in rule 1's order. Three stable passes on
+    # single keys equal one sort on the tuple, about three times faster.
+    order = sorted(queued, key=attrgetter("job_id"))
+    order.sort(key=attrgetter("submitted_at"))
+    order.sort(key=_neg_priority)
+    by_q: dict[str, list[QueuedView]] = {}
+    for job in order:
+        by_q.setdefault(job.gpu_type, []).append(job)
+    types = sorted(set(by_nodes) | set(by_run) | set(by_q))
+    return {t: _TypeBase(sh, t, by_nodes.get(t, ()), by_run.get(t, ()), by_q.get(t, ())) for t in types}
+
+
+def _pass(bases: Mapping[str, _TypeBase], now: float, starvation_s: float) -> Plan:
+    out = _Out()
+    beneficiaries: set[Hashable] = set()
+    for base in bases.values():
+        if base.ben_count:
+            beneficiaries.update(base.ben_count)
+    for gpu_type in sorted(bases):
+        base = bases[gpu_type]
+        if base.waiting:
+            out.waiting.update(base.waiting)
+        if not base.qinfo:
+            continue  # nothing queued of this type: nothing to admit, nothing to pre-empt for
+        tp = _TypePass(base, now, starvation_s, beneficiaries, out)
+        tp.run()
+        for a in tp.marked:
+            a.victim = False  # the attempts outlive the pass; its decisions are in `out`
+    return Plan(
+        admissions=tuple(out.admissions),
+        preemptions=tuple(out.preemptions),
+        waiting=_Waiting(out.waiting, out.later) if out.later else out.waiting,
+        reserved=out.reserved,
+    )
 
 
 def plan(snapshot: Snapshot) -> Plan:
@@ -567,17 +947,159 @@ def plan(snapshot: Snapshot) -> Plan:
       C. borrowing, shares by fewest borrowed GPUs relative to capacity (rule 5).
     Backfill (rule 6) is natural: a blocked job never stops the jobs behind it, except that a
     starving head job holds the node(s) it needs next.
+
+    The same engine as `Engine.plan()`, built from the snapshot at once.
     """
-    ctx = _Context(snapshot)
-    out = _Out()
-    for gpu_type in ctx.types:
-        _TypePass(ctx, gpu_type, out).run()
-    return Plan(
-        admissions=tuple(out.admissions),
-        preemptions=tuple(out.preemptions),
-        waiting=_Waiting(out.waiting, out.later) if out.later else out.waiting,
-        reserved=out.reserved,
-    )
+    sh = _Shares(snapshot.shares, snapshot.running, snapshot.queued)
+    bases = _type_bases(sh, snapshot.nodes, snapshot.running, snapshot.queued)
+    return _pass(bases, snapshot.now, snapshot.starvation_s)
+
+
+class Engine:
+    """The scheduling state of one cluster kept between passes, for callers that plan again and again
+    as things change a little (the simulator, the forecast's replay, the what-if): they report each
+    change (a job queued or gone from the queue, an attempt started, changed or gone, the nodes or
+    shares replaced) and `plan(now)` costs about what the pass decides, not the size of the queue.
+
+    `plan(now)` equals `plan(self.snapshot(now))` (tests/quotas/test_engine_incremental.py checks it
+    after every event of random histories and of the generated traces). Rare changes (nodes, shares,
+    an unknown share or type, a GPU claimed twice) rebuild the state from the views at the next pass.
+    """
+
+    def __init__(
+        self,
+        *,
+        nodes: Iterable[NodeView] = (),
+        shares: Iterable[ShareView] = (),
+        running: Iterable[RunningView] = (),
+        queued: Iterable[QueuedView] = (),
+        starvation_s: float = 3600,
+    ) -> None:
+        self.nodes = tuple(nodes)
+        self.shares = tuple(shares)
+        self.running: dict[Hashable, RunningView] = {r.attempt_id: r for r in running}
+        self.queued: dict[Hashable, QueuedView] = {j.job_id: j for j in queued}
+        self.starvation_s = starvation_s
+        self._sh: _Shares | None = None
+        self._bases: dict[str, _TypeBase] = {}
+        self._cluster: dict[str, int] | None = None  # schedulable GPUs per type
+
+    @classmethod
+    def from_snapshot(cls, snapshot: Snapshot) -> Engine:
+        return cls(
+            nodes=snapshot.nodes,
+            shares=snapshot.shares,
+            running=snapshot.running,
+            queued=snapshot.queued,
+            starvation_s=snapshot.starvation_s,
+        )
+
+    def snapshot(self, now: float, *, queued: bool = True) -> Snapshot:
+        return Snapshot(
+            now=now,
+            nodes=self.nodes,
+            shares=self.shares,
+            running=tuple(self.running.values()),
+            queued=tuple(self.queued.values()) if queued else (),
+            starvation_s=self.starvation_s,
+        )
+
+    def _state(self) -> tuple[_Shares, dict[str, _TypeBase]]:
+        if self._sh is None:
+            self._sh = _Shares(self.shares, self.running.values(), self.queued.values())
+            self._bases = _type_bases(self._sh, self.nodes, self.running.values(), self.queued.values())
+            self._cluster = None
+        return self._sh, self._bases
+
+    def plan(self, now: float) -> Plan:
+        return _pass(self._state()[1], now, self.starvation_s)
+
+    def usage(self) -> dict[str, dict[str, ShareUsage]]:
+        """usage(self.snapshot(now)) from the kept state, without a walk over the attempts."""
+        sh, bases = self._state()
+        used: dict[tuple[str, str], int] = {}
+        for t, base in bases.items():
+            for s, name in enumerate(sh.names):
+                g = base.held[s] + base.grace[s]
+                if g:
+                    used[(name, t)] = g
+        if self._cluster is None:
+            self._cluster = {}
+            for node in self.nodes:
+                if node.schedulable:
+                    self._cluster[node.gpu_type] = self._cluster.get(node.gpu_type, 0) + max(0, node.gpus)
+        shares = dict(zip(sh.names, sh.views, strict=True))
+        if len(shares) > len(sh.known):  # shares only named by work: those still named now (rare)
+            named = {r.share for r in self.running.values()} | {q.share for q in self.queued.values()}
+            shares = {n: v for n, v in shares.items() if n in sh.known or n in named}
+        return _usage(shares, used, self._cluster)
+
+    # -- changes ---------------------------------------------------------------------------------------
+
+    def _base(self, gpu_type: str, share: str) -> _TypeBase | None:
+        """The type's state to update in place, or None when the next pass rebuilds anyway."""
+        sh = self._sh
+        if sh is None:
+            return None
+        base = self._bases.get(gpu_type)
+        if base is None or share not in sh.sidx:
+            self._sh = None  # a type or share the state does not know yet
+            return None
+        return base
+
+    def set_nodes(self, nodes: Iterable[NodeView]) -> None:
+        self.nodes = tuple(nodes)
+        self._sh = None
+
+    def set_shares(self, shares: Iterable[ShareView]) -> None:
+        self.shares = tuple(shares)
+        self._sh = None
+
+    def set_starvation(self, starvation_s: float) -> None:
+        self.starvation_s = starvation_s
+
+    def add_queued(self, job: QueuedView) -> None:
+        """A job joins the queue, or a queued job's view changes (priority, beneficiary): it keeps its
+        place in the order of the views."""
+        old = self.queued.get(job.job_id)
+        self.queued[job.job_id] = job
+        if old is not None:
+            base = self._base(old.gpu_type, old.share)
+            if base is not None:
+                base.remove_job(old)
+        base = self._base(job.gpu_type, job.share)
+        if base is not None:
+            base.add_job(job)
+
+    def remove_queued(self, job_id: Hashable) -> QueuedView:
+        job = self.queued.pop(job_id)
+        base = self._base(job.gpu_type, job.share)
+        if base is not None:
+            base.remove_job(job)
+        return job
+
+    def add_running(self, run: RunningView) -> None:
+        """A new attempt, or a new view of one (pre-empting now): it keeps its place in the order."""
+        old = self.running.get(run.attempt_id)
+        self.running[run.attempt_id] = run
+        if old is not None:
+            base = self._base(old.gpu_type, old.share)
+            if base is not None:
+                base.remove_run(old)
+        base = self._base(run.gpu_type, run.share)
+        if base is not None:
+            base.add_run(run)
+            if not base.regular:
+                self._sh = None
+
+    def remove_running(self, attempt_id: Hashable) -> RunningView:
+        run = self.running.pop(attempt_id)
+        base = self._base(run.gpu_type, run.share)
+        if base is not None:
+            base.remove_run(run)
+            if not base.regular:
+                self._sh = None
+        return run
 
 
 class _Fit:
@@ -645,142 +1167,49 @@ class _TypePass:
     reserved for anyone, kept in buckets by free count so best fit is O(node size), not O(nodes).
     """
 
-    def __init__(self, ctx: _Context, gpu_type: str, out: _Out) -> None:
-        self.ctx = ctx
-        self.t = gpu_type
+    def __init__(
+        self, base: _TypeBase, now: float, starvation_s: float, beneficiaries: set[Hashable], out: _Out
+    ) -> None:
+        self.base = base
+        self.sh = base.sh
+        self.t = base.t
         self.out = out
-        self.now = ctx.snap.now
-        self.starvation_s = ctx.snap.starvation_s
+        self.now = now
+        self.starvation_s = starvation_s
 
-        # -- nodes (read-only, cached while the type's nodes stay the same)
-        st = _node_table(gpu_type, ctx.nodes.get(gpu_type, ()))
-        n_nodes = len(st.names)
-        self.node_names = st.names
-        self.size = size = st.size
-        self.sched = sched = st.sched
-        self.C, self.M, self.maxk, self.m_nodes = st.C, st.M, st.maxk, st.m_nodes
-        node_index = st.index
+        # -- nodes and shares: read-only here
+        self.node_names, self.size, self.sched = base.node_names, base.size, base.sched
+        self.C, self.M, self.maxk, self.m_nodes = base.C, base.M, base.maxk, base.m_nodes
+        self.cap, self.lender, self.reserve, self.lab = base.cap, base.lender, base.reserve, base.lab
+        self.in_share, self.bcap = base.in_share, base.bcap
+        self.pool, self.overcommitted, self.lender_shares = base.pool, base.overcommitted, base.lender_shares
+        self.ben_nodes = base.ben_nodes
+        n_shares = len(self.cap)
 
-        # -- shares
-        views = ctx.views
-        n_shares = len(views)
-        self.cap = cap = [max(0, v.capacity.get(gpu_type, 0)) for v in views]
-        self.lender = [_lends(v.strategy) for v in views]
-        self.reserve = [v.strategy == RESERVE for v in views]
-        self.lab = [v.strategy == LEND_AND_BORROW for v in views]
-        self.in_share = [v.in_share_preemption for v in views]
-        limits = [_borrow_cap(v, c) for v, c in zip(views, cap, strict=True)]
-        self.bcap = [_NO_LIMIT if b is None else b for b in limits]
-        self.held = held = [0] * n_shares
-        self.grace = grace = [0] * n_shares
+        # -- what this pass changes: copies
+        self.held = held = base.held.copy()
+        self.grace = grace = base.grace.copy()
         self.pend = [0] * n_shares
-
-        # -- running attempts. GPUs in use per node as a bit mask; a GPU index listed twice, taken
-        # already, or outside the node counts once, for the first attempt (in snapshot order) only.
-        used = [0] * n_nodes
-        full = st.full
-        pend_count = [0] * n_nodes
-        by_share: list[list[_Att]] = [[] for _ in range(n_shares)]
-        self.ben_nodes: dict[Hashable, set[int]] = {}
-        sidx = ctx.sidx
-        masks = _MASKS
-        for run in ctx.running.get(gpu_type, ()):
-            s = sidx[run.share]
-            on: list[tuple[int, int]]
-            placement = run.placement
-            if len(placement) == 1:
-                name, idxs = placement[0]
-                gpus = len(idxs)
-                on = []
-                i = node_index.get(name)
-                if i is not None:  # else a node gone from the snapshot: the GPUs still count as usage
-                    m = masks.get(idxs) if idxs.__class__ is tuple else None
-                    if m is None:
-                        m = _mask(idxs)
-                    new = m & full[i] & ~used[i]
-                    if new:
-                        used[i] |= new
-                        on = [(i, new.bit_count())]
-            else:
-                gpus = 0
-                per_node: dict[int, int] = {}
-                for name, idxs in placement:
-                    gpus += len(idxs)
-                    i = node_index.get(name)
-                    if i is None:
-                        continue
-                    m = masks.get(idxs) if idxs.__class__ is tuple else None
-                    if m is None:
-                        m = _mask(idxs)
-                    new = m & full[i] & ~used[i]
-                    if new:
-                        used[i] |= new
-                        per_node[i] = per_node.get(i, 0) + new.bit_count()
-                on = sorted(per_node.items())
-            if run.preempting:
-                grace[s] += gpus
-                for i, c in on:
-                    pend_count[i] += c
-                if run.beneficiary_job_id is not None:
-                    self.ben_nodes.setdefault(run.beneficiary_job_id, set()).update(i for i, _ in on)
-                continue
-            att = _Att(run, s, on, gpus)
-            held[s] += gpus
-            by_share[s].append(att)
-
-        self._used = used
+        self._used = base.used  # read-only: admissions take GPUs from the free-index lists
         self._free_idx: dict[int, list[int]] = {}  # free GPU indexes, built when a node is first used
-        self.free_u = [size[i] - used[i].bit_count() if sched[i] else 0 for i in range(n_nodes)]
-        self.pend_u = [pend_count[i] if sched[i] else 0 for i in range(n_nodes)]
-        self.pend_nodes = {i for i in range(n_nodes) if self.pend_u[i]}
-        self.bk: list[list[int]] = [[] for _ in range(self.maxk + 1)]
-        bk = self.bk
-        for i, f in enumerate(self.free_u):
-            if f:
-                bk[f].append(i)  # ascending: already a heap
+        self.free_u = base.free.copy()
+        self.pend_u = base.pend_u.copy()
+        self.pend_nodes = set(base.pend_nodes)
+        self.bk = [h.copy() for h in base.bk]
         self._mf = -1  # cached largest free count; -1 = stale
         self._taken: dict[int, list] = {}  # reclaim victims of the current decision: share -> [b0, atts]
 
-        # -- borrowed classification and victim orders
-        self.vlist: list[list[_Att]] = [[] for _ in range(n_shares)]
+        # -- victim orders: from the base, when first needed (_victims)
+        self._vready = False
         self.vptr = [0] * n_shares
-        self.ilist: list[list[_Att]] = [[] for _ in range(n_shares)]
-        self.iprio: list[list[int]] = [[] for _ in range(n_shares)]
-        for s, atts in enumerate(by_share):
-            if not atts:
-                continue
-            over = sum(a.gpus for a in atts) - cap[s]
-            if over > 0:
-                by_id = {a.view.attempt_id: a for a in atts}
-                part = _borrowed_atts(atts, over)
-                for a in part:
-                    by_id[a.view.attempt_id].bnow = True
-                vl = sorted(
-                    (by_id[a.view.attempt_id] for a in part), key=lambda a: _victim_key(a.view), reverse=True
-                )
-                self.vlist[s] = vl
-            if self.in_share[s]:
-                il = sorted(atts, key=lambda a: _victim_key(a.view), reverse=True)
-                self.ilist[s] = il
-                self.iprio[s] = [a.prio for a in il]
-        self.vshares = [s for s in range(n_shares) if self.vlist[s]]
         self.iptr = [0] * n_shares
-        # GPUs per node of borrowed attempts not (yet) victims: a bound on what reclaim could free
-        # there, so that rule 9's walk can tell at once when no node could ever fit a job.
-        self.rec = [0] * n_nodes
-        for lst in self.vlist:
-            for a in lst:
-                for i, c in a.on:
-                    self.rec[i] += c
+        self.marked: list[_Att] = []  # attempts marked as victims at some point (reset after the pass)
 
         # -- cover aggregates (rule 3), kept incrementally
         self.own_total = self.B = self.lidle = self.ridle = 0
         for s in range(n_shares):
             self._contrib(s, 1)
-        self.pool = max(0, self.C - sum(cap))
-        self.overcommitted = sum(cap) > self.C
-        self.lender_shares = [s for s in range(n_shares) if self.lender[s] and cap[s] > 0]
-        self.room0 = [cap[s] - held[s] - grace[s] for s in range(n_shares)]
+        self.room0 = [self.cap[s] - held[s] - grace[s] for s in range(n_shares)]
 
         # -- memos: a shape that could not be placed even with reclaim stays so until GPUs being freed
         # are added to the unreserved pool (epoch), since free GPUs and candidates only shrink.
@@ -790,49 +1219,40 @@ class _TypePass:
         self.in_fail: dict[int, tuple[int, int, int]] = {}  # share -> (gpus, priority, epoch)
         self._reasons: dict[tuple, str] = {}
 
-        # -- queues
-        self.q: list[list[QueuedView]] = [[] for _ in range(n_shares)]
-        self.gpos: list[list[int]] = [[] for _ in range(n_shares)]
-        self.bens: list[tuple[int, int, int]] = []  # (queue position, share, index), in queue order
-        waiting = out.waiting
-        shape_checked: dict[int, str | None] = {}
-        never: dict[tuple[str, int], str | None] = {}
-        known = ctx.known
-        for pos, job in enumerate(ctx.queued.get(gpu_type, ())):
-            g = job.gpus
-            why = shape_checked[g] if g in shape_checked else shape_checked.setdefault(g, self._invalid(g))
-            if why is None and job.share not in known:
-                why = f"unknown share {job.share}"
-            if why is None:
-                never_key = (job.share, g)
-                if never_key not in never:
-                    never[never_key] = never_fits(views[ctx.sidx[job.share]], gpu_type, g)
-                why = never[never_key]
-            if why is not None:
-                waiting[job.job_id] = why
-                continue
-            s = ctx.sidx[job.share]
-            if job.beneficiary or job.job_id in ctx.beneficiaries:
-                self.bens.append((pos, s, len(self.q[s])))
-            self.q[s].append(job)
-            self.gpos[s].append(pos)
+        # -- queues: the base's lists (replaced, never changed, by later events), in rule 1's order;
+        # a job's key (priority, submit time, id) is its place in the global queue order.
+        self.q = base.q.copy()
+        self.qkey = base.keys.copy()
+        self.sufmin = base.suf
         self.status = [[_TODO] * len(qs) for qs in self.q]
-        # Queue position of the share's first job that waits for GPUs held for it: nothing behind it
+        self.is_ben = base.bens | beneficiaries if beneficiaries else base.bens
+        self.bens: list[tuple[tuple, int, int]] = []  # (queue key, share, index), in queue order
+        qinfo = base.qinfo
+        for job_id in self.is_ben:
+            info = qinfo.get(job_id)
+            if info is not None:
+                s, key = info
+                self.bens.append((key, s, bisect_left(self.qkey[s], key)))
+        self.bens.sort()
+        # Queue key of the share's first job that waits for GPUs held for it: nothing behind it
         # may borrow in this pass, or the borrowed job would count as own in the next pass and take
         # the room it waits for (pre-emption ping-pong at one instant).
-        self.held_for = [_NO_LIMIT] * n_shares
+        self.held_for = [_KEY_MAX] * n_shares
         self.hptr = [0] * n_shares
         self.bptr = [0] * n_shares
-        self.sufmin: list[list[int]] = []
-        for qs in self.q:
-            suf = [0] * len(qs)
-            m = _NO_LIMIT
-            for k in range(len(qs) - 1, -1, -1):
-                g = qs[k].gpus
-                if g < m:
-                    m = g
-                suf[k] = m
-            self.sufmin.append(suf)
+
+    def _victims(self) -> None:
+        """The victim orders (rules 3, 4, 8), from the base on first use in this pass: most passes
+        choose no victim and never pay for them."""
+        if self._vready:
+            return
+        self._vready = True
+        base = self.base
+        base.victim_orders()
+        self.vlist, self.ilist, self.iprio, self.vshares = base.vlist, base.ilist, base.iprio, base.vshares
+        # GPUs per node of borrowed attempts not (yet) victims: a bound on what reclaim could free
+        # there, so that rule 9's walk can tell at once when no node could ever fit a job.
+        self.rec = base.rec.copy()
 
     # -- accounting ----------------------------------------------------------------------------------
 
@@ -894,6 +1314,7 @@ class _TypePass:
         if reclaim:
             self._taken.setdefault(a.s, [self._borrowed(a.s), []])[1].append(a)
         a.victim = True
+        self.marked.append(a)
         self._chg(a.s, dh=-a.gpus, dg=a.gpus)
         if a.bnow:
             for i, c in a.on:
@@ -1114,6 +1535,7 @@ class _TypePass:
         made; once the cover and the share's capacity hold, a candidate on no reachable node is passed
         over, since the backward walk would give it back; and in rule 4 the walk stops when the
         share's own candidates are used up without bringing it within its capacity."""
+        self._victims()
         fit = _Fit(self, g)
         reach = self._reachable(g, fit, ins or {})
         if reach is not None and (len(reach) + fit.base < fit.k if fit.gang else not reach):
@@ -1265,13 +1687,13 @@ class _TypePass:
             why = "waiting for pre-empted jobs to stop"
         self.out.waiting[job.job_id] = why
         self.status[s][k] = _EARMARKED
-        self.held_for[s] = min(self.held_for[s], self.gpos[s][k])
+        self.held_for[s] = min(self.held_for[s], self.qkey[s][k])
         return _EARMARKED
 
     def _lenders(self) -> tuple[str, ...]:
         """Who a borrowed admission draws from: every lender with idle lendable GPUs (proportional
         accounting), the largest first."""
-        names = self.ctx.names
+        names = self.sh.names
         items = []
         for s in self.lender_shares:
             u = self.held[s] + self.pend[s]
@@ -1284,27 +1706,6 @@ class _TypePass:
         return tuple(n for _, n in items)
 
     # -- reasons ---------------------------------------------------------------------------------------
-
-    def _invalid(self, g: int) -> str | None:
-        """Why a job of g GPUs can never be placed on this type's nodes as they are, or None."""
-        if g <= 0:
-            return "asks for no GPUs"
-        if not self.size:
-            return f"no {self.t} nodes in the cluster"
-        M = self.M
-        if M == 0:  # only GPU-less nodes of this type
-            return f"no {self.t} node has any GPUs"
-        if g > M:
-            if g % M:
-                return f"{g} GPUs is more than one {M}-GPU node and not a multiple of it"
-            if g // M > len(self.m_nodes):
-                return f"needs {g // M} whole {M}-GPU nodes; only {len(self.m_nodes)} are schedulable"
-            return None
-        if g > self.maxk:
-            if not self.maxk:
-                return f"no schedulable {self.t} nodes"
-            return f"needs {g} GPUs on one node; no schedulable {self.t} node has that many"
-        return None
 
     def _reason(self, key: tuple) -> str:
         """Why a job waits, naming the blocker with its numbers (SEMANTICS "Forecast"). `key` is the
@@ -1422,7 +1823,7 @@ class _TypePass:
             f"{self._reason(self._place_key(g))}; holding {nodes} for it (waited over {self.starvation_s:g}s)"
         )
         self.status[s][k] = _RESERVED
-        self.held_for[s] = min(self.held_for[s], self.gpos[s][k])
+        self.held_for[s] = min(self.held_for[s], self.qkey[s][k])
         return _RESERVED
 
     def _blocked_on_placement(self, s: int, k: int, tol: int) -> int:
@@ -1457,7 +1858,7 @@ class _TypePass:
         g = self.q[s][k].gpus
         return (
             self.lab[s]
-            and self.gpos[s][k] <= self.held_for[s]
+            and self.qkey[s][k] <= self.held_for[s]
             and self.held[s] + max(self.grace[s], self.pend[s]) + g <= self.cap[s] + self.bcap[s]
             and self._deficit_if(s, g) <= 0
             and (g > self.M or self._max_free() >= g)
@@ -1505,6 +1906,7 @@ class _TypePass:
         memo = self.in_fail.get(s)
         if memo is not None and memo[2] == self.epoch and g >= memo[0] and p <= memo[1]:
             return False
+        self._victims()
         n = bisect_left(self.iprio[s], p)  # the victim order starts with the lowest priorities
         if self._try_in_share(s, k, n):
             return True
@@ -1556,8 +1958,8 @@ class _TypePass:
         if not self.lab[s]:
             if g <= self.room0[s]:
                 return self._wait(s, k, ("behind", k))
-            return self._wait(s, k, ("strategy", *self._own_numbers(s, g), self.ctx.views[s].strategy))
-        if self.gpos[s][k] > self.held_for[s]:
+            return self._wait(s, k, ("strategy", *self._own_numbers(s, g), self.sh.views[s].strategy))
+        if self.qkey[s][k] > self.held_for[s]:
             return self._wait(s, k, ("held",))
         # A borrower that lost its own room to earlier jobs of its share hears why it cannot borrow.
         limit = self.cap[s] + self.bcap[s]
@@ -1578,30 +1980,33 @@ class _TypePass:
     # -- the pass ----------------------------------------------------------------------------------------
 
     def run(self) -> None:
-        q, status, gpos = self.q, self.status, self.gpos
+        q, status, qkey = self.q, self.status, self.qkey
         shares = [s for s in range(len(q)) if q[s]]
         if not shares:
             return
-        ctx = self.ctx
-        later: list[tuple[int, int, int]] = []  # (queue position, share, index): first in line to borrow
+        is_ben = self.is_ben
+        later: list[tuple[tuple, int, int]] = []  # (queue key, share, index): first in line to borrow
+        touched: dict[int, list[int]] = {}  # share -> queue indexes phase A decided on
 
         # A. Rule 7: beneficiaries of earlier pre-emptions, ahead of everything else.
         # Rule 6: a starving head goes next, before backfill and other shares can take its node.
         heads = []
         for s in shares:
             for k, job in enumerate(q[s]):
-                if job.beneficiary or job.job_id in ctx.beneficiaries:
+                if job.job_id in is_ben:
                     continue
                 if self._starving(job):
-                    heads.append((gpos[s][k], s, k))
+                    heads.append((qkey[s][k], s, k))
                 break
         for _, s, k in self.bens:
             # Ahead of everything else, borrowing included: its victims have made room for it.
+            touched.setdefault(s, []).append(k)
             if status[s][k] == _TODO and self._own_phase(s, k) == _DEFER:
                 self._borrow(s, k)
-        for pos, s, k in sorted(heads):
+        for key, s, k in sorted(heads):
+            touched.setdefault(s, []).append(k)
             if status[s][k] == _TODO and self._own_phase(s, k) == _DEFER:
-                later.append((pos, s, k))
+                later.append((key, s, k))
 
         # B. Rules 2-4, shares by lowest own-use ratio (ties: name), recomputed as they admit.
         heap = [(self._own_ratio(s), s) for s in shares if self.cap[s]]
@@ -1614,23 +2019,35 @@ class _TypePass:
         for _, s, k in sorted(later):
             if status[s][k] == _DEFER:
                 self._borrow(s, k)
+        # Still to place: the jobs phase B looked at and deferred (before bptr), and everything after
+        # bptr that phase A did not decide (taken as a whole: the queue's tail is never walked here).
         pending: dict[int, list[int]] = {}
+        open_ = (_TODO, _DEFER)
         for s in shares:
-            ks = [k for k, st in enumerate(status[s]) if st in (_TODO, _DEFER)]
+            st = status[s]
+            b = self.bptr[s]
+            ks = [k for k in range(b) if st[k] in open_] if b else []
+            if b < len(st):
+                done = [k for k in touched.get(s, ()) if k >= b and st[k] not in open_]
+                if done:
+                    skip = set(done)
+                    ks.extend(k for k in range(b, len(st)) if k not in skip)
+                else:
+                    ks.extend(range(b, len(st)))
             if ks:
                 pending[s] = ks
         heap = []
-        later = self.out.later if LAZY_REASONS else None
+        lazy = self.out.later if LAZY_REASONS else None
         for s, ks in pending.items():
             if self.lab[s]:
                 heap.append((self._borrow_ratio(s), s))
-            elif later is None:
+            elif lazy is None:
                 for k in ks:
                     self._borrow(s, k)
             else:
                 # Only says why they wait, from numbers of this share that phase C does not change
                 # (it admits only LEND_AND_BORROW jobs, without victims): left for when it is asked.
-                later.append((self._borrow, s, ks))
+                lazy.append((self._borrow, s, ks))
         heapq.heapify(heap)
         ptr = dict.fromkeys(pending, 0)
         while heap:
@@ -1641,10 +2058,10 @@ class _TypePass:
             suf = self.sufmin[s]
             while i < len(ks):
                 k = ks[i]
-                if later is not None and self.held[s] + max(self.grace[s], self.pend[s]) + suf[k] > limit:
+                if lazy is not None and self.held[s] + max(self.grace[s], self.pend[s]) + suf[k] > limit:
                     # Not even the smallest job left fits the borrow limit, and this share's numbers
                     # cannot change any more: each waits at "held" or "limit" (_borrow's first checks).
-                    later.append((self._borrow, s, ks[i:]))
+                    lazy.append((self._borrow, s, ks[i:]))
                     i = len(ks)
                     break
                 i += 1
@@ -1671,8 +2088,21 @@ class _TypePass:
             if st[k] != _TODO:
                 k += 1
                 continue
-            if not self.in_share[s] and self.cap[s] - self.held[s] - self.pend[s] < suf[k]:
-                break  # nothing left in this queue fits its own capacity: all of it is for rule 5
+            if self.cap[s] - self.held[s] - self.pend[s] < suf[k]:
+                # Nothing left in this queue fits its own capacity: all of it is for rule 5, unless
+                # rule 4 could still make room. It cannot when the last failed try (this epoch) was
+                # for no more GPUs and no lower priority than any job left (priorities only fall
+                # along the queue).
+                if not self.in_share[s]:
+                    break
+                memo = self.in_fail.get(s)
+                if (
+                    memo is not None
+                    and memo[2] == self.epoch
+                    and suf[k] >= memo[0]
+                    and qs[k].priority <= memo[1]
+                ):
+                    break
             before = self._own_ratio(s)
             outcome = self._own_phase(s, k)
             k += 1

@@ -316,14 +316,14 @@ def simulate(
 ) -> SimResult:
     """Replay a scenario (a `Scenario` or its decoded JSON) and return the result.
 
-    `planner` defaults to `policy.plan`; tests may pass a stand-in. With `forecast`, the production
+    `planner` defaults to the engine kept between passes (`policy.Engine`, the same policy as
+    `policy.plan`); tests may pass a stand-in that takes a snapshot. With `forecast`, the production
     forecast (quotas.engine.forecast) runs at each job's submit and its error against the actual start is
     reported (SCENARIO.md `--forecast`). Raises `ScenarioError` for an invalid scenario and
     `PolicyError` for a decision that cannot be applied.
     """
     if not isinstance(scenario, sc.Scenario):
         scenario = sc.parse(scenario)
-    planner = planner or policy.plan
     if profile is None:
         return _Simulator(scenario, planner, forecast=forecast).run()
     # Time the planner, the event handlers, the accounting and the forecast; "reasons" times the
@@ -331,8 +331,7 @@ def simulate(
     wait = policy._TypePass._wait
     policy._TypePass._wait = profile.timed("reasons (in passes)", wait)
     try:
-        sim = _Simulator(scenario, profile.timed("passes", planner), forecast=forecast, profile=profile)
-        return sim.run()
+        return _Simulator(scenario, planner, forecast=forecast, profile=profile).run()
     finally:
         policy._TypePass._wait = wait
 
@@ -348,7 +347,7 @@ class _Simulator:
     def __init__(
         self,
         scenario: sc.Scenario,
-        planner: Planner,
+        planner: Planner | None,
         *,
         forecast: bool = False,
         profile: Profile | None = None,
@@ -372,8 +371,15 @@ class _Simulator:
         self.share_views = {s.name: self._share_view(s) for s in scenario.shares}
 
         self.running: dict[str, _Run] = {}
-        self.rviews: dict[str, RunningView] = {}
-        self.qviews: dict[str, QueuedView] = {}
+        # What the policy sees, kept by the engine between passes; the simulator reports each change
+        # to it (rviews and qviews are the engine's own views, read here, never written).
+        self.engine = policy.Engine(
+            shares=self.share_views.values(), starvation_s=scenario.settings.starvation_s
+        )
+        self.rviews: Mapping[str, RunningView] = self.engine.running
+        self.qviews: Mapping[str, QueuedView] = self.engine.queued
+        decide = self._engine_plan if planner is None else self._snapshot_plan
+        self.decide = profile.timed("passes", decide) if profile is not None else decide
 
         self.passes = 0
         self.busy_gpu_s = 0
@@ -459,8 +465,7 @@ class _Simulator:
             return  # nothing to admit, so nothing to pre-empt for
         for _ in range(MAX_PASSES_PER_INSTANT):
             self.changed = False
-            snapshot = self.snapshot()
-            decided = self.planner(snapshot)
+            decided = self.decide()
             self.passes += 1
             self.last_waiting = decided.waiting
             if not decided.admissions and not decided.preemptions:
@@ -476,14 +481,14 @@ class _Simulator:
         self.dirty = self.dirty or usage
 
     def snapshot(self, *, queued: bool = True) -> Snapshot:
-        return Snapshot(
-            now=self.now,
-            nodes=tuple(self.ready.values()),
-            shares=tuple(self.share_views.values()),
-            running=tuple(self.rviews.values()),
-            queued=tuple(self.qviews.values()) if queued else (),
-            starvation_s=self.settings.starvation_s,
-        )
+        return self.engine.snapshot(self.now, queued=queued)
+
+    def _engine_plan(self) -> Plan:
+        return self.engine.plan(self.now)
+
+    def _snapshot_plan(self) -> Plan:
+        assert self.planner is not None
+        return self.planner(self.snapshot())
 
     @staticmethod
     def _share_view(share: sc.Share) -> ShareView:
@@ -496,21 +501,23 @@ class _Simulator:
         )
 
     def queue(self, job: _Job) -> None:
-        self.qviews[job.spec.id] = QueuedView(
-            job_id=job.spec.id,
-            share=job.spec.share,
-            gpu_type=job.spec.gpu_type,
-            gpus=job.spec.gpus,
-            priority=job.priority,
-            submitted_at=job.spec.submit_at,
-            beneficiary=job.beneficiary,
+        self.engine.add_queued(
+            QueuedView(
+                job_id=job.spec.id,
+                share=job.spec.share,
+                gpu_type=job.spec.gpu_type,
+                gpus=job.spec.gpus,
+                priority=job.priority,
+                submitted_at=job.spec.submit_at,
+                beneficiary=job.beneficiary,
+            )
         )
         job.record.final = QUEUED
         self.invalidate()
 
     def set_view(self, run: _Run, **changes: Any) -> None:
         run.view = dataclasses.replace(run.view, **changes)
-        self.rviews[run.record.attempt_id] = run.view
+        self.engine.add_running(run.view)
 
     # -- event handlers -----------------------------------------------------------------------------
 
@@ -580,6 +587,7 @@ class _Simulator:
     def on_ready(self, name: str) -> None:
         node = self.node_specs[name]
         self.ready[name] = NodeView(name=name, gpu_type=node.gpu_type, gpus=node.gpus)
+        self.engine.set_nodes(self.ready.values())
         self.holders[name] = [None] * node.gpus
         self.cluster_caps = None
         self.invalidate(usage=True)
@@ -588,6 +596,7 @@ class _Simulator:
         for attempt_id in sorted({a for a in self.holders[name] if a is not None}):
             self.stop(self.running[attempt_id], NODE_LOST)
         del self.ready[name]
+        self.engine.set_nodes(self.ready.values())
         del self.holders[name]
         self.cluster_caps = None
         self.invalidate(usage=True)
@@ -597,6 +606,7 @@ class _Simulator:
             share = dataclasses.replace(self.share_specs[event.share], **event.set)
             self.share_specs[share.name] = share
             self.share_views[share.name] = self._share_view(share)
+            self.engine.set_shares(self.share_views.values())
             self.invalidate(usage=True)
             return
         job = self.jobs[event.job]
@@ -610,7 +620,8 @@ class _Simulator:
         elif event.kind == sc.CANCEL:
             if job.run is not None:
                 self.stop(job.run, CANCELLED)
-            elif self.qviews.pop(job.spec.id, None) is not None:
+            elif job.spec.id in self.qviews:
+                self.engine.remove_queued(job.spec.id)
                 self.finish(job, CANCELLED)
                 self.invalidate()
 
@@ -692,9 +703,9 @@ class _Simulator:
         job.record.final = RUNNING
         if job.record.first_start is None:
             job.record.first_start = t
-        del self.qviews[job_id]
+        self.engine.remove_queued(job_id)
         self.running[attempt_id] = run
-        self.rviews[attempt_id] = view
+        self.engine.add_running(view)
         finish = t + spec.duration_s - job.saved
         if spec.max_runtime_s is not None and t + spec.max_runtime_s < finish:
             self.push(t + spec.max_runtime_s, _END, (attempt_id, FAILED))
@@ -732,7 +743,7 @@ class _Simulator:
             for i in idx:
                 holders[i] = None
         del self.running[attempt_id]
-        del self.rviews[attempt_id]
+        self.engine.remove_running(attempt_id)
         job.run = None
         record.end = t
         record.outcome = outcome
@@ -773,9 +784,8 @@ class _Simulator:
         if not self.dirty:
             return
         self.dirty = False
-        snapshot = self.snapshot(queued=False)  # usage does not depend on the queue
         values: dict[tuple[str, str, str], float] = {}
-        for share, by_type in policy.usage(snapshot).items():
+        for share, by_type in self.engine.usage().items():
             for gpu_type, u in by_type.items():
                 for metric, value in (
                     ("own", u.own),
@@ -787,7 +797,7 @@ class _Simulator:
                         values[(share, gpu_type, metric)] = value
         if self.cluster_caps is None:  # READY GPUs per type, recounted only when nodes come or go
             caps: dict[tuple[str, str, str], float] = {}
-            for node in snapshot.nodes:
+            for node in self.engine.nodes:
                 key = (Timeline.CLUSTER, node.gpu_type, "capacity")
                 caps[key] = caps.get(key, 0) + node.gpus
             self.cluster_caps = caps

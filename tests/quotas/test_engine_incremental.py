@@ -1,0 +1,160 @@
+"""The engine kept between passes (policy.Engine) plans exactly what plan() plans from the equivalent
+snapshot: after every event of random histories, and for whole simulations of generated traces and of
+the example scenarios. Plans read long after they were made (their lazy waiting reasons) still say
+what they said when they were made."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from quotas.engine import policy, tracegen
+from quotas.engine import scenario as sc
+from quotas.engine.policy import Engine, NodeView, QueuedView, RunningView, ShareView, plan
+from quotas.engine.simulate import simulate
+
+from .test_policy_properties import SETTINGS, snapshots
+
+HERE = Path(__file__).resolve().parent
+
+
+def _check(engine: Engine, now: float, kept: list) -> policy.Plan:
+    incremental = engine.plan(now)
+    rebuilt = plan(engine.snapshot(now))
+    assert incremental.admissions == rebuilt.admissions
+    assert incremental.preemptions == rebuilt.preemptions
+    assert incremental.reserved == rebuilt.reserved
+    assert engine.usage() == policy.usage(engine.snapshot(now))
+    # Read the incremental plan's reasons only at the end, after later events changed the engine.
+    kept.append((incremental, dict(rebuilt.waiting)))
+    return incremental
+
+
+def _apply(engine: Engine, decided: policy.Plan, now: float, rng: random.Random) -> None:
+    """What the simulator and the control side do with a plan: admissions start, victims pre-empt
+    (and now and then stop at once, their jobs re-queued), beneficiaries are flagged."""
+    for a in decided.admissions:
+        job = engine.remove_queued(a.job_id)
+        engine.add_running(
+            RunningView(
+                attempt_id=f"{a.job_id}@{now:g}",
+                job_id=a.job_id,
+                share=a.share,
+                gpu_type=job.gpu_type,
+                priority=job.priority,
+                submitted_at=job.submitted_at,
+                started_at=now,
+                placement=a.placement,
+                borrowed=a.borrowed,
+            )
+        )
+    for x in decided.preemptions:
+        run = engine.running[x.attempt_id]
+        if rng.random() < 0.3:
+            engine.remove_running(x.attempt_id)
+            engine.add_queued(
+                QueuedView(run.job_id, run.share, run.gpu_type, run.gpus, run.priority, run.submitted_at)
+            )
+        else:
+            engine.add_running(dataclasses.replace(run, preempting=True, beneficiary_job_id=x.beneficiary_job_id))
+        ben = engine.queued.get(x.beneficiary_job_id)
+        if ben is not None and not ben.beneficiary:
+            engine.add_queued(dataclasses.replace(ben, beneficiary=True))
+
+
+def _event(engine: Engine, now: float, rng: random.Random, serial: int) -> None:
+    kind = rng.choice(("submit", "submit", "cancel", "end", "end", "priority", "node", "share", "collide"))
+    queued, running = list(engine.queued.values()), list(engine.running.values())
+    types = sorted({n.gpu_type for n in engine.nodes}) or ["a10g"]
+    shares = [s.name for s in engine.shares]
+    if kind == "submit" or (kind == "cancel" and not queued) or (kind == "priority" and not queued):
+        engine.add_queued(
+            QueuedView(
+                job_id=f"n{serial}",
+                share=rng.choice(shares + ["ghost"] if rng.random() < 0.05 else shares),
+                gpu_type=rng.choice(types + ["tpu"] if rng.random() < 0.03 else types),
+                gpus=rng.choice((1, 1, 2, 4, 8, 16)),
+                priority=rng.randint(0, 3),
+                submitted_at=now - rng.uniform(0, 7200),
+                beneficiary=rng.random() < 0.05,
+            )
+        )
+    elif kind == "cancel":
+        engine.remove_queued(rng.choice(queued).job_id)
+    elif kind == "priority":
+        job = rng.choice(queued)
+        engine.add_queued(dataclasses.replace(job, priority=rng.randint(0, 5)))
+    elif kind == "end" and running:
+        engine.remove_running(rng.choice(running).attempt_id)
+    elif kind == "node" and engine.nodes:
+        nodes = list(engine.nodes)
+        i = rng.randrange(len(nodes))
+        if rng.random() < 0.2:
+            del nodes[i]
+        else:
+            nodes[i] = dataclasses.replace(nodes[i], schedulable=not nodes[i].schedulable)
+        engine.set_nodes(nodes)
+    elif kind == "share" and engine.shares:
+        all_shares = list(engine.shares)
+        i = rng.randrange(len(all_shares))
+        t = rng.choice(types)
+        cap = dict(all_shares[i].capacity)
+        cap[t] = rng.randint(0, 16)
+        all_shares[i] = dataclasses.replace(all_shares[i], capacity=cap)
+        engine.set_shares(all_shares)
+    elif kind == "collide" and running:
+        other = rng.choice(running)  # a second claim on GPUs someone holds: the engine rebuilds
+        engine.add_running(dataclasses.replace(other, attempt_id=f"c{serial}", job_id=f"c{serial}"))
+
+
+@SETTINGS
+@given(snapshots(queued=(0, 12)), st.integers(0, 2**32 - 1))
+def test_engine_plans_what_a_rebuilt_snapshot_plans_after_every_event(snapshot, seed):
+    rng = random.Random(seed)
+    engine = Engine.from_snapshot(snapshot)
+    now = snapshot.now
+    kept: list = []
+    for serial in range(25):
+        decided = _check(engine, now, kept)
+        if rng.random() < 0.6:
+            _apply(engine, decided, now, rng)
+        else:
+            _event(engine, now, rng, serial)
+        now += rng.choice((0, 0, 1, 600, 4000))
+    _check(engine, now, kept)
+    for incremental, waiting in kept:
+        assert dict(incremental.waiting) == waiting
+
+
+def _scenario_json(result) -> str:
+    return result.to_json()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_simulator_results_are_the_same_with_the_engine_as_with_snapshots(seed):
+    scenario = sc.parse(tracegen.generate(teams=6, gpus=128, jobs=800, seed=seed))
+    with_engine = simulate(scenario)
+    from_snapshots = simulate(scenario, planner=policy.plan)
+    assert _scenario_json(with_engine) == _scenario_json(from_snapshots)
+
+
+@pytest.mark.parametrize("path", sorted((HERE / "scenarios").glob("*.json")), ids=lambda p: p.name)
+def test_example_scenarios_simulate_the_same_with_the_engine(path):
+    scenario = sc.parse(json.loads(path.read_text()))
+    assert simulate(scenario).to_json() == simulate(scenario, planner=policy.plan).to_json()
+
+
+def test_a_node_change_rebuilds_and_still_plans_like_a_snapshot():
+    shares = (ShareView(name="a", capacity={"a10g": 8}),)
+    engine = Engine(nodes=(NodeView("n1", "a10g", 4),), shares=shares)
+    engine.add_queued(QueuedView("j1", "a", "a10g", 4, 0, 0.0))
+    assert [a.job_id for a in engine.plan(1.0).admissions] == ["j1"]
+    engine.set_nodes((NodeView("n1", "a10g", 4, schedulable=False),))
+    assert engine.plan(1.0).admissions == ()
+    assert "j1" in engine.plan(1.0).waiting
