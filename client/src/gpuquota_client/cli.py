@@ -7,32 +7,43 @@ Human tables by default, `--json` for scripts. Exit codes: 0 done; 2 the server 
 
 from __future__ import annotations
 
-import argparse
 import os
-import re
 import sys
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
-from gpuquota_client import __version__, config
+from gpuquota_client import __version__
 
-# Kept out of the start-up path (`gpuquota --version` imports nothing else): json, datetime, getpass
-# and the HTTP client are imported by the commands that use them.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Sequence
+    from typing import Any
+
+# Nothing but os and sys at start-up (`gpuquota --version` imports nothing else; a fresh `gpuquota
+# submit` is a Python start plus one request, `make bench` times it): argparse, re, json, datetime,
+# getpass, the config file and the HTTP client are imported where they are used, and the parser is
+# built for the one command given (build_parser).
 OPEN_STATES = ("QUEUED", "ADMITTED", "RUNNING", "PREEMPTING")
 
-DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?$")
+DURATION_RE = r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?$"
+
+
+def _usage_error(message: str) -> Exception:
+    import argparse
+
+    return argparse.ArgumentTypeError(message)
 
 
 def parse_duration(text: str) -> int:
     """'90', '90s', '30m', '2h', '1d', '1h30m' -> seconds."""
-    match = DURATION_RE.match(text.strip().lower())
+    import re
+
+    match = re.match(DURATION_RE, text.strip().lower())
     if not text.strip() or not match or not any(match.groups()):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 90s, 30m, 2h, 1h30m)")
+        raise _usage_error(f"{text!r} is not a duration (e.g. 90s, 30m, 2h, 1h30m)")
     d, h, m, s = (int(g or 0) for g in match.groups())
     seconds = ((d * 24 + h) * 60 + m) * 60 + s
     if seconds <= 0:
-        raise argparse.ArgumentTypeError("a duration must be more than 0 seconds")
+        raise _usage_error("a duration must be more than 0 seconds")
     return seconds
 
 
@@ -43,21 +54,23 @@ def parse_grace(text: str) -> int:
     return parse_duration(text)
 
 
-ARRAY_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
+ARRAY_RE = r"^(\d+)(?:-(\d+))?$"
 
 
 def parse_array(text: str) -> dict[str, int]:
     """'0-999' -> {"start": 0, "size": 1000}; '100' -> 100 tasks from index 0."""
-    match = ARRAY_RE.match(text.strip())
+    import re
+
+    match = re.match(ARRAY_RE, text.strip())
     if not match:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an array range (e.g. 0-999, or a number of tasks)")
+        raise _usage_error(f"{text!r} is not an array range (e.g. 0-999, or a number of tasks)")
     first, last = match.groups()
     if last is None:
         if int(first) < 1:
-            raise argparse.ArgumentTypeError("an array has at least 1 task")
+            raise _usage_error("an array has at least 1 task")
         return {"start": 0, "size": int(first)}
     if int(last) < int(first):
-        raise argparse.ArgumentTypeError(f"{text!r}: the last index is before the first")
+        raise _usage_error(f"{text!r}: the last index is before the first")
     return {"start": int(first), "size": int(last) - int(first) + 1}
 
 
@@ -69,13 +82,13 @@ def parse_target(text: str) -> tuple[str, int]:
             return "array", int(t[len(prefix) :])
     if t.isdigit():
         return "job", int(t)
-    raise argparse.ArgumentTypeError(f"{text!r} is not a job id (12) or an array id (A12)")
+    raise _usage_error(f"{text!r} is not a job id (12) or an array id (A12)")
 
 
 def parse_env(text: str) -> tuple[str, str]:
     name, sep, value = text.partition("=")
     if not sep or not name:
-        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+        raise _usage_error(f"{text!r} is not NAME=VALUE")
     return name, value
 
 
@@ -202,6 +215,8 @@ def cmd_login(args, out) -> int:
     password = sys.stdin.readline().rstrip("\n") if args.password_stdin else getpass.getpass("Password: ")
     client = Client(args.server_url)
     token = client.login(username, password)
+    from gpuquota_client import config
+
     path = config.save({"url": client.url, "token": token}, args.config_path)
     if args.json:
         out({"url": client.url, "config": str(path)})
@@ -213,6 +228,8 @@ def cmd_login(args, out) -> int:
 def cmd_logout(args, out) -> int:
     client = args.client()
     client.logout()
+    from gpuquota_client import config
+
     config.remove(args.config_path)
     out({"logged_out": True} if args.json else "Logged out; the token is revoked.")
     return 0
@@ -467,27 +484,15 @@ class UsageError(Exception):
     pass
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpuquota", description="Submit and watch jobs on gpuquota shares.")
-    parser.add_argument("--version", action="version", version=f"gpuquota {__version__}")
-    parser.add_argument("--json", action="store_true", help="print the server's JSON (for scripts)")
-    parser.add_argument("--url", help="server URL (default: the one you logged in to, or $GPUQUOTA_URL)")
-    parser.add_argument("--config", dest="config_file", help="config file (default: the user config dir)")
-    sub = parser.add_subparsers(dest="command_name", metavar="COMMAND", required=True)
-
-    p = sub.add_parser("login", help="log in and store the token")
+def _login(p) -> None:
     p.add_argument("server_url", metavar="URL")
     p.add_argument("--username", "-u")
     p.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
-    p.set_defaults(func=cmd_login)
 
-    sub.add_parser("logout", help="revoke the token and forget it").set_defaults(func=cmd_logout)
-    sub.add_parser("shares", help="shares with capacity and usage").set_defaults(func=cmd_shares)
-    sub.add_parser("nodes", help="GPU hosts").set_defaults(func=cmd_nodes)
 
-    p = sub.add_parser(
-        "submit", help="submit a job: gpuquota submit --share S --gpus N --gpu-type T -- CMD..."
-    )
+def _submit(p) -> None:
+    import argparse
+
     p.add_argument("--share", required=True)
     p.add_argument("--gpus", type=int, required=True)
     p.add_argument("--gpu-type", required=True)
@@ -510,54 +515,158 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--env", "-e", type=parse_env, action="append", metavar="NAME=VALUE")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD...")
-    p.set_defaults(func=cmd_submit)
 
-    p = sub.add_parser("jobs", help="your teams' jobs (not finished, unless --all-states)")
+
+def _jobs(p) -> None:
     p.add_argument("--all-states", action="store_true")
     p.add_argument("--share")
     p.add_argument("--mine", action="store_true", help="only jobs you submitted")
     p.add_argument("--array", type=parse_target, metavar="A12", help="only the tasks of this array")
-    p.set_defaults(func=cmd_jobs)
 
-    p = sub.add_parser(
-        "status", help="a job with its position, ETA, attempts and events; an array (A12) with its counts"
-    )
+
+def _one_target(p) -> None:
     p.add_argument("job", type=parse_target, metavar="JOB|ARRAY")
-    p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("queue", help="the queue as the scheduler would admit it")
+
+def _queue(p) -> None:
     p.add_argument("share", nargs="?")
-    p.set_defaults(func=cmd_queue)
 
-    p = sub.add_parser("cancel", help="cancel a job, or every open task of an array (A12)")
-    p.add_argument("job", type=parse_target, metavar="JOB|ARRAY")
-    p.set_defaults(func=cmd_cancel)
 
-    p = sub.add_parser("priority", help="change the priority of a job, or of every open task of an array")
+def _priority(p) -> None:
     p.add_argument("job", type=parse_target, metavar="JOB|ARRAY")
     p.add_argument("priority", type=int)
-    p.set_defaults(func=cmd_priority)
 
-    p = sub.add_parser("logs", help="a job's output")
+
+def _logs(p) -> None:
+    import argparse
+
     p.add_argument("job", type=int)
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     p.add_argument("--attempt", type=int)
     p.add_argument("--tail", type=int, help="only the last N lines")
     p.add_argument("--poll", type=float, default=2.0, help=argparse.SUPPRESS)
-    p.set_defaults(func=cmd_logs)
 
-    p = sub.add_parser("wait", help="wait for a job or an array to finish (exit 0 if all succeeded)")
+
+def _wait(p) -> None:
+    import argparse
+
     p.add_argument("job", type=parse_target, metavar="JOB|ARRAY")
     p.add_argument("--timeout", type=parse_duration)
     p.add_argument("--poll", type=float, default=2.0, help=argparse.SUPPRESS)
-    p.set_defaults(func=cmd_wait)
+
+
+def _nothing(p) -> None:
+    pass
+
+
+# Each command: its help line, what adds its arguments, what runs it (in the order --help lists them).
+COMMANDS = {
+    "login": ("log in and store the token", _login, "cmd_login"),
+    "logout": ("revoke the token and forget it", _nothing, "cmd_logout"),
+    "shares": ("shares with capacity and usage", _nothing, "cmd_shares"),
+    "nodes": ("GPU hosts", _nothing, "cmd_nodes"),
+    "submit": (
+        "submit a job: gpuquota submit --share S --gpus N --gpu-type T -- CMD...",
+        _submit,
+        "cmd_submit",
+    ),
+    "jobs": ("your teams' jobs (not finished, unless --all-states)", _jobs, "cmd_jobs"),
+    "status": (
+        "a job with its position, ETA, attempts and events; an array (A12) with its counts",
+        _one_target,
+        "cmd_status",
+    ),
+    "queue": ("the queue as the scheduler would admit it", _queue, "cmd_queue"),
+    "cancel": ("cancel a job, or every open task of an array (A12)", _one_target, "cmd_cancel"),
+    "priority": (
+        "change the priority of a job, or of every open task of an array",
+        _priority,
+        "cmd_priority",
+    ),
+    "logs": ("a job's output", _logs, "cmd_logs"),
+    "wait": ("wait for a job or an array to finish (exit 0 if all succeeded)", _wait, "cmd_wait"),
+}
+
+
+def command_in(argv: Sequence[str]) -> str | None:
+    """The command an argument list names after the global options, when that is certain (the options
+    spelled out in full); None otherwise."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--json" or arg.startswith(("--url=", "--config=")):
+            i += 1
+        elif arg in ("--url", "--config"):
+            i += 2
+        else:
+            return arg if arg in COMMANDS else None
+    return None
+
+
+def terminal_columns() -> int:
+    """shutil.get_terminal_size().columns, without importing shutil (and the compression modules it
+    imports)."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
+def _formatter_class():
+    import argparse
+
+    class Formatter(argparse.HelpFormatter):
+        """argparse's own, sized as it sizes itself, but without shutil: argparse makes one per
+        argument added."""
+
+        def __init__(self, prog, indent_increment=2, max_help_position=24, width=None):
+            if width is None:
+                width = terminal_columns() - 2
+            super().__init__(prog, indent_increment, max_help_position, width)
+
+    return Formatter
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The command line's parser. Given the arguments, only the command they name gets its sub-parser
+    filled in (the others are left out: building them all took longer than the rest of a `gpuquota
+    submit`); every command is there for --help, a mistyped command or an uncertain case."""
+    import argparse
+
+    formatter = _formatter_class()
+    parser = argparse.ArgumentParser(
+        prog="gpuquota", description="Submit and watch jobs on gpuquota shares.", formatter_class=formatter
+    )
+    parser.add_argument("--version", action="version", version=f"gpuquota {__version__}")
+    parser.add_argument("--json", action="store_true", help="print the server's JSON (for scripts)")
+    parser.add_argument("--url", help="server URL (default: the one you logged in to, or $GPUQUOTA_URL)")
+    parser.add_argument("--config", dest="config_file", help="config file (default: the user config dir)")
+    sub = parser.add_subparsers(dest="command_name", metavar="COMMAND", required=True)
+    only = None if argv is None else command_in(argv)
+    for name, (help_text, add_arguments, run) in COMMANDS.items():
+        if only is None or name == only:
+            p = sub.add_parser(name, help=help_text, formatter_class=formatter)
+            add_arguments(p)
+            p.set_defaults(func=globals()[run])
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv == ["--version"]:
+        print(f"gpuquota {__version__}")  # what argparse's version action prints, without argparse
+        return 0
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
-    args.config_path = Path(args.config_file) if args.config_file else config.config_path()
+    from gpuquota_client import config
+
+    args.config_path = config.config_path(args.config_file)
 
     from gpuquota_client.client import ApiError, Client, ClientError
 

@@ -2,16 +2,20 @@
 
 HTTP goes through a socket of the standard library (StdlibSession, one kept-alive connection per client):
 importing `requests` alone takes longer than a whole `gpuquota submit`. A `requests.Session` can still be
-given."""
+given. Its imports are few and cheap (no typing, urllib, http.client or pathlib): `gpuquota submit` runs
+as a fresh process each time."""
 
 from __future__ import annotations
 
+import io  # loaded with the interpreter itself
 import json as jsonlib
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
-from urllib.parse import urlencode, urlsplit
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping, Sequence
+    from typing import Any
 
 OPEN_STATES = ("QUEUED", "ADMITTED", "RUNNING", "PREEMPTING")
 TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
@@ -31,9 +35,25 @@ class ApiError(ClientError):
         self.data = data
 
 
+def split_url(url: str) -> tuple[str, str, str, str]:
+    """(scheme, netloc, path, query) of an absolute http(s) URL, as urllib.parse.urlsplit gives them
+    (without importing it); the fragment is dropped."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        return parts.scheme, parts.netloc, parts.path, parts.query
+    rest = rest.partition("#")[0]
+    rest, _, query = rest.partition("?")
+    slash = rest.find("/")
+    netloc, path = (rest, "") if slash < 0 else (rest[:slash], rest[slash:])
+    return scheme.lower(), netloc, path, query
+
+
 def error_message(data: Any) -> str:
     """The server's error body as one line: its detail, or each field with its messages."""
-    if isinstance(data, Mapping):
+    if isinstance(data, dict):
         if isinstance(data.get("detail"), str) and len(data) == 1:
             return data["detail"]
         parts = []
@@ -47,7 +67,7 @@ def error_message(data: Any) -> str:
 
 
 def _flatten(value: Any) -> list[str]:
-    if isinstance(value, Mapping):
+    if isinstance(value, dict):
         return [f"{k}: {m}" for k, v in value.items() for m in _flatten(v)]
     if isinstance(value, (list, tuple)):
         return [m for v in value for m in _flatten(v)]
@@ -71,6 +91,43 @@ class HttpProtocolError(OSError):
     """The server's answer is not HTTP/1.x as this client reads it."""
 
 
+def _plain_connection(host, port: int, timeout: float | None):
+    """A connected TCP socket, as socket.create_connection makes it (each address in turn), but from
+    the _socket extension itself: the socket module's import (enum conversions, selectors) costs more
+    than the rest of a plain-HTTP `gpuquota submit`'s client side."""
+    import _socket
+
+    error: OSError | None = None
+    for family, kind, proto, _, address in _socket.getaddrinfo(host, port, 0, _socket.SOCK_STREAM):
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+        except OSError as e:
+            sock.close()
+            error = e
+            continue
+        sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+        return sock
+    raise error or OSError(f"no address found for {host!r}")
+
+
+class _SocketRaw(io.RawIOBase):
+    def __init__(self, sock) -> None:
+        self._sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        return self._sock.recv_into(buffer)
+
+
+def _socket_file(sock) -> io.BufferedReader:
+    """A buffered reader of a _socket.socket (what socket.makefile("rb") gives)."""
+    return io.BufferedReader(_SocketRaw(sock))
+
+
 class StdlibSession:
     """The little of requests.Session the client uses: HTTP/1.1 over a socket (TLS for https), one
     kept-alive connection. Written out rather than taken from http.client, whose import (it parses
@@ -83,8 +140,6 @@ class StdlibSession:
         self._origin: tuple[str, str] | None = None
 
     def _connect(self, scheme: str, netloc: str, timeout: float | None) -> None:
-        import socket
-
         if self._sock is not None and self._origin == (scheme, netloc):
             return
         self.close()
@@ -92,29 +147,38 @@ class StdlibSession:
             raise HttpProtocolError(f"unsupported URL scheme {scheme!r}")
         host, _, port = netloc.rpartition(":") if netloc.rpartition(":")[2].isdigit() else (netloc, "", "")
         host = host.strip("[]")
-        sock = socket.create_connection((host, int(port or (443 if scheme == "https" else 80))), timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        port = int(port or (443 if scheme == "https" else 80))
+        # An ASCII host name as bytes: a str would load the idna codec for the address lookup.
+        address = host.encode() if host.isascii() else host
         if scheme == "https":
+            import socket
             import ssl
 
+            sock = socket.create_connection((address, port), timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
-        self._sock, self._file, self._origin = sock, sock.makefile("rb"), (scheme, netloc)
+            self._sock, self._file, self._origin = sock, sock.makefile("rb"), (scheme, netloc)
+            return
+        sock = _plain_connection(address, port, timeout)
+        self._sock, self._file, self._origin = sock, _socket_file(sock), (scheme, netloc)
 
     def request(self, method, url, *, params=None, json=None, headers=None, timeout=None) -> _Response:
-        parts = urlsplit(url)
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        scheme, netloc, path, query = split_url(url)
+        target = (path or "/") + (f"?{query}" if query else "")
         if params:
-            target += ("&" if parts.query else "?") + urlencode(params, doseq=True)
+            from urllib.parse import urlencode
+
+            target += ("&" if query else "?") + urlencode(params, doseq=True)
         body = b"" if json is None else jsonlib.dumps(json).encode()
-        head = {"Host": parts.netloc, "Connection": "keep-alive", **self.headers, **(headers or {})}
+        head = {"Host": netloc, "Connection": "keep-alive", **self.headers, **(headers or {})}
         if json is not None:
             head["Content-Type"] = "application/json"
         if body or method in ("POST", "PUT", "PATCH"):
             head["Content-Length"] = str(len(body))
         raw = f"{method} {target} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in head.items()) + "\r\n"
         for retry in (True, False):  # a kept-alive connection the server has closed: reconnect once
-            fresh = self._sock is None or self._origin != (parts.scheme, parts.netloc)
-            self._connect(parts.scheme, parts.netloc, timeout)
+            fresh = self._sock is None or self._origin != (scheme, netloc)
+            self._connect(scheme, netloc, timeout)
             try:
                 self._sock.sendall(raw.encode("latin-1") + body)
                 return self._read(method)

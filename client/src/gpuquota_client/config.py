@@ -1,33 +1,46 @@
 """Where the CLI keeps the server URL and the token: one JSON file in the user's config directory,
 readable by the user alone (0600). GPUQUOTA_CONFIG names another file; GPUQUOTA_URL and
-GPUQUOTA_TOKEN override what it holds."""
+GPUQUOTA_TOKEN override what it holds. Paths are plain strings (os.path): pathlib's import costs a
+noticeable part of a `gpuquota` command's start."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-from pathlib import Path
 
 
-def config_path() -> Path:
+def config_path(override: str | os.PathLike | None = None) -> str:
+    """The config file: `override` (--config) if given, else $GPUQUOTA_CONFIG, else the user's config
+    directory's gpuquota/config.json."""
+    if override:
+        return os.fspath(override)
     if os.environ.get("GPUQUOTA_CONFIG"):
-        return Path(os.environ["GPUQUOTA_CONFIG"]).expanduser()
+        return os.path.expanduser(os.environ["GPUQUOTA_CONFIG"])
+    home = os.path.expanduser("~")
     if sys.platform == "win32":
-        base = Path(os.environ.get("APPDATA") or Path.home() / "AppData" / "Roaming")
+        base = os.environ.get("APPDATA") or os.path.join(home, "AppData", "Roaming")
     elif sys.platform == "darwin":
-        base = Path.home() / "Library" / "Application Support"
+        base = os.path.join(home, "Library", "Application Support")
     else:
-        base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
-    return base / "gpuquota" / "config.json"
+        base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    return os.path.join(base, "gpuquota", "config.json")
 
 
-def load(path: Path | None = None) -> dict:
+def load(path: str | os.PathLike | None = None) -> dict:
     path = path or config_path()
     try:
-        data = json.loads(path.read_text())
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
     except (FileNotFoundError, ValueError):
-        data = {}
+        text = ""
+    data = {}
+    if text:
+        import json
+
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = {}
     if os.environ.get("GPUQUOTA_URL"):
         data["url"] = os.environ["GPUQUOTA_URL"]
     if os.environ.get("GPUQUOTA_TOKEN"):
@@ -35,10 +48,14 @@ def load(path: Path | None = None) -> dict:
     return data
 
 
-def save(data: dict, path: Path | None = None) -> Path:
+def save(data: dict, path: str | os.PathLike | None = None) -> str:
     """Write the config so that only its owner can read it (the token is a password)."""
-    path = path or config_path()
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    import json
+
+    path = os.fspath(path or config_path())
+    parent = os.path.dirname(path)
+    if parent:
+        os.makedirs(parent, mode=0o700, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=2)
@@ -46,9 +63,9 @@ def save(data: dict, path: Path | None = None) -> Path:
     return path
 
 
-def remove(path: Path | None = None) -> None:
+def remove(path: str | os.PathLike | None = None) -> None:
     path = path or config_path()
     try:
-        path.unlink()
+        os.unlink(path)
     except FileNotFoundError:
         pass
