@@ -603,6 +603,96 @@ def command_in(argv: Sequence[str]) -> str | None:
     return None
 
 
+class Args:
+    """The parsed command line (what argparse's Namespace holds)."""
+
+    def __init__(self, **values: Any) -> None:
+        self.__dict__.update(values)
+
+
+SUBMIT_VALUES = {
+    "--share": ("share", str),
+    "--gpus": ("gpus", int),
+    "--gpu-type": ("gpu_type", str),
+    "--priority": ("priority", int),
+    "--name": ("name", str),
+    "--max-runtime": ("max_runtime", parse_duration),
+    "--grace": ("grace", parse_grace),
+    "--array": ("array", parse_array),
+    "--env": ("env", parse_env),
+    "-e": ("env", parse_env),
+}
+
+
+def quick_submit_args(argv: Sequence[str]) -> Args | None:
+    """`[--json] [--url URL] [--config FILE] submit --share S --gpus N --gpu-type T [options] -- CMD...`
+    parsed as argparse parses it, without argparse (whose import, with re and gettext, is a third of a
+    fresh `gpuquota submit`'s own time). Only the plain spelling: every option in full, each value its
+    own word or after `=`, no value that starts with "-", the command after `--` or at the first word
+    that is not an option. Anything else, or any value argparse would refuse, returns None: argparse
+    parses it then, and answers as it always did (errors, help, abbreviations)."""
+    values: dict[str, Any] = {"json": False, "url": None, "config_file": None}
+    i, n = 0, len(argv)
+    while i < n and argv[i] != "submit":
+        arg = argv[i]
+        if arg == "--json":
+            values["json"] = True
+            i += 1
+            continue
+        name, eq, value = arg.partition("=")
+        if name not in ("--url", "--config"):
+            return None
+        if not eq:
+            if i + 1 >= n or argv[i + 1].startswith("-"):
+                return None
+            value, i = argv[i + 1], i + 1
+        values["url" if name == "--url" else "config_file"] = value
+        i += 1
+    if i >= n:
+        return None
+    values.update(
+        command_name="submit",
+        func=cmd_submit,
+        priority=0,
+        name=None,
+        max_runtime=None,
+        grace=None,
+        forecast=False,
+        array=None,
+        env=None,
+    )
+    i += 1
+    while i < n:
+        arg = argv[i]
+        if arg == "--" or not arg.startswith("-"):
+            values["command"] = list(argv[i:])  # argparse's REMAINDER keeps the "--"
+            break
+        if arg == "--forecast":
+            values["forecast"] = True
+            i += 1
+            continue
+        name, eq, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        if name not in SUBMIT_VALUES:
+            return None
+        if not eq:
+            if i + 1 >= n or argv[i + 1].startswith("-"):
+                return None
+            value, i = argv[i + 1], i + 1
+        dest, convert = SUBMIT_VALUES[name]
+        try:
+            value = convert(value)
+        except Exception:  # noqa: BLE001 - argparse says what is wrong with it
+            return None
+        if dest == "env":
+            values["env"] = [*(values["env"] or []), value]
+        else:
+            values[dest] = value
+        i += 1
+    if not values.get("command") or any(values.get(k) is None for k in ("share", "gpus", "gpu_type")):
+        return None
+    return Args(**values)
+
+
 def terminal_columns() -> int:
     """shutil.get_terminal_size().columns, without importing shutil (and the compression modules it
     imports)."""
@@ -662,8 +752,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv == ["--version"]:
         print(f"gpuquota {__version__}")  # what argparse's version action prints, without argparse
         return 0
-    parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    args = quick_submit_args(argv)
+    if args is None:
+        args = build_parser(argv).parse_args(argv)
     from gpuquota_client import config
 
     args.config_path = config.config_path(args.config_file)

@@ -8,9 +8,10 @@ as a fresh process each time."""
 from __future__ import annotations
 
 import io  # loaded with the interpreter itself
-import json as jsonlib
 import sys
 import time
+
+from gpuquota_client import quickjson as jsonlib  # json.dumps/loads without importing json (re)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

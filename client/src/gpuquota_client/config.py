@@ -35,10 +35,10 @@ def load(path: str | os.PathLike | None = None) -> dict:
         text = ""
     data = {}
     if text:
-        import json
+        from gpuquota_client.quickjson import loads
 
         try:
-            data = json.loads(text)
+            data = loads(text)
         except ValueError:
             data = {}
     if os.environ.get("GPUQUOTA_URL"):
