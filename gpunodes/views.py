@@ -12,6 +12,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from gpunodes import services
+from gpunodes.choices import NodeState
 from gpunodes.models import Node
 from jobs.services import Conflict
 from quotas.views import admin_required, hx_redirect, page_or_part
@@ -20,11 +21,46 @@ NODES_PER_PAGE = 64  # a page of a big cluster renders in tens of milliseconds; 
 ACTIONS = {"cordon": services.node_cordon, "uncordon": services.node_uncordon, "drain": services.node_drain}
 
 
+# The buttons an admin gets on a node, by its state (templates/gpunodes/partials/_grid.html).
+BUTTONS = {
+    NodeState.READY: (("cordon", "Cordon"), ("drain", "Drain")),
+    NodeState.CORDONED: (("uncordon", "Uncordon"), ("drain", "Drain")),
+    NodeState.DRAINING: (("uncordon", "Uncordon"),),
+}
+
+
+def _gpu_cell(g: dict) -> dict:
+    """A GPU of the grid ready to print: its classes, its title and who holds it (a page shows 64 nodes
+    of 8 GPUs: the template places these instead of deciding each GPU's words)."""
+    if not g["share"]:
+        return {**g, "css": "free", "title": f"GPU {g['index']}: free", "who": "free"}
+    title = f"GPU {g['index']}: share {g['share']}, job {g['job_id']}"
+    if g["job_name"]:
+        title += f" {g['job_name']}"
+    if g["borrowed"]:
+        title += " (borrowed GPU)"
+    elif g["job_borrowed"]:
+        title += " (a borrowed job; this GPU is within the share's own capacity)"
+    return {
+        **g,
+        "css": f"s{g['colour']} hatched" if g["borrowed"] else f"s{g['colour']}",
+        "title": title,
+        "who": f"{g['share']} · borrowed" if g["borrowed"] else g["share"],
+    }
+
+
 def grid_context(request) -> dict:
     # Page the node names first, then read only that page's nodes, GPUs and claims.
     names = Node.objects.order_by("name").values_list("name", flat=True)
     page = Paginator(names, NODES_PER_PAGE).get_page(request.GET.get("page"))
     grid = services.node_grid(now=timezone.now(), names=list(page.object_list))
+    admin = request.user.is_superuser
+    for row in grid:
+        row["gpus"] = [_gpu_cell(g) for g in row["gpus"]]
+        row["buttons"] = [
+            {"label": label, "url": reverse("node_action", args=[row["node"].name, action])}
+            for action, label in (BUTTONS.get(row["node"].state, ()) if admin else ())
+        ]
     return {"grid": grid, "page": page, "poll": True}
 
 
