@@ -153,7 +153,7 @@ class _FragmentNode(template.Node):
         return html
 
 
-FRAGMENT_TTL_S = 300
+FRAGMENT_TTL_S = 120  # a fragment is reused while what it shows is unchanged: seconds when busy
 
 
 @register.tag
