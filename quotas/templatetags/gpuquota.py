@@ -78,7 +78,7 @@ def digest(value) -> str:
 def unbound_digest(form) -> str | None:
     """The key of an unbound form's rendered fields (its fields' choices, initial values, labels, help and
     widgets' attributes: what a blank form shows), or None for a bound form (its data and errors vary)."""
-    if form is None or form.is_bound:
+    if getattr(form, "is_bound", True):  # bound, or no form at all
         return None
     fields = [
         (

@@ -138,6 +138,16 @@ def test_a_blank_submit_form_is_rendered_once_a_filled_one_each_time(as_bob, vis
     assert '<option value="vision-extra">' in form_html(as_bob.get("/teams/vision/").content.decode())
 
 
+def test_no_form_or_a_bound_one_has_no_cache_key():
+    from jobs.forms import SubmitForm
+    from quotas.templatetags.gpuquota import unbound_digest
+
+    assert unbound_digest("") is None and unbound_digest(None) is None
+    assert unbound_digest(SubmitForm({"share": "x"}, gpu_types=["a10g"])) is None
+    blank = unbound_digest(SubmitForm(shares=[], gpu_types=["a10g"]))
+    assert blank and blank != unbound_digest(SubmitForm(shares=[], gpu_types=["a10g", "h100"]))
+
+
 def test_cards_render_without_a_cache(as_bob, vision_share, nodes, settings):
     """A cache that is away (Redis down) costs the rendering, not the page."""
     settings.CACHES = {"default": {"BACKEND": "tests.web.test_page_rendering.BrokenCache"}}
