@@ -150,7 +150,11 @@ def test_no_form_or_a_bound_one_has_no_cache_key():
 
 def test_cards_render_without_a_cache(as_bob, vision_share, nodes, settings):
     """A cache that is away (Redis down) costs the rendering, not the page."""
+    from django.core.cache import cache
+
     settings.CACHES = {"default": {"BACKEND": "tests.web.test_page_rendering.BrokenCache"}}
+    with pytest.raises(ConnectionError):
+        cache.get("anything")
     assert 'data-share="vision-main"' in as_bob.get("/teams/vision/").content.decode()
 
 
