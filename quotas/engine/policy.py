@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import weakref
 from bisect import bisect_left
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -376,6 +377,45 @@ def lending(snapshot: Snapshot, *, count_preempting: bool = True) -> dict[str, d
 
 # Status of a queued job inside one pass.
 _TODO, _ADMITTED, _EARMARKED, _BLOCKED, _DEFER, _RESERVED = range(6)
+
+
+class _Status(dict):
+    """One share's statuses in a pass, by queue index: only the jobs the pass looked at are stored."""
+
+    __slots__ = ()
+
+    def __missing__(self, k: int) -> int:
+        return _TODO
+
+
+class _Pending:
+    """The queue indexes phase C still has to place for one share: `head` (looked at and deferred),
+    then every index of range(start, stop), which the pass never reached. Never materialised unless
+    walked: a long queue's tail costs nothing until its reasons are read."""
+
+    __slots__ = ("head", "start", "stop")
+
+    def __init__(self, head: list[int], start: int, stop: int) -> None:
+        self.head, self.start, self.stop = head, start, stop
+
+    def __len__(self) -> int:
+        return len(self.head) + self.stop - self.start
+
+    def __getitem__(self, i: int) -> int:
+        h = len(self.head)
+        return self.head[i] if i < h else self.start + i - h
+
+    def tail(self, i: int) -> _Pending:
+        h = len(self.head)
+        if i <= h:
+            return _Pending(self.head[i:], self.start, self.stop)
+        return _Pending([], self.start + i - h, self.stop)
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self.head
+        yield from range(self.start, self.stop)
+
+
 _NO_LIMIT = 1 << 62
 # Reasons the pass can leave for when they are read (Plan.waiting); off only in the test that checks
 # that reading them later gives the same sentences.
@@ -490,7 +530,7 @@ class _Out:
         self.waiting: dict[Hashable, str] = {}
         self.reserved: dict[Hashable, tuple[tuple[str, int], ...]] = {}
         # Reasons not written during the pass: (function, share, queue indexes) run on first read.
-        self.later: list[tuple[Callable[[int, int], int], int, list[int]]] = []
+        self.later: list[tuple[Callable[[int, int], int], int, Iterable[int]]] = []
 
 
 class _Waiting(Mapping):
@@ -500,7 +540,7 @@ class _Waiting(Mapping):
     the pass has moved past it (see _TypePass.run), so reading it after the pass gives the same
     sentence as writing it at once."""
 
-    __slots__ = ("_done", "_later")
+    __slots__ = ("_done", "_later", "__weakref__")
 
     def __init__(self, done: dict[Hashable, str], later: list) -> None:
         self._done = done
@@ -638,6 +678,11 @@ class _TypeBase:
         self.keys: list[list[tuple]] = [[] for _ in range(n)]
         self.qinfo: dict[Hashable, tuple[int, tuple]] = {}
         self.bens: set[Hashable] = set()  # queued jobs flagged as beneficiaries
+        # Plans whose waiting reasons are still to be written from these queue lists (weak: a plan
+        # nobody keeps does not count). While one is alive, an event replaces a list instead of
+        # changing it in place.
+        self._readers: list[weakref.ref] = []
+        self._fresh: set[int] = set()  # shares whose lists were copied after the last such plan
         sidx, q, keys, qinfo = sh.sidx, self.q, self.keys, self.qinfo
         for job in queued:  # in rule 1's order
             why = self._never_why(job)
@@ -835,6 +880,21 @@ class _TypeBase:
             return f"needs {g} GPUs on one node; no schedulable {self.t} node has that many"
         return None
 
+    def _own_lists(self, s: int) -> tuple[list[tuple], list[QueuedView]]:
+        """Share s's key and job lists, safe to change in place: copies while a plan may still read
+        the old ones for its reasons."""
+        readers = self._readers
+        if s not in self._fresh:
+            while readers:
+                w = readers[-1]()
+                if w is not None and w._later:
+                    self.keys[s] = self.keys[s].copy()
+                    self.q[s] = self.q[s].copy()
+                    self._fresh.add(s)  # a copy no plan has seen: changed in place until the next plan
+                    break
+                readers.pop()
+        return self.keys[s], self.q[s]
+
     def add_job(self, job: QueuedView) -> None:
         why = self._never_why(job)
         if why is not None:
@@ -843,12 +903,9 @@ class _TypeBase:
         s = self.sh.sidx[job.share]
         key = (-job.priority, job.submitted_at, job.job_id)
         pos = bisect_left(self.keys[s], key)
-        keys = self.keys[s].copy()
+        keys, q = self._own_lists(s)
         keys.insert(pos, key)
-        self.keys[s] = keys
-        q = self.q[s].copy()
         q.insert(pos, job)
-        self.q[s] = q
         self.qinfo[job.job_id] = (s, key)
         if job.beneficiary:
             self.bens.add(job.job_id)
@@ -865,12 +922,9 @@ class _TypeBase:
             return
         s, key = self.qinfo.pop(job.job_id)
         pos = bisect_left(self.keys[s], key)
-        keys = self.keys[s].copy()
+        keys, q = self._own_lists(s)
         del keys[pos]
-        self.keys[s] = keys
-        q = self.q[s].copy()
         del q[pos]
-        self.q[s] = q
         self.bens.discard(job.job_id)
         suf = self.suf[s]
         del suf[pos]
@@ -916,20 +970,30 @@ def _pass(bases: Mapping[str, _TypeBase], now: float, starvation_s: float) -> Pl
     for base in bases.values():
         if base.ben_count:
             beneficiaries.update(base.ben_count)
+    readers = []
     for gpu_type in sorted(bases):
         base = bases[gpu_type]
         if base.waiting:
             out.waiting.update(base.waiting)
         if not base.qinfo:
             continue  # nothing queued of this type: nothing to admit, nothing to pre-empt for
+        lazy = len(out.later)
         tp = _TypePass(base, now, starvation_s, beneficiaries, out)
         tp.run()
         for a in tp.marked:
             a.victim = False  # the attempts outlive the pass; its decisions are in `out`
+        if len(out.later) > lazy:
+            readers.append(base)
+    waiting: Mapping[Hashable, str] = out.waiting
+    if out.later:
+        waiting = _Waiting(out.waiting, out.later)
+        for base in readers:
+            base._readers.append(weakref.ref(waiting))
+            base._fresh.clear()
     return Plan(
         admissions=tuple(out.admissions),
         preemptions=tuple(out.preemptions),
-        waiting=_Waiting(out.waiting, out.later) if out.later else out.waiting,
+        waiting=waiting,
         reserved=out.reserved,
     )
 
@@ -1224,7 +1288,7 @@ class _TypePass:
         self.q = base.q.copy()
         self.qkey = base.keys.copy()
         self.sufmin = base.suf
-        self.status = [[_TODO] * len(qs) for qs in self.q]
+        self.status = [_Status() for _ in self.q]  # share -> queue index -> status, _TODO unless set
         self.is_ben = base.bens | beneficiaries if beneficiaries else base.bens
         self.bens: list[tuple[tuple, int, int]] = []  # (queue key, share, index), in queue order
         qinfo = base.qinfo
@@ -1785,7 +1849,8 @@ class _TypePass:
     def _is_head(self, s: int, k: int) -> bool:
         st = self.status[s]
         p = self.hptr[s]
-        while p < len(st) and st[p] in (_ADMITTED, _EARMARKED):
+        n = len(self.q[s])
+        while p < n and st[p] in (_ADMITTED, _EARMARKED):
             p += 1
         self.hptr[s] = p
         return p == k
@@ -2025,17 +2090,15 @@ class _TypePass:
         open_ = (_TODO, _DEFER)
         for s in shares:
             st = status[s]
-            b = self.bptr[s]
-            ks = [k for k in range(b) if st[k] in open_] if b else []
-            if b < len(st):
-                done = [k for k in touched.get(s, ()) if k >= b and st[k] not in open_]
-                if done:
-                    skip = set(done)
-                    ks.extend(k for k in range(b, len(st)) if k not in skip)
-                else:
-                    ks.extend(range(b, len(st)))
-            if ks:
-                pending[s] = ks
+            b, n = self.bptr[s], len(q[s])
+            head = [k for k in range(b) if st[k] in open_] if b else []
+            done = [k for k in touched.get(s, ()) if k >= b and st[k] not in open_]
+            if done:
+                skip = set(done)
+                head.extend(k for k in range(b, n) if k not in skip)
+                b = n
+            if head or b < n:
+                pending[s] = _Pending(head, b, n)
         heap = []
         lazy = self.out.later if LAZY_REASONS else None
         for s, ks in pending.items():
@@ -2061,7 +2124,7 @@ class _TypePass:
                 if lazy is not None and self.held[s] + max(self.grace[s], self.pend[s]) + suf[k] > limit:
                     # Not even the smallest job left fits the borrow limit, and this share's numbers
                     # cannot change any more: each waits at "held" or "limit" (_borrow's first checks).
-                    lazy.append((self._borrow, s, ks[i:]))
+                    lazy.append((self._borrow, s, ks.tail(i)))
                     i = len(ks)
                     break
                 i += 1

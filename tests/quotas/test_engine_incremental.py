@@ -62,7 +62,9 @@ def _apply(engine: Engine, decided: policy.Plan, now: float, rng: random.Random)
                 QueuedView(run.job_id, run.share, run.gpu_type, run.gpus, run.priority, run.submitted_at)
             )
         else:
-            engine.add_running(dataclasses.replace(run, preempting=True, beneficiary_job_id=x.beneficiary_job_id))
+            engine.add_running(
+                dataclasses.replace(run, preempting=True, beneficiary_job_id=x.beneficiary_job_id)
+            )
         ben = engine.queued.get(x.beneficiary_job_id)
         if ben is not None and not ben.beneficiary:
             engine.add_queued(dataclasses.replace(ben, beneficiary=True))
@@ -158,3 +160,36 @@ def test_a_node_change_rebuilds_and_still_plans_like_a_snapshot():
     engine.set_nodes((NodeView("n1", "a10g", 4, schedulable=False),))
     assert engine.plan(1.0).admissions == ()
     assert "j1" in engine.plan(1.0).waiting
+
+
+def test_a_kept_plan_still_gives_its_own_reasons_after_both_queues_change():
+    # Two RESERVE shares at capacity: their waiting reasons are written only when read, from the
+    # queues as they were; later events change both queues (one job leaves, one jumps the queue).
+    shares = (
+        ShareView(name="a", capacity={"a10g": 1}, strategy=policy.RESERVE),
+        ShareView(name="b", capacity={"a10g": 1}, strategy=policy.RESERVE),
+    )
+    engine = Engine(nodes=(NodeView("n1", "a10g", 2),), shares=shares)
+    for share in ("a", "b"):
+        engine.add_running(
+            RunningView(
+                f"r{share}",
+                f"r{share}",
+                share,
+                "a10g",
+                0,
+                0.0,
+                0.0,
+                (("n1", (0 if share == "a" else 1,)),),
+                False,
+            )
+        )
+        for i in range(3):
+            engine.add_queued(QueuedView(f"{share}{i}", share, "a10g", 1, 0, float(i)))
+    kept = engine.plan(10.0)
+    expected = dict(plan(engine.snapshot(10.0)).waiting)
+    engine.remove_queued("a0")
+    engine.add_queued(QueuedView("b-urgent", "b", "a10g", 1, 5, 9.0))
+    engine.plan(11.0)  # a later plan, read at once
+    engine.remove_queued("b1")
+    assert dict(kept.waiting) == expected
