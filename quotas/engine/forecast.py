@@ -1,7 +1,8 @@
 """ETAs and queue positions: the policy's own decisions, replayed forward in virtual time.
 
-Pure like quotas/engine/policy.py (no Django, no I/O). Starting from a snapshot it asks `policy.plan` what it
-would do, applies the admissions and pre-emptions to a copy of the snapshot, and when a plan decides
+Pure like quotas/engine/policy.py (no Django, no I/O). Starting from a snapshot it asks the policy what it
+would do (a `policy.Engine` built once from the snapshot and told each change, so a pass costs what it
+decides), applies the admissions and pre-emptions, and when a plan decides
 nothing new it advances virtual time to the next expected end of a running attempt (its job's
 max_runtime_s, or a default the caller gives, e.g. the share's median observed runtime). The instant a
 queued job is admitted in that replay is its ETA; the order of admission is its queue position.
@@ -13,7 +14,9 @@ in the share's queue order (SEMANTICS.md rule 1, with rule 7's beneficiaries fir
 
 from __future__ import annotations
 
+import heapq
 import logging
+import math
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -33,6 +36,8 @@ DEFAULT_BUDGET_S = 1.0
 BOUND = "bound"  # every runtime the ETA rests on is an enforced max_runtime_s (or a grace period)
 ESTIMATE = "estimate"  # some runtime it rests on is a guess (a share's median, or the default)
 NONE = "none"  # the replay does not admit the job within its horizon
+BORROWING_BASIS = "estimate: borrowed GPUs of its type come and go with other shares' work"
+BACKFILL_BASIS = "estimate: GPUs that free early may go to smaller jobs first (backfill)"
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,57 @@ def _basis(counts: dict[Estimate, int]) -> str:
     return f"estimate: {jobs} without a max runtime end before it ({what})"
 
 
+def _backfill_estimates(
+    snapshot: Snapshot,
+    eta: Mapping[Hashable, float],
+    alone: set[Hashable],
+    kind: dict[Hashable, str],
+    basis: dict[Hashable, str],
+) -> None:
+    """Bound ETAs that backfill (rule 6, best-effort) can break become estimates. The replay ends every
+    job at its max runtime; a job that ends sooner frees its GPUs early, and what starts in them then
+    differs from the replay:
+    - a job of several GPUs can be overtaken by smaller jobs, or find the free blocks on other nodes
+      than in the replay, where attempts end early one by one: it stays bound only when it waits for
+      the one attempt of its type (`alone`: no other ran or was replayed before it);
+    - a job the replay starts ahead of its share's order (into a gap a bigger job before it could not
+      use) may find no such gap;
+    - in a share with in-share pre-emption and work of several priorities, backfilled work can be
+      pre-empted and run again, later than in the replay.
+    A bound holds against the queue as it is: work that arrives later can still delay it (higher
+    priority, or a smaller job that backfills)."""
+    now = snapshot.now
+
+    def downgrade(q: QueuedView) -> None:
+        if eta.get(q.job_id, now) > now and kind.get(q.job_id) == BOUND:
+            kind[q.job_id], basis[q.job_id] = ESTIMATE, BACKFILL_BASIS
+
+    groups: dict[tuple[str, str], list[QueuedView]] = {}
+    for q in snapshot.queued:
+        groups.setdefault((q.share, q.gpu_type), []).append(q)
+        if q.gpus > 1 and q.job_id not in alone:
+            downgrade(q)
+    # In-share pre-emption (rule 4) between work of several priorities: a job that backfilled early
+    # can be pre-empted and run again later than the replay has it, in front of lower priorities.
+    preempting = {v.name for v in snapshot.shares if v.in_share_preemption}
+    priorities: dict[tuple[str, str], set[int]] = {}
+    for work in (*snapshot.queued, *snapshot.running):
+        if work.share in preempting:
+            priorities.setdefault((work.share, work.gpu_type), set()).add(work.priority)
+    for key, levels in priorities.items():
+        if len(levels) > 1:
+            for q in groups.get(key, ()):
+                downgrade(q)
+    for jobs in groups.values():
+        jobs.sort(key=policy.queue_key)
+        latest = now  # the latest ETA of the jobs before it in the share's order (inf: one has none)
+        for q in jobs:
+            at = eta.get(q.job_id, math.inf)
+            if latest > at:
+                downgrade(q)
+            latest = max(latest, at)
+
+
 def forecast(
     snapshot: Snapshot,
     *,
@@ -119,16 +175,20 @@ def forecast(
     """Replay the planner forward from `snapshot`. `runtime_s` / `grace_s` are per job id. A job in
     `estimates` has a guessed runtime (where it comes from); any other job's runtime in `runtime_s` is
     its enforced max_runtime_s, and a job in neither gets `default_runtime_s`, a guess. An ETA is
-    BOUND when no guessed end of its GPU type comes before it in the replay. With `targets`, stop as
+    BOUND when no guessed end of its GPU type comes before it in the replay and backfill cannot break
+    it (_backfill_estimates). With `targets`, stop as
     soon as those queued jobs have an ETA (positions then still cover every job, those not reached
     in queue order after the ones admitted)."""
-    planner = planner or policy.plan
+    # The default planner is the engine kept between the replay's passes (each pass costs what it
+    # decides); a planner given by the caller (tests, stand-ins) gets a snapshot per pass.
+    engine = policy.Engine.from_snapshot(snapshot) if planner is None else None
     grace_s = grace_s or {}
     start = snapshot.now
     deadline = time.monotonic() + budget_s
     queued: dict[Hashable, QueuedView] = {q.job_id: q for q in snapshot.queued}
     waiting_at_start = set(queued)  # a pre-empted job queued again later gets no ETA: it was running
     wanted = set(queued) if targets is None else set(targets) & set(queued)
+    unanswered = len(wanted)
 
     estimates = estimates or {}
     default_estimate = Estimate(float(default_runtime_s))
@@ -153,6 +213,22 @@ def forecast(
 
     running: dict[Hashable, RunningView] = {}
     ends: dict[Hashable, float] = {}
+    # (end, n, attempt id), the earliest first; an entry whose end is no longer ends[attempt] is stale
+    # (the attempt ended, or a pre-emption brought its end forward).
+    end_heap: list[tuple[float, int, Hashable]] = []
+    pushed = 0
+
+    def expect_end(attempt_id: Hashable, at: float) -> None:
+        nonlocal pushed
+        ends[attempt_id] = at
+        pushed += 1
+        heapq.heappush(end_heap, (at, pushed, attempt_id))
+
+    borrowing = {r.gpu_type for r in snapshot.running if r.borrowed}  # types with borrowed work so far
+    attempts_seen: dict[str, int] = {}  # per type: attempts running at the start or replayed so far
+    for r in snapshot.running:
+        attempts_seen[r.gpu_type] = attempts_seen.get(r.gpu_type, 0) + 1
+    alone: set[Hashable] = set()  # admitted when at most one attempt of its type had run
     for r in snapshot.running:
         running[r.attempt_id] = r
         expected = start + grace(r.job_id) if r.preempting else r.started_at + runtime(r.job_id)
@@ -162,7 +238,17 @@ def forecast(
                 # Running past its guess: it is no reason to expect it to end this instant (an ETA of
                 # "now" that never comes). Expect it to run half as long again as it has, a minute at least.
                 expected = start + max(60.0, (start - r.started_at) / 2)
-        ends[r.attempt_id] = max(start, expected)
+        expect_end(r.attempt_id, max(start, expected))
+
+    def put_queued(q: QueuedView) -> None:
+        queued[q.job_id] = q
+        if engine is not None:
+            engine.add_queued(q)
+
+    def put_running(r: RunningView) -> None:
+        running[r.attempt_id] = r
+        if engine is not None:
+            engine.add_running(r)
 
     t = start
     stop = f"beyond what the forecast replays ({max_passes} passes, {budget_s:g} s)"
@@ -171,15 +257,19 @@ def forecast(
     waiting: dict[Hashable, str] = {}
     passes = 0
     replayed = 0
-    while wanted - set(eta) and passes < max_passes and time.monotonic() < deadline:
-        snap = replace(
-            snapshot,
-            now=t,
-            running=tuple(running.values()),
-            queued=tuple(sorted(queued.values(), key=lambda q: q.job_id)),
-        )
+    while unanswered and passes < max_passes and time.monotonic() < deadline:
         try:
-            decided = planner(snap)
+            if engine is not None:
+                decided = engine.plan(t)
+            else:
+                decided = planner(
+                    replace(
+                        snapshot,
+                        now=t,
+                        running=tuple(running.values()),
+                        queued=tuple(sorted(queued.values(), key=lambda q: q.job_id)),
+                    )
+                )
         except Exception:  # an ETA is advice: a planner bug must not break the page that shows it
             log.exception("forecast: the planner failed; showing the plain queue order")
             return Forecast(positions=_positions(snapshot.queued, []), planned=False, passes=passes)
@@ -192,13 +282,22 @@ def forecast(
             q = queued.pop(adm.job_id, None)
             if q is None:
                 continue
+            if engine is not None:
+                engine.remove_queued(adm.job_id)
             changed = True
             if adm.job_id in waiting_at_start and adm.job_id not in eta:
                 eta[adm.job_id] = t
                 order.append(adm.job_id)
+                if attempts_seen.get(q.gpu_type, 0) <= 1:
+                    alone.add(adm.job_id)
+                if adm.job_id in wanted:
+                    unanswered -= 1
                 counts = guessed.get(q.gpu_type)
                 if counts:
                     kind[adm.job_id], basis[adm.job_id] = ESTIMATE, _basis(counts)
+                elif t > start and (adm.borrowed or q.gpu_type in borrowing):
+                    # Borrowed GPUs come and go with other shares' work, which ends early too.
+                    kind[adm.job_id], basis[adm.job_id] = ESTIMATE, BORROWING_BASIS
                 else:
                     kind[adm.job_id], basis[adm.job_id] = (
                         BOUND,
@@ -208,18 +307,23 @@ def forecast(
             # of one orderable type (the planner breaks ties by id).
             replayed += 1
             attempt_id = -replayed
-            running[attempt_id] = RunningView(
-                attempt_id=attempt_id,
-                job_id=q.job_id,
-                share=q.share,
-                gpu_type=q.gpu_type,
-                priority=q.priority,
-                submitted_at=q.submitted_at,
-                started_at=t,
-                placement=adm.placement,
-                borrowed=adm.borrowed,
+            put_running(
+                RunningView(
+                    attempt_id=attempt_id,
+                    job_id=q.job_id,
+                    share=q.share,
+                    gpu_type=q.gpu_type,
+                    priority=q.priority,
+                    submitted_at=q.submitted_at,
+                    started_at=t,
+                    placement=adm.placement,
+                    borrowed=adm.borrowed,
+                )
             )
-            ends[attempt_id] = t + runtime(q.job_id)
+            expect_end(attempt_id, t + runtime(q.job_id))
+            if adm.borrowed:
+                borrowing.add(q.gpu_type)
+            attempts_seen[q.gpu_type] = attempts_seen.get(q.gpu_type, 0) + 1
             if guess(q.job_id) is not None:
                 guessed_ends.add(attempt_id)
         beneficiaries = set()
@@ -228,45 +332,53 @@ def forecast(
             if victim is None or victim.preempting:
                 continue
             changed = True
-            running[pre.attempt_id] = replace(
-                victim, preempting=True, beneficiary_job_id=pre.beneficiary_job_id
-            )
+            put_running(replace(victim, preempting=True, beneficiary_job_id=pre.beneficiary_job_id))
             if t + grace(victim.job_id) < ends[pre.attempt_id]:
-                ends[pre.attempt_id] = t + grace(victim.job_id)
+                expect_end(pre.attempt_id, t + grace(victim.job_id))
                 guessed_ends.discard(pre.attempt_id)  # the grace period is enforced
             beneficiaries.add(pre.beneficiary_job_id)
         for job_id in beneficiaries:
             if job_id in queued:
-                queued[job_id] = replace(queued[job_id], beneficiary=True)
+                put_queued(replace(queued[job_id], beneficiary=True))
         if changed:
             continue  # passes repeat at one instant until one decides nothing new
 
-        if not ends:
+        while end_heap and ends.get(end_heap[0][2]) != end_heap[0][0]:
+            heapq.heappop(end_heap)  # stale
+        if not end_heap:
             stop = "nothing running or admitted ends to make room for it"
             break  # what is still queued waits for capacity that is not there
-        t_next = max(t, min(ends.values()))
+        t_next = max(t, end_heap[0][0])
         if t_next - start > horizon_s:
             stop = f"not started within the {_duration(horizon_s)} forecast horizon"
             break
         t = t_next
-        for attempt_id in [a for a, end in ends.items() if end <= t]:
+        while end_heap and end_heap[0][0] <= t:
+            end, _, attempt_id = heapq.heappop(end_heap)
+            if ends.get(attempt_id) != end:
+                continue  # stale
             del ends[attempt_id]
             r = running.pop(attempt_id)
+            if engine is not None:
+                engine.remove_running(attempt_id)
             if attempt_id in guessed_ends:
                 guessed_ends.discard(attempt_id)
                 est = guess(r.job_id) or default_estimate
                 counts = guessed.setdefault(r.gpu_type, {})
                 counts[est] = counts.get(est, 0) + 1
             if r.preempting:  # a pre-empted job goes back to the queue with its original submit time
-                queued[r.job_id] = QueuedView(
-                    job_id=r.job_id,
-                    share=r.share,
-                    gpu_type=r.gpu_type,
-                    gpus=r.gpus,
-                    priority=r.priority,
-                    submitted_at=r.submitted_at,
+                put_queued(
+                    QueuedView(
+                        job_id=r.job_id,
+                        share=r.share,
+                        gpu_type=r.gpu_type,
+                        gpus=r.gpus,
+                        priority=r.priority,
+                        submitted_at=r.submitted_at,
+                    )
                 )
 
+    _backfill_estimates(snapshot, eta, alone, kind, basis)
     for q in snapshot.queued:
         if q.job_id not in eta and (targets is None or q.job_id in wanted):
             kind[q.job_id] = NONE

@@ -76,10 +76,72 @@ def test_property_a_bound_eta_is_met_when_every_job_declares_its_runtime(jobs):
         shares=[{"name": "p", "capacity": {"a10g": 2}}],
     )
     result = simulate(data, forecast=True).to_dict()
-    for job in result["jobs"].values():
+    one_gpu_each = all(spec["gpus"] == 1 for spec in specs)
+    for spec in specs:
+        job = result["jobs"][spec["id"]]
         f = job["forecast_at_submit"]
-        assert f["kind"] == "bound"
-        assert job["first_start"] <= f["eta"], (job, f)
+        # Backfill (rule 6) can break a later ETA of a 2-GPU job, or of one the replay starts ahead of
+        # its order: those are estimates. Without them nothing backfills, and every ETA is a bound.
+        assert f["kind"] in ("bound", "estimate")
+        if one_gpu_each or f["eta"] == 0:
+            assert f["kind"] == "bound", (job, f)
+        if f["kind"] == "bound":
+            assert job["first_start"] <= f["eta"], (job, f)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 3), st.integers(1, 5), st.integers(0, 3), st.integers(1, 2), st.sampled_from("pq")
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    st.sampled_from(["RESERVE", "LEND", "LEND_AND_BORROW"]),
+    st.booleans(),
+)
+def test_property_a_bound_eta_is_met_with_two_shares_that_lend_and_borrow(jobs, strategy, in_share):
+    specs = [
+        {"id": f"j{i}", "duration_s": d, "max_runtime_s": d + extra, "priority": p, "gpus": g, "share": share}
+        for i, (extra, d, p, g, share) in enumerate(jobs)
+    ]
+    data = scenario(
+        specs,
+        nodes=[{"name": n, "gpu_type": "a10g", "gpus": 2} for n in ("n1", "n2")],
+        shares=[
+            {
+                "name": "p",
+                "capacity": {"a10g": 2},
+                "strategy": "LEND_AND_BORROW",
+                "in_share_preemption": in_share,
+            },
+            {"name": "q", "capacity": {"a10g": 2}, "strategy": strategy},
+        ],
+    )
+    for job in simulate(data, forecast=True).to_dict()["jobs"].values():
+        f = job["forecast_at_submit"]
+        if f["kind"] == "bound":
+            assert job["first_start"] <= f["eta"], (job, f)
+
+
+def test_a_bigger_job_that_backfill_can_overtake_gets_an_estimate():
+    """Found by the property above: b (2 GPUs) would be told 4 as a bound (a and c end by then), but a
+    ends at 2, and d (1 GPU, lower priority) backfills into that GPU until 6."""
+    data = scenario(
+        [
+            {"id": "b", "duration_s": 3, "max_runtime_s": 4, "priority": 2, "gpus": 2},
+            {"id": "a", "duration_s": 2, "max_runtime_s": 4, "priority": 3},
+            {"id": "c", "duration_s": 4, "max_runtime_s": 4, "priority": 1},
+            {"id": "d", "duration_s": 4, "max_runtime_s": 6, "priority": 1},
+            {"id": "e", "duration_s": 4, "max_runtime_s": 7, "priority": 2, "gpus": 2},
+        ],
+        nodes=[{"name": "n1", "gpu_type": "a10g", "gpus": 2}],
+        shares=[{"name": "p", "capacity": {"a10g": 2}}],
+    )
+    jobs = simulate(data, forecast=True).to_dict()["jobs"]
+    assert jobs["b"]["forecast_at_submit"] == {"eta": 4, "kind": "estimate"}
+    assert (jobs["a"]["first_start"], jobs["d"]["first_start"], jobs["b"]["first_start"]) == (0, 2, 6)
 
 
 def test_the_report_shows_the_error_distribution():
