@@ -1,15 +1,22 @@
 """Benchmark: quotas.engine.simulate.simulate() on generated traces, with the real policy, no database.
 
-Two sizes from `quotas.engine.tracegen` (6 teams, seed 1): 20,000 jobs on 512 GPUs (target: under 60 s on one
-core) and 100,000 jobs on 2,048 GPUs (target: under 2 minutes). Prints wall time, planner passes, the
-share of time inside `policy.plan()`, attempts, pre-emptions and utilisation per size.
+Two sizes from `quotas.engine.tracegen` (6 teams, seed 1): 20,000 jobs on 512 GPUs (target: under 8 s) and
+100,000 jobs on 2,048 GPUs (target: under 60 s), simulated as `python -m quotas.simulate` does: the engine
+kept between passes (policy.Engine). Prints wall and CPU time, the time in passes (and in the reasons
+inside them), planner passes, peak memory (the process's, so far), attempts, pre-emptions, utilisation.
 
-Run with `python bench/bench_simulate.py [--sizes 20000:512,100000:2048]`, or call `run()`.
+With `differential` (make bench's default at the first size): the same trace simulated again with
+`policy.plan(snapshot)` rebuilt at every pass must give a byte-identical result (issue 14's differential
+test at full size; `make test` runs it at bounded sizes).
+
+Run with `python bench/bench_simulate.py [--sizes 20000:512,100000:2048] [--differential]`, or call `run()`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -19,50 +26,59 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from quotas.engine import policy, tracegen  # noqa: E402
 from quotas.engine import scenario as sc  # noqa: E402
-from quotas.engine.simulate import simulate  # noqa: E402
+from quotas.engine.simulate import Profile, simulate  # noqa: E402
 
-SIZES = ((20_000, 512, 60.0), (100_000, 2_048, 120.0))  # (jobs, GPUs, target seconds)
+SIZES = ((20_000, 512, 8.0), (100_000, 2_048, 60.0))  # (jobs, GPUs, target seconds)
 
 
-def run(sizes: tuple[tuple[int, int, float], ...] = SIZES, *, teams: int = 6, seed: int = 1) -> list[dict]:
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def run(
+    sizes: tuple[tuple[int, int, float], ...] = SIZES,
+    *,
+    teams: int = 6,
+    seed: int = 1,
+    differential: bool = False,
+) -> list[dict]:
     rows = []
-    for jobs, gpus, target in sizes:
+    for i, (jobs, gpus, target) in enumerate(sizes):
         scenario = sc.parse(tracegen.generate(teams=teams, gpus=gpus, jobs=jobs, seed=seed))
-        in_plan = 0.0
-
-        def timed_plan(snapshot: policy.Snapshot) -> policy.Plan:
-            nonlocal in_plan
-            t0 = time.perf_counter()
-            try:
-                return policy.plan(snapshot)
-            finally:
-                in_plan += time.perf_counter() - t0
-
+        profile = Profile()
         t0, c0 = time.perf_counter(), time.process_time()
-        result = simulate(scenario, planner=timed_plan)
+        result = simulate(scenario, profile=profile)
         seconds = time.perf_counter() - t0
         cpu = time.process_time() - c0
         records = list(result.jobs.values())
-        rows.append(
-            {
-                "jobs": jobs,
-                "gpus": gpus,
-                "seconds": round(seconds, 2),
-                "cpu_s": round(cpu, 2),
-                "target_s": target,
-                "plan_s": round(in_plan, 2),
-                "passes": result.cluster["passes"],
-                "attempts": sum(len(r.attempts) for r in records),
-                "preemptions": sum(r.preemptions for r in records),
-                "utilisation": result.cluster["utilisation"],
-                "warnings": len(result.warnings),
-            }
-        )
+        row = {
+            "jobs": jobs,
+            "gpus": gpus,
+            "seconds": round(seconds, 2),
+            "cpu_s": round(cpu, 2),
+            "target_s": target,
+            "plan_s": round(profile.seconds.get("passes", 0.0), 2),
+            "reasons_s": round(profile.seconds.get("reasons (in passes)", 0.0), 2),
+            "passes": result.cluster["passes"],
+            "peak_mb": round(_peak_mb()),
+            "attempts": sum(len(r.attempts) for r in records),
+            "preemptions": sum(r.preemptions for r in records),
+            "utilisation": result.cluster["utilisation"],
+            "warnings": len(result.warnings),
+        }
+        if differential and i == 0:
+            # A fresh plan(snapshot) at every pass: the engine must have decided exactly the same.
+            rebuilt = simulate(scenario, planner=policy.plan)
+            same = json.dumps(rebuilt.to_dict(), sort_keys=True) == json.dumps(
+                result.to_dict(), sort_keys=True
+            )
+            row["differential"] = "identical" if same else "DIFFERENT"
+        rows.append(row)
     return rows
 
 
 def _table(rows: list[dict]) -> str:
-    header = ["jobs", "GPUs", "seconds", "target", "in plan()", "passes", "attempts", "pre-emptions", "util."]
+    header = ["jobs", "GPUs", "seconds", "target", "in passes", "passes", "peak MB", "pre-emptions", "util."]
     body = [
         [
             f"{r['jobs']:,}",
@@ -71,7 +87,7 @@ def _table(rows: list[dict]) -> str:
             f"{r['target_s']:.0f}",
             f"{r['plan_s'] / r['seconds']:.0%}" if r["seconds"] else "-",
             f"{r['passes']:,}",
-            f"{r['attempts']:,}",
+            f"{r['peak_mb']:,}",
             f"{r['preemptions']:,}",
             f"{r['utilisation']:.3f}",
         ]
@@ -86,12 +102,17 @@ def _table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", help="JOBS:GPUS[,JOBS:GPUS...] (default 20000:512,100000:2048)")
+    parser.add_argument("--differential", action="store_true", help="check the first size against plan()")
     args = parser.parse_args(argv)
     sizes = SIZES
     if args.sizes:
         sizes = tuple((int(j), int(g), 0.0) for j, g in (s.split(":") for s in args.sizes.split(",")))
-    print(_table(run(sizes)))
-    return 0
+    rows = run(sizes, differential=args.differential)
+    print(_table(rows))
+    for r in rows:
+        if "differential" in r:
+            print(f"{r['jobs']:,} jobs, engine vs plan() at every pass: {r['differential']}")
+    return 0 if all(r.get("differential", "identical") == "identical" for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -196,20 +196,18 @@ def replay(
     submits = sorted(j.submit_at for j in scenario.jobs)
     last = [0.0]
 
-    # The simulator has no progress hook: the planner it calls at every pass is wrapped here, and the
-    # virtual time of the pass says how many submissions the replay has reached.
-    def planner(snapshot: policy.Snapshot) -> policy.Plan:
+    # Before each pass the simulator says its virtual time: how many submissions the replay has reached.
+    def on_pass(now: float) -> None:
         wall = time.monotonic()
         if wall > deadline:
             raise ReplayTooLong(f"the replay took longer than {budget:.0f} s")
         if on_progress is not None and wall - last[0] >= PROGRESS_EVERY_S:
             last[0] = wall
-            on_progress(bisect.bisect_right(submits, snapshot.now))
-        return policy.plan(snapshot)
+            on_progress(bisect.bisect_right(submits, now))
 
     if time.monotonic() > deadline:
         raise ReplayTooLong(f"the replay took longer than {budget:.0f} s")
-    return summarise(simulate.simulate(scenario, planner=planner))
+    return summarise(simulate.simulate(scenario, on_pass=on_pass))
 
 
 def summarise(result: simulate.SimResult) -> dict[str, Any]:

@@ -313,25 +313,27 @@ def simulate(
     planner: Planner | None = None,
     forecast: bool = False,
     profile: Profile | None = None,
+    on_pass: Callable[[int], None] | None = None,
 ) -> SimResult:
     """Replay a scenario (a `Scenario` or its decoded JSON) and return the result.
 
     `planner` defaults to the engine kept between passes (`policy.Engine`, the same policy as
     `policy.plan`); tests may pass a stand-in that takes a snapshot. With `forecast`, the production
     forecast (quotas.engine.forecast) runs at each job's submit and its error against the actual start is
-    reported (SCENARIO.md `--forecast`). Raises `ScenarioError` for an invalid scenario and
+    reported (SCENARIO.md `--forecast`). `on_pass` hears the virtual time before each pass (progress,
+    a deadline: what it raises ends the run). Raises `ScenarioError` for an invalid scenario and
     `PolicyError` for a decision that cannot be applied.
     """
     if not isinstance(scenario, sc.Scenario):
         scenario = sc.parse(scenario)
     if profile is None:
-        return _Simulator(scenario, planner, forecast=forecast).run()
+        return _Simulator(scenario, planner, forecast=forecast, on_pass=on_pass).run()
     # Time the planner, the event handlers, the accounting and the forecast; "reasons" times the
     # policy's own waiting-reason writer (patched for the run only: the policy has no hooks).
     wait = policy._TypePass._wait
     policy._TypePass._wait = profile.timed("reasons (in passes)", wait)
     try:
-        return _Simulator(scenario, planner, forecast=forecast, profile=profile).run()
+        return _Simulator(scenario, planner, forecast=forecast, profile=profile, on_pass=on_pass).run()
     finally:
         policy._TypePass._wait = wait
 
@@ -351,8 +353,10 @@ class _Simulator:
         *,
         forecast: bool = False,
         profile: Profile | None = None,
+        on_pass: Callable[[int], None] | None = None,
     ) -> None:
         self.scenario = scenario
+        self.on_pass = on_pass
         self.planner = planner
         self.profile = profile
         self.forecasting = forecast
@@ -484,10 +488,14 @@ class _Simulator:
         return self.engine.snapshot(self.now, queued=queued)
 
     def _engine_plan(self) -> Plan:
+        if self.on_pass is not None:
+            self.on_pass(self.now)
         return self.engine.plan(self.now)
 
     def _snapshot_plan(self) -> Plan:
         assert self.planner is not None
+        if self.on_pass is not None:
+            self.on_pass(self.now)
         return self.planner(self.snapshot())
 
     @staticmethod

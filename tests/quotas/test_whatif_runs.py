@@ -165,3 +165,17 @@ def test_on_a_worker_the_replay_runs_in_a_process_of_its_own(no_messages, bob, v
     summary = whatif.replay_isolated(scenario, on_progress=heard.append)
     assert summary == whatif.replay(scenario)
     assert summary["jobs"] == 6 and summary["shares"]["vision-main"]["preempted_jobs"] == 0
+
+
+def test_a_replay_reports_progress_and_stops_at_its_budget_mid_run(history, monkeypatch):
+    """The replay runs on the engine kept between passes (no planner given) and still hears each pass:
+    progress as submissions reached, and the budget checked before every pass."""
+    scenario, _, _ = whatif.build_scenario()
+    heard = []
+    monkeypatch.setattr(whatif, "PROGRESS_EVERY_S", 0.0)
+    whatif.replay(scenario, on_progress=heard.append)
+    assert heard and heard == sorted(heard) and heard[-1] <= len(scenario.jobs) and heard[-1] > 0
+    clock = iter(range(10**6))  # each look at the clock is one second later: out of budget mid-run
+    monkeypatch.setattr(whatif.time, "monotonic", lambda: float(next(clock)))
+    with pytest.raises(whatif.ReplayTooLong):
+        whatif.replay(scenario, budget_s=5)
