@@ -7,7 +7,7 @@
 
 Benchmarks: 1 policy (plan() alone), 2 pass and 5 pages (PostgreSQL), 3 submit and arrays (gunicorn,
 PostgreSQL + Redis), 7 cli (`gpuquota` as fresh processes), 4 latency (control worker + fake agents,
-PostgreSQL + Redis), 6 simulate, 8 slurm (a one-node Slurm beside gpuquota, alternating; needs
+PostgreSQL + Redis), 6 simulate, 9 what-if (a seeded 20k-job week, PostgreSQL), 8 slurm (a one-node Slurm beside gpuquota, alternating; needs
 slurm-wlm and root). Those that need
 PostgreSQL or Redis are skipped, with the reason, when DATABASE_URL (a database named `*_bench`, which
 they empty) or REDIS_URL is not set or not reachable. Nothing needs a GPU.
@@ -25,7 +25,7 @@ import traceback
 
 from bench import common
 
-ALL = ("policy", "pass", "submit", "cli", "latency", "simulate", "slurm")
+ALL = ("policy", "pass", "submit", "cli", "latency", "simulate", "whatif", "slurm")
 
 
 def _fmt_s(v: float | None) -> str:
@@ -123,6 +123,12 @@ def _cli(quick: bool) -> list[dict]:
     return bench_cli.run(submits=20 if quick else 100)
 
 
+def _whatif(quick: bool) -> list[dict]:
+    from bench import bench_whatif
+
+    return bench_whatif.run(jobs=2_000 if quick else bench_whatif.JOBS)
+
+
 def _slurm(quick: bool) -> list[dict]:
     from bench import bench_slurm
 
@@ -136,6 +142,7 @@ RUNNERS = {
     "cli": _cli,
     "latency": _latency,
     "simulate": _simulate,
+    "whatif": _whatif,
     "slurm": _slurm,
 }
 NEEDS = {
@@ -143,6 +150,7 @@ NEEDS = {
     "submit": ("db", "redis"),
     "cli": ("db", "redis"),
     "latency": ("db", "redis"),
+    "whatif": ("db",),
     "slurm": ("db", "redis"),
 }
 
