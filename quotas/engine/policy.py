@@ -35,7 +35,7 @@ from __future__ import annotations
 import heapq
 import math
 import weakref
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -676,6 +676,10 @@ class _TypeBase:
         self._never: dict[tuple[str, int], str | None] = {}
         self.q: list[list[QueuedView]] = [[] for _ in range(n)]
         self.keys: list[list[tuple]] = [[] for _ in range(n)]
+        # share -> GPUs per job -> those jobs' keys, in order: where the next job of fewer GPUs than
+        # the share has room for is (a pass skips the jobs between, which cannot change anything).
+        # Read by passes only while they run: changed in place.
+        self.by_size: list[dict[int, list[tuple]]] = [{} for _ in range(n)]
         self.qinfo: dict[Hashable, tuple[int, tuple]] = {}
         self.bens: set[Hashable] = set()  # queued jobs flagged as beneficiaries
         # Plans whose waiting reasons are still to be written from these queue lists (weak: a plan
@@ -693,6 +697,7 @@ class _TypeBase:
             key = (-job.priority, job.submitted_at, job.job_id)
             q[s].append(job)
             keys[s].append(key)
+            self.by_size[s].setdefault(job.gpus, []).append(key)
             qinfo[job.job_id] = (s, key)
             if job.beneficiary:
                 self.bens.add(job.job_id)
@@ -906,6 +911,8 @@ class _TypeBase:
         keys, q = self._own_lists(s)
         keys.insert(pos, key)
         q.insert(pos, job)
+        same = self.by_size[s].setdefault(job.gpus, [])
+        same.insert(bisect_left(same, key), key)
         self.qinfo[job.job_id] = (s, key)
         if job.beneficiary:
             self.bens.add(job.job_id)
@@ -925,6 +932,10 @@ class _TypeBase:
         keys, q = self._own_lists(s)
         del keys[pos]
         del q[pos]
+        same = self.by_size[s][job.gpus]
+        del same[bisect_left(same, key)]
+        if not same:
+            del self.by_size[s][job.gpus]
         self.bens.discard(job.job_id)
         suf = self.suf[s]
         del suf[pos]
@@ -1288,6 +1299,7 @@ class _TypePass:
         self.q = base.q.copy()
         self.qkey = base.keys.copy()
         self.sufmin = base.suf
+        self.by_size = base.by_size
         self.status = [_Status() for _ in self.q]  # share -> queue index -> status, _TODO unless set
         self.is_ben = base.bens | beneficiaries if beneficiaries else base.bens
         self.bens: list[tuple[tuple, int, int]] = []  # (queue key, share, index), in queue order
@@ -2135,6 +2147,34 @@ class _TypePass:
                         break
             ptr[s] = i
 
+    def _next_not_deferred(self, s: int, k: int) -> int:
+        """After job k of share s was deferred by rules 2-4: the next queue index whose job _own_phase
+        might not defer as things are now; every job between would be deferred, and a deferral changes
+        nothing. A job is deferred when it does not fit the share's own room and rule 4 cannot help:
+        the share has no in-share pre-emption, or the job needs more than its capacity, or this
+        epoch's failed try was for no more GPUs and no lower priority (priorities only fall along the
+        queue)."""
+        room = self.cap[s] - self.held[s] - self.pend[s]
+        below = room + 1  # jobs of `below` GPUs or more are deferred
+        if self.in_share[s]:
+            memo = self.in_fail.get(s)
+            if memo is not None and memo[2] == self.epoch and self.q[s][k].priority <= memo[1]:
+                below = max(below, memo[0])
+            else:
+                below = max(below, self.cap[s] + 1)
+        suf = self.sufmin[s]
+        n = len(suf)
+        if k + 1 >= n or suf[k + 1] >= below:
+            return n
+        key = self.qkey[s][k]
+        first = None
+        for g, keys in self.by_size[s].items():
+            if g < below:
+                i = bisect_right(keys, key)
+                if i < len(keys) and (first is None or keys[i] < first):
+                    first = keys[i]
+        return n if first is None else bisect_left(self.qkey[s], first, k + 1)
+
     def _own_ratio(self, s: int) -> float:
         u = self.held[s] + self.pend[s]
         return min(u, self.cap[s]) / self.cap[s]
@@ -2168,6 +2208,9 @@ class _TypePass:
                     break
             before = self._own_ratio(s)
             outcome = self._own_phase(s, k)
+            if outcome == _DEFER:
+                k = self._next_not_deferred(s, k)
+                continue
             k += 1
             if outcome in (_ADMITTED, _EARMARKED) and heap:
                 key = (self._own_ratio(s), s)
