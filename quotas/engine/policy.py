@@ -388,32 +388,24 @@ class _Status(dict):
         return _TODO
 
 
-class _Pending:
-    """The queue indexes phase C still has to place for one share: `head` (looked at and deferred),
-    then every index of range(start, stop), which the pass never reached. Never materialised unless
-    walked: a long queue's tail costs nothing until its reasons are read."""
+class _Open:
+    """Queue indexes range(start, stop) of one share that phase C still has to place: all but the
+    `decided` ones (phases A and B decide few). Never materialised unless walked: a long queue's
+    tail costs nothing until its reasons are read."""
 
-    __slots__ = ("head", "start", "stop")
+    __slots__ = ("start", "stop", "decided")
 
-    def __init__(self, head: list[int], start: int, stop: int) -> None:
-        self.head, self.start, self.stop = head, start, stop
-
-    def __len__(self) -> int:
-        return len(self.head) + self.stop - self.start
-
-    def __getitem__(self, i: int) -> int:
-        h = len(self.head)
-        return self.head[i] if i < h else self.start + i - h
-
-    def tail(self, i: int) -> _Pending:
-        h = len(self.head)
-        if i <= h:
-            return _Pending(self.head[i:], self.start, self.stop)
-        return _Pending([], self.start + i - h, self.stop)
+    def __init__(self, start: int, stop: int, decided: set[int]) -> None:
+        self.start, self.stop, self.decided = start, stop, decided
 
     def __iter__(self) -> Iterator[int]:
-        yield from self.head
-        yield from range(self.start, self.stop)
+        d = self.decided
+        for k in range(self.start, self.stop):
+            if k not in d:
+                yield k
+
+    def part(self, start: int, stop: int | None = None) -> _Open:
+        return _Open(start, self.stop if stop is None else stop, self.decided)
 
 
 _NO_LIMIT = 1 << 62
@@ -2096,21 +2088,14 @@ class _TypePass:
         for _, s, k in sorted(later):
             if status[s][k] == _DEFER:
                 self._borrow(s, k)
-        # Still to place: the jobs phase B looked at and deferred (before bptr), and everything after
-        # bptr that phase A did not decide (taken as a whole: the queue's tail is never walked here).
-        pending: dict[int, list[int]] = {}
+        # Still to place: every job of the queue that phases A and B did not decide (looked at and
+        # deferred, or never reached).
+        pending: dict[int, _Open] = {}
         open_ = (_TODO, _DEFER)
         for s in shares:
-            st = status[s]
-            b, n = self.bptr[s], len(q[s])
-            head = [k for k in range(b) if st[k] in open_] if b else []
-            done = [k for k in touched.get(s, ()) if k >= b and st[k] not in open_]
-            if done:
-                skip = set(done)
-                head.extend(k for k in range(b, n) if k not in skip)
-                b = n
-            if head or b < n:
-                pending[s] = _Pending(head, b, n)
+            decided = {k for k, v in status[s].items() if v not in open_}
+            if len(decided) < len(q[s]):
+                pending[s] = _Open(0, len(q[s]), decided)
         heap = []
         lazy = self.out.later if LAZY_REASONS else None
         for s, ks in pending.items():
@@ -2128,24 +2113,83 @@ class _TypePass:
         while heap:
             _, s = heapq.heappop(heap)
             ks = pending[s]
-            i = ptr[s]
+            k, n, decided = ptr[s], ks.stop, ks.decided
             limit = self.cap[s] + self.bcap[s]
             suf = self.sufmin[s]
-            while i < len(ks):
-                k = ks[i]
+            while k < n:
+                if k in decided:
+                    k += 1
+                    continue
                 if lazy is not None and self.held[s] + max(self.grace[s], self.pend[s]) + suf[k] > limit:
                     # Not even the smallest job left fits the borrow limit, and this share's numbers
                     # cannot change any more: each waits at "held" or "limit" (_borrow's first checks).
-                    lazy.append((self._borrow, s, ks.tail(i)))
-                    i = len(ks)
+                    lazy.append((self._borrow, s, ks.part(k)))
+                    k = n
                     break
-                i += 1
-                if self._borrow(s, k) == _ADMITTED and heap:
-                    key = (self._borrow_ratio(s), s)
-                    if key > heap[0]:
-                        heapq.heappush(heap, key)
-                        break
-            ptr[s] = i
+                if self._borrow(s, k) == _ADMITTED:
+                    k += 1
+                    if heap:
+                        key = (self._borrow_ratio(s), s)
+                        if key > heap[0]:
+                            heapq.heappush(heap, key)
+                            break
+                    continue
+                k = k + 1 if lazy is None else self._skip_blocked(s, k, ks)
+            ptr[s] = k
+
+    def _skip_blocked(self, s: int, k: int, ks: _Open) -> int:
+        """Rule 5, after job k of a LEND_AND_BORROW share could not borrow: the next queue index whose
+        job might. When k waits behind a held job, at its borrow limit or for lendable GPUs, every
+        later job as big or bigger waits the same way, and nothing changes while they are told so:
+        their reasons, from the numbers as they are now, are left for when they are read."""
+        q = self.q[s]
+        g = q[k].gpus
+        cap, held_for, bcap = self.cap[s], self.held_for[s], self.bcap[s]
+        use = self.held[s] + max(self.grace[s], self.pend[s])
+        limit = cap + bcap
+        if self.qkey[s][k] > held_for:
+            below = 0  # every later job is held too
+        elif use + g > limit:
+            below = limit - use + 1
+        elif self._deficit_if(s, g) > 0:
+            below = g  # a bigger job would break the cover at least as much
+        else:
+            return k + 1  # no node for it: not skipped (a starving head may reserve)
+        nxt = self._next_below(s, k, below)
+        if nxt > k + 1:
+            used, borrowed = min(use, cap), max(0, use - cap)
+            spare = -self._deficit() - (max(0, cap - use) if self.lender[s] else 0)
+            keys, out, reason = self.qkey[s], self.out.waiting, self._reason
+
+            def why(s: int, k: int) -> None:
+                # _borrow's checks in its order, with the numbers of the moment it was skipped.
+                g = q[k].gpus
+                if keys[k] > held_for:
+                    key: tuple = ("held",)
+                elif use + g > limit:
+                    key = ("limit", g, used, cap, borrowed, bcap)
+                else:
+                    key = ("slack", g, used, cap, spare)
+                out[q[k].job_id] = reason(key)
+
+            self.out.later.append((why, s, ks.part(k + 1, nxt)))
+        return nxt
+
+    def _next_below(self, s: int, k: int, below: int) -> int:
+        """The first queue index after k whose job needs fewer than `below` GPUs (the queue's length
+        if none)."""
+        suf = self.sufmin[s]
+        n = len(suf)
+        if k + 1 >= n or suf[k + 1] >= below:
+            return n
+        key = self.qkey[s][k]
+        first = None
+        for g, keys in self.by_size[s].items():
+            if g < below:
+                i = bisect_right(keys, key)
+                if i < len(keys) and (first is None or keys[i] < first):
+                    first = keys[i]
+        return n if first is None else bisect_left(self.qkey[s], first, k + 1)
 
     def _next_not_deferred(self, s: int, k: int) -> int:
         """After job k of share s was deferred by rules 2-4: the next queue index whose job _own_phase
@@ -2162,18 +2206,7 @@ class _TypePass:
                 below = max(below, memo[0])
             else:
                 below = max(below, self.cap[s] + 1)
-        suf = self.sufmin[s]
-        n = len(suf)
-        if k + 1 >= n or suf[k + 1] >= below:
-            return n
-        key = self.qkey[s][k]
-        first = None
-        for g, keys in self.by_size[s].items():
-            if g < below:
-                i = bisect_right(keys, key)
-                if i < len(keys) and (first is None or keys[i] < first):
-                    first = keys[i]
-        return n if first is None else bisect_left(self.qkey[s], first, k + 1)
+        return self._next_below(s, k, below)
 
     def _own_ratio(self, s: int) -> float:
         u = self.held[s] + self.pend[s]

@@ -193,3 +193,28 @@ def test_a_kept_plan_still_gives_its_own_reasons_after_both_queues_change():
     engine.plan(11.0)  # a later plan, read at once
     engine.remove_queued("b1")
     assert dict(kept.waiting) == expected
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_reasons_read_late_are_the_ones_written_at_once_along_a_generated_trace(seed):
+    """Phase C skips jobs that wait the same way as the one before them and leaves their reasons, with
+    the numbers of that moment, for when they are read: along a whole simulation (queues of every
+    size, borrow limits, lendable GPUs running out), each plan's late reasons must be the sentences
+    the pass writes at once."""
+    scenario = sc.parse(tracegen.generate(teams=6, gpus=128, jobs=1500, seed=seed))
+    compared = 0
+
+    def planner(snapshot):
+        nonlocal compared
+        lazy = policy.plan(snapshot)
+        policy.LAZY_REASONS = False
+        try:
+            eager = policy.plan(snapshot)
+        finally:
+            policy.LAZY_REASONS = True
+        assert dict(lazy.waiting) == dict(eager.waiting)
+        compared += len(eager.waiting)
+        return lazy
+
+    simulate(scenario, planner=planner)
+    assert compared > 10_000
