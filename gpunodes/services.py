@@ -351,46 +351,21 @@ def node_drain(*, node: Node, actor=None) -> Node:
 # --- read-outs ------------------------------------------------------------------------------------
 
 
-def hatched_gpus(snapshot, borrowed: frozenset) -> dict[int, int]:
-    """How many GPUs of each borrowed attempt the grid hatches: per share and type exactly the share's
-    borrowed count (usage - own, as its card says), the latest-started borrowed attempts first. An
-    attempt only partly over its share's capacity is borrowed as a whole (it is reclaimable), but only
-    its GPUs over the capacity are hatched, so hatched GPUs add up to the cards' borrowed numbers."""
-    from quotas.engine import policy
-
-    left = {
-        (share, gpu_type): u.borrowed
-        for share, per_type in policy.usage(snapshot).items()
-        for gpu_type, u in per_type.items()
-    }
-    out: dict[int, int] = {}
-    runs = sorted(
-        (r for r in snapshot.running if r.attempt_id in borrowed),
-        key=lambda r: (-r.started_at, -r.attempt_id),
-    )
-    for run in runs:
-        key = (run.share, run.gpu_type)
-        out[run.attempt_id] = n = max(0, min(run.gpus, left.get(key, 0)))
-        left[key] = left.get(key, 0) - n
-    return out
-
-
 def node_grid(*, now=None, names: list[str] | None = None) -> list[dict]:
     """Every node (or those `names`: a page of them) with its GPUs and who holds each (share, job,
-    borrowed as the policy counts it now), for the dashboard's grid. A constant number of queries (the
-    snapshot's, without the queue, and two more that read only the nodes shown)."""
+    borrowed as the policy counts it now), for the dashboard's grid. A constant number of queries: the
+    live picture's (one small query while it is cached) and two that read only the nodes shown."""
     from django.conf import settings
 
     from jobs.models import GpuClaim
-    from quotas.engine import policy
     from quotas.models import Share
-    from quotas.scheduler import load_snapshot
-    from quotas.usage import share_colours
+    from quotas.usage import live_picture, share_colours
 
     now = now or timezone.now()
-    snapshot = load_snapshot(now, queued=False).snapshot  # who holds what; the queue plays no part
-    borrowed = policy.borrowed_attempts(snapshot)
-    hatched = hatched_gpus(snapshot, borrowed)
+    # Who is borrowed is the whole cluster's business (each share's usage against its capacity): the
+    # pages' shared live picture has it, so the grid reads only the nodes it shows.
+    live = live_picture()
+    borrowed, hatched = live.borrowed, live.hatched
     colours = share_colours(Share.objects.values_list("name", flat=True))
     claims = GpuClaim.objects.all() if names is None else GpuClaim.objects.filter(gpu__node__name__in=names)
     held = {

@@ -269,9 +269,10 @@ class LivePicture:
     running: dict[str, list[RunningRow]]
     borrowed: frozenset
     queued_totals: dict[tuple[str, str], tuple[int, int]]
+    hatched: dict[int, int]  # borrowed attempt id -> how many of its GPUs the node grid hatches
 
 
-LIVE_KEY = "gpuquota:live-picture"
+LIVE_KEY = "gpuquota:live-picture:2"  # :2 since `hatched`: a cached older picture is not read
 
 
 def _version() -> tuple:
@@ -302,6 +303,28 @@ def _version() -> tuple:
         return tuple(str(v) for v in cursor.fetchone())
 
 
+def hatched_gpus(snapshot, borrowed: frozenset) -> dict[int, int]:
+    """How many GPUs of each borrowed attempt the grid hatches: per share and type exactly the share's
+    borrowed count (usage - own, as its card says), the latest-started borrowed attempts first. An
+    attempt only partly over its share's capacity is borrowed as a whole (it is reclaimable), but only
+    its GPUs over the capacity are hatched, so hatched GPUs add up to the cards' borrowed numbers."""
+    left = {
+        (share, gpu_type): u.borrowed
+        for share, per_type in policy.usage(snapshot).items()
+        for gpu_type, u in per_type.items()
+    }
+    out: dict[int, int] = {}
+    runs = sorted(
+        (r for r in snapshot.running if r.attempt_id in borrowed),
+        key=lambda r: (-r.started_at, -r.attempt_id),
+    )
+    for run in runs:
+        key = (run.share, run.gpu_type)
+        out[run.attempt_id] = n = max(0, min(run.gpus, left.get(key, 0)))
+        left[key] = left.get(key, 0) - n
+    return out
+
+
 def live_picture() -> LivePicture:
     """The live picture, shared by every page through the cache while nothing it depends on changed
     (see _version): a page view costs one small query instead of loading thousands of attempts and
@@ -322,11 +345,13 @@ def live_picture() -> LivePicture:
     for r in loaded.snapshot.running:
         row = RunningRow(r.attempt_id, r.job_id, r.share, r.placement, r.started_at, r.preempting)
         running.setdefault(r.share, []).append(row)
+    borrowed = policy.borrowed_attempts(loaded.snapshot)
     live = LivePicture(
         picture=cluster_picture(loaded=loaded),
         running=running,
-        borrowed=policy.borrowed_attempts(loaded.snapshot),
+        borrowed=borrowed,
         queued_totals=dict(loaded.queued_totals),
+        hatched=hatched_gpus(loaded.snapshot, borrowed),
     )
     try:
         cache.set(LIVE_KEY, (version, live), 3600)

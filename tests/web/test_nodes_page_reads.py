@@ -83,3 +83,16 @@ def test_admin_buttons_follow_the_node_state(as_alice, monkeypatch):
     assert buttons("s-2") == ["uncordon"]
     assert buttons("s-3") == []
     assert 'hx-confirm="Cordon s-0?"' in cards["s-0"] and "csrfmiddlewaretoken" in cards["s-0"]
+
+
+def test_the_grid_takes_who_is_borrowed_from_the_live_picture_not_from_every_attempt(
+    as_bob, bob, vision_share
+):
+    """Who is borrowed depends on the whole cluster; the pages' shared live picture has it, so while
+    nothing changed a /nodes/ view loads no attempts beyond the claims of the nodes it shows."""
+    _cluster(4, bob, vision_share)
+    as_bob.get("/nodes/")  # the live picture is built (and cached) here
+    with CaptureQueriesContext(connection) as ctx:
+        assert as_bob.get("/nodes/").status_code == 200
+    whole = [q["sql"] for q in ctx.captured_queries if re.search(r'FROM "jobs_(attempt|job)"', q["sql"])]
+    assert whole == []
