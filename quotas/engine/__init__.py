@@ -1,6 +1,8 @@
 """The pure scheduling engine: plain data in, decisions out; no Django, no ORM, no I/O.
 
-- policy: one scheduling pass (SEMANTICS.md rules 1-9) and the usage/lending accounting;
+- policy: `plan(snapshot)` (one scheduling pass, SEMANTICS.md rules 1-9) and `Engine` (the same pass
+  state kept between passes and told each change), with its parts: views (the plain data in and out, and
+  the usage/lending accounting), state (a GPU type's pass state) and rules (one pass over it);
 - forecast: queue positions and ETAs, by replaying the policy forward in virtual time;
 - scenario, simulate, report, tracegen: the scenario format, the discrete-event simulator, its HTML
   report and the synthetic trace generator.

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quotas.engine import policy, tracegen
+from quotas.engine import policy, rules, tracegen
 from quotas.engine import scenario as sc
 from quotas.engine.policy import Engine, NodeView, QueuedView, RunningView, ShareView, plan
 from quotas.engine.simulate import simulate
@@ -207,11 +207,11 @@ def test_reasons_read_late_are_the_ones_written_at_once_along_a_generated_trace(
     def planner(snapshot):
         nonlocal compared
         lazy = policy.plan(snapshot)
-        policy.LAZY_REASONS = False
+        rules.LAZY_REASONS = False
         try:
             eager = policy.plan(snapshot)
         finally:
-            policy.LAZY_REASONS = True
+            rules.LAZY_REASONS = True
         assert dict(lazy.waiting) == dict(eager.waiting)
         compared += len(eager.waiting)
         return lazy

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = ("policy", "forecast", "scenario", "simulate", "report", "tracegen")
+MODULES = ("views", "state", "rules", "policy", "forecast", "scenario", "simulate", "report", "tracegen")
 
 
 def test_engine_imports_without_django():

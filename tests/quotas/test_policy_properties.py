@@ -205,16 +205,16 @@ def test_plan_never_raises_and_accounts_for_every_queued_job(snapshot):
 @SETTINGS
 @given(snapshots())
 def test_reasons_read_after_the_pass_are_the_ones_written_during_it(snapshot):
-    """Plan.waiting is lazy (policy.LAZY_REASONS): the reasons it computes when read must be the
+    """Plan.waiting is lazy (rules.LAZY_REASONS): the reasons it computes when read must be the
     sentences the pass would have written at once, job for job."""
-    from quotas.engine import policy
+    from quotas.engine import rules
 
     lazy = plan(snapshot)
-    policy.LAZY_REASONS = False
+    rules.LAZY_REASONS = False
     try:
         eager = plan(snapshot)
     finally:
-        policy.LAZY_REASONS = True
+        rules.LAZY_REASONS = True
     assert (lazy.admissions, lazy.preemptions, lazy.reserved) == (
         eager.admissions,
         eager.preemptions,

@@ -1,0 +1,1158 @@
+"""One pass over one GPU type's state: rules 1-9 of SEMANTICS.md (phases A, B and C of policy.plan),
+with rule 9's minimal victim sets (_Fit). Reads the state of quotas/engine/state.py; decides into an
+_Out that becomes the Plan."""
+
+from __future__ import annotations
+
+import heapq
+import weakref
+from bisect import bisect_left, bisect_right
+from collections.abc import Hashable, Iterator, Mapping
+
+from quotas.engine.state import (
+    _ADMITTED,
+    _BLOCKED,
+    _DEFER,
+    _EARMARKED,
+    _KEY_MAX,
+    _NO_LIMIT,
+    _RESERVED,
+    _TODO,
+    _Att,
+    _Open,
+    _Out,
+    _Status,
+    _TypeBase,
+    _Waiting,
+)
+from quotas.engine.views import (
+    ADMITTED_BORROWED,
+    ADMITTED_OWN,
+    PRIORITY,
+    RECLAIM,
+    UNASSIGNED,
+    Admission,
+    Plan,
+    Preemption,
+    QueuedView,
+    _plural,
+)
+
+# Reasons the pass can leave for when they are read (Plan.waiting); off only in the test that checks
+# that reading them later gives the same sentences.
+LAZY_REASONS = True
+
+
+def _pass(bases: Mapping[str, _TypeBase], now: float, starvation_s: float) -> Plan:
+    out = _Out()
+    beneficiaries: set[Hashable] = set()
+    for base in bases.values():
+        if base.ben_count:
+            beneficiaries.update(base.ben_count)
+    readers = []
+    for gpu_type in sorted(bases):
+        base = bases[gpu_type]
+        if base.waiting:
+            out.waiting.update(base.waiting)
+        if not base.qinfo:
+            continue  # nothing queued of this type: nothing to admit, nothing to pre-empt for
+        lazy = len(out.later)
+        tp = _TypePass(base, now, starvation_s, beneficiaries, out)
+        tp.run()
+        for a in tp.marked:
+            a.victim = False  # the attempts outlive the pass; its decisions are in `out`
+        if len(out.later) > lazy:
+            readers.append(base)
+    waiting: Mapping[Hashable, str] = out.waiting
+    if out.later:
+        waiting = _Waiting(out.waiting, out.later)
+        for base in readers:
+            base._readers.append(weakref.ref(waiting))
+            base._fresh.clear()
+    return Plan(
+        admissions=tuple(out.admissions),
+        preemptions=tuple(out.preemptions),
+        waiting=waiting,
+        reserved=out.reserved,
+    )
+
+
+class _Fit:
+    """Rule 9's node test for one job of g GPUs, kept as victims are taken and given back: does some
+    fitting node (or do the needed whole nodes) have the job's GPUs free or being freed?
+
+    Nodes that fit without any victim are counted once (`base`); a node touched by victims is looked
+    at again only when its victims change (`extra`: GPUs this job's victims free there)."""
+
+    __slots__ = ("tp", "g", "gang", "k", "base", "hits", "extra")
+
+    def __init__(self, tp: _TypePass, g: int) -> None:
+        self.tp = tp
+        self.g = g
+        self.gang = g > tp.M
+        self.extra: dict[int, int] = {}
+        self.hits = 0  # touched nodes that fit only thanks to the victims
+        if self.gang:
+            self.k = g // tp.M
+            fu, pu, M = tp.free_u, tp.pend_u, tp.M
+            self.base = sum(1 for i in tp.m_nodes if fu[i] + pu[i] == M)
+        else:
+            self.k = 1
+            self.base = 1 if tp._place(g, None, True) is not None else 0
+
+    def _fits(self, i: int) -> bool:
+        e = self.extra.get(i, 0)
+        if not e:
+            return False  # counted in `base` if it fits without victims
+        tp = self.tp
+        avail = tp.free_u[i] + tp.pend_u[i] + e
+        if self.gang:
+            return tp.size[i] == tp.M and avail == tp.M
+        return avail >= self.g and tp.free_u[i] + tp.pend_u[i] < self.g
+
+    def add(self, a: _Att, sign: int) -> None:
+        sched = self.tp.sched
+        for i, c in a.on:
+            if not sched[i]:
+                continue
+            before = self._fits(i)
+            e = self.extra.get(i, 0) + sign * c
+            if e:
+                self.extra[i] = e
+            else:
+                del self.extra[i]
+            self.hits += self._fits(i) - before
+
+    def ok(self) -> bool:
+        if self.gang:
+            return self.base + self.hits >= self.k
+        return bool(self.base or self.hits)
+
+
+class _TypePass:
+    """The pass for one GPU type.
+
+    Accounting per share uses three numbers: `held` (non-pre-empting attempts and admissions of this
+    pass), `grace` (attempts in their grace period) and `pend` (jobs earmarked this pass: GPUs being
+    freed for them). The cover of rule 3 looks at the future, held + pend, so GPUs in grace count as
+    freed and the GPUs earmarked for a beneficiary count as its. Share limits must hold both now
+    (held + grace) and in the future (held + pend).
+
+    Nodes: `free_u` free GPUs not reserved for anyone, `pend_u` GPUs of pre-empting attempts not
+    reserved for anyone, kept in buckets by free count so best fit is O(node size), not O(nodes).
+    """
+
+    def __init__(
+        self, base: _TypeBase, now: float, starvation_s: float, beneficiaries: set[Hashable], out: _Out
+    ) -> None:
+        self.base = base
+        self.sh = base.sh
+        self.t = base.t
+        self.out = out
+        self.now = now
+        self.starvation_s = starvation_s
+
+        # -- nodes and shares: read-only here
+        self.node_names, self.size, self.sched = base.node_names, base.size, base.sched
+        self.C, self.M, self.maxk, self.m_nodes = base.C, base.M, base.maxk, base.m_nodes
+        self.cap, self.lender, self.reserve, self.lab = base.cap, base.lender, base.reserve, base.lab
+        self.in_share, self.bcap = base.in_share, base.bcap
+        self.pool, self.overcommitted, self.lender_shares = base.pool, base.overcommitted, base.lender_shares
+        self.ben_nodes = base.ben_nodes
+        n_shares = len(self.cap)
+
+        # -- what this pass changes: copies
+        self.held = held = base.held.copy()
+        self.grace = grace = base.grace.copy()
+        self.pend = [0] * n_shares
+        self._used = base.used  # read-only: admissions take GPUs from the free-index lists
+        self._free_idx: dict[int, list[int]] = {}  # free GPU indexes, built when a node is first used
+        self.free_u = base.free.copy()
+        self.pend_u = base.pend_u.copy()
+        self.pend_nodes = set(base.pend_nodes)
+        self.bk = [h.copy() for h in base.bk]
+        self._mf = -1  # cached largest free count; -1 = stale
+        self._taken: dict[int, list] = {}  # reclaim victims of the current decision: share -> [b0, atts]
+
+        # -- victim orders: from the base, when first needed (_victims)
+        self._vready = False
+        self.vptr = [0] * n_shares
+        self.iptr = [0] * n_shares
+        self.marked: list[_Att] = []  # attempts marked as victims at some point (reset after the pass)
+
+        # -- cover aggregates (rule 3), kept incrementally
+        self.own_total = self.B = self.lidle = self.ridle = 0
+        for s in range(n_shares):
+            self._contrib(s, 1)
+        self.room0 = [self.cap[s] - held[s] - grace[s] for s in range(n_shares)]
+
+        # -- memos: a shape that could not be placed even with reclaim stays so until GPUs being freed
+        # are added to the unreserved pool (epoch), since free GPUs and candidates only shrink.
+        self.epoch = 0
+        self.fail_single = (_NO_LIMIT, 0)
+        self.fail_gang = (_NO_LIMIT, 0)
+        self.in_fail: dict[int, tuple[int, int, int]] = {}  # share -> (gpus, priority, epoch)
+        self._reasons: dict[tuple, str] = {}
+
+        # -- queues: the base's lists (replaced, never changed, by later events), in rule 1's order;
+        # a job's key (priority, submit time, id) is its place in the global queue order.
+        self.q = base.q.copy()
+        self.qkey = base.keys.copy()
+        self.sufmin = base.suf
+        self.by_size = base.by_size
+        self.status = [_Status() for _ in self.q]  # share -> queue index -> status, _TODO unless set
+        self.is_ben = base.bens | beneficiaries if beneficiaries else base.bens
+        self.bens: list[tuple[tuple, int, int]] = []  # (queue key, share, index), in queue order
+        qinfo = base.qinfo
+        for job_id in self.is_ben:
+            info = qinfo.get(job_id)
+            if info is not None:
+                s, key = info
+                self.bens.append((key, s, bisect_left(self.qkey[s], key)))
+        self.bens.sort()
+        # Queue key of the share's first job that waits for GPUs held for it: nothing behind it
+        # may borrow in this pass, or the borrowed job would count as own in the next pass and take
+        # the room it waits for (pre-emption ping-pong at one instant).
+        self.held_for = [_KEY_MAX] * n_shares
+        self.hptr = [0] * n_shares
+        self.bptr = [0] * n_shares
+
+    def _victims(self) -> None:
+        """The victim orders (rules 3, 4, 8), from the base on first use in this pass: most passes
+        choose no victim and never pay for them."""
+        if self._vready:
+            return
+        self._vready = True
+        base = self.base
+        base.victim_orders()
+        self.vlist, self.ilist, self.iprio, self.vshares = base.vlist, base.ilist, base.iprio, base.vshares
+        # GPUs per node of borrowed attempts not (yet) victims: a bound on what reclaim could free
+        # there, so that rule 9's walk can tell at once when no node could ever fit a job.
+        self.rec = base.rec.copy()
+
+    # -- accounting ----------------------------------------------------------------------------------
+
+    def _contrib(self, s: int, sign: int) -> None:
+        u = self.held[s] + self.pend[s]
+        c = self.cap[s]
+        own = u if u < c else c
+        self.own_total += sign * own
+        self.B += sign * (u - own)
+        if self.lender[s]:
+            self.lidle += sign * (c - own)
+        elif self.reserve[s]:
+            self.ridle += sign * (c - own)
+
+    def _chg(self, s: int, dh: int = 0, dp: int = 0, dg: int = 0) -> None:
+        self._contrib(s, -1)
+        self.held[s] += dh
+        self.pend[s] += dp
+        self.grace[s] += dg
+        self._contrib(s, 1)
+
+    def _deficit(self) -> int:
+        """Borrowed minus idle-lendable GPUs (> 0: the cover of rule 3 is broken).
+
+        Idle lendable = lenders' idle capacity + the unassigned pool, clamped under over-commit (or
+        usage on unschedulable nodes) to what the hardware can hold: C - own use - RESERVE idle, so
+        that lent capacity is never promised twice.
+        """
+        lendable = self.lidle + self.pool
+        hw = self.C - self.own_total - self.ridle
+        if hw < lendable:
+            lendable = hw if hw > 0 else 0
+        return self.B - lendable
+
+    def _deficit_if(self, s: int, more: int) -> int:
+        """_deficit() if share s held `more` GPUs more, without changing anything."""
+        u = self.held[s] + self.pend[s]
+        c = self.cap[s]
+        own0 = u if u < c else c
+        u1 = u + more
+        own1 = u1 if u1 < c else c
+        d_own = own1 - own0
+        lidle, ridle = self.lidle, self.ridle
+        if self.lender[s]:
+            lidle -= d_own
+        elif self.reserve[s]:
+            ridle -= d_own
+        lendable = lidle + self.pool
+        hw = self.C - self.own_total - d_own - ridle
+        if hw < lendable:
+            lendable = hw if hw > 0 else 0
+        return self.B + (u1 - own1) - (u - own0) - lendable
+
+    def _borrowed(self, s: int) -> int:
+        b = self.held[s] + self.pend[s] - self.cap[s]
+        return b if b > 0 else 0
+
+    def _mark(self, a: _Att, reclaim: bool) -> None:
+        if reclaim:
+            self._taken.setdefault(a.s, [self._borrowed(a.s), []])[1].append(a)
+        a.victim = True
+        self.marked.append(a)
+        self._chg(a.s, dh=-a.gpus, dg=a.gpus)
+        if a.bnow:
+            for i, c in a.on:
+                self.rec[i] -= c
+
+    def _unmark(self, a: _Att) -> None:
+        a.victim = False
+        self._chg(a.s, dh=a.gpus, dg=-a.gpus)
+        if a.bnow:
+            for i, c in a.on:
+                self.rec[i] += c
+        st = self._taken.get(a.s)
+        if st is not None and a in st[1]:
+            st[1].remove(a)
+
+    def _fits_budget(self, s: int, more: list[int]) -> bool:
+        """May reclaim take victims of these sizes from share s, on top of those this decision took?
+
+        A set of victims of one share is allowed while the share is still borrowing before its largest
+        victim goes: sum - max < borrowed (as it was before this decision). So reclaim never takes own
+        capacity except the unavoidable overshoot of one indivisible job: a 4-GPU attempt of a share
+        borrowing 2 may go (the share ends 2 below its capacity), a second victim after it may not.
+        """
+        st = self._taken.get(s)
+        if st is None:
+            b0, sizes = self._borrowed(s), list(more)
+        else:
+            b0, sizes = st[0], [a.gpus for a in st[1]] + more
+        return sum(sizes) - max(sizes) < b0
+
+    # -- nodes -----------------------------------------------------------------------------------------
+
+    def _set_free(self, i: int, v: int) -> None:
+        self.free_u[i] = v
+        if v:
+            heapq.heappush(self.bk[v], i)
+        self._mf = -1
+
+    def _best_free(self, g: int) -> int | None:
+        """Best fit on free GPUs: the node left with the fewest free GPUs, ties by name."""
+        fu = self.free_u
+        bk = self.bk
+        for v in range(g, self.maxk + 1):
+            h = bk[v]
+            while h and fu[h[0]] != v:
+                heapq.heappop(h)
+            if h:
+                return h[0]
+        return None
+
+    def _free_list(self, i: int) -> list[int]:
+        """Node i's free GPU indexes, ascending (what is left of them as admissions take them)."""
+        idx = self._free_idx.get(i)
+        if idx is None:
+            m = self._used[i]
+            idx = [x for x in range(self.size[i]) if not m >> x & 1] if self.sched[i] else []
+            self._free_idx[i] = idx
+        return idx
+
+    def _max_free(self) -> int:
+        if self._mf < 0:
+            fu = self.free_u
+            self._mf = 0
+            for v in range(self.maxk, 0, -1):
+                h = self.bk[v]
+                while h and fu[h[0]] != v:
+                    heapq.heappop(h)
+                if h:
+                    self._mf = v
+                    break
+        return self._mf
+
+    def _extra(self, *victim_lists: list[tuple[_Att, str]]) -> dict[int, int]:
+        """GPUs that the given victims will free, per schedulable node."""
+        extra: dict[int, int] = {}
+        for lst in victim_lists:
+            for a, _ in lst:
+                for i, c in a.on:
+                    if self.sched[i]:
+                        extra[i] = extra.get(i, 0) + c
+        return extra
+
+    def _place(
+        self,
+        g: int,
+        extra: dict[int, int] | None = None,
+        use_pend: bool = False,
+        prefer: set[int] | None = None,
+    ) -> list[tuple[int, int]] | None:
+        """Where g GPUs would go (rule 9's last sentence): on free GPUs, and if asked on GPUs being
+        freed (`pend_u`, and `extra` from victims chosen for this job). A node where the job can start
+        now (its GPUs free, not being freed) comes first; then, for a beneficiary of an earlier pass,
+        the nodes its victims free (`prefer`); then best fit (fewest GPUs left free on the node);
+        ties: node name. Single node, or whole nodes for a gang."""
+        if g > self.M:
+            return self._place_gang(g // self.M, extra, use_pend)
+        fu = self.free_u
+        best = None
+        i = self._best_free(g)
+        if i is not None:
+            # Every node with g free GPUs is in the first tier; among them, best fit on free GPUs.
+            if prefer:
+                for j in prefer:
+                    if fu[j] >= g and self.sched[j]:
+                        key = (0, 0, fu[j] - g, j)
+                        if best is None or key < best:
+                            best = key
+            if best is None:
+                best = (0, 0 if prefer is not None and i in prefer else 1, fu[i] - g, i)
+        if (use_pend or extra) and best is None:
+            cand = set(self.pend_nodes) if use_pend else set()
+            if extra:
+                cand.update(extra)
+            for i in cand:
+                nf = (self.pend_u[i] if use_pend else 0) + (extra.get(i, 0) if extra else 0)
+                avail = fu[i] + nf
+                if not nf or avail < g or not self.sched[i]:
+                    continue
+                key = (1, 0 if prefer is not None and i in prefer else 1, avail - g, i)
+                if best is None or key < best:
+                    best = key
+        return None if best is None else [(best[3], g)]
+
+    def _place_gang(
+        self, k: int, extra: dict[int, int] | None, use_pend: bool
+    ) -> list[tuple[int, int]] | None:
+        """k whole nodes of the type's largest size: wholly free ones first, then those whose GPUs are
+        all free or being freed; each group by node name."""
+        M = self.M
+        fu = self.free_u
+        chosen: list[int] = []
+        if self.maxk >= M:
+            h = self.bk[M]
+            popped: list[int] = []
+            while h and len(chosen) < k:
+                i = heapq.heappop(h)
+                if fu[i] != M or i in popped:
+                    continue
+                popped.append(i)
+                chosen.append(i)
+            for i in popped:
+                heapq.heappush(h, i)  # only a proposal: the commit changes free_u
+        if len(chosen) < k and (use_pend or extra):
+            cand = set(self.pend_nodes) if use_pend else set()
+            if extra:
+                cand.update(extra)
+            waiting = []
+            for i in cand:
+                if self.size[i] != M or not self.sched[i]:
+                    continue
+                nf = (self.pend_u[i] if use_pend else 0) + (extra.get(i, 0) if extra else 0)
+                if nf and fu[i] + nf == M:
+                    waiting.append(i)
+            waiting.sort()
+            chosen.extend(waiting[: k - len(chosen)])
+        if len(chosen) < k:
+            return None
+        return [(i, M) for i in sorted(chosen)]
+
+    # -- victims (rules 3, 4 and 9) ----------------------------------------------------------------
+
+    def _reclaim_candidates(self, s_job: int) -> Iterator[_Att]:
+        """Rule 3's order: borrowed attempts of the other shares, the share with the most borrowed GPUs
+        first (counted now, when the reclaim starts; ties: share name), inside a share lowest priority
+        first, then most recently started, then later in queue order (rule 8)."""
+        order = sorted(
+            (s for s in self.vshares if s != s_job and self._borrowed(s) > 0),
+            key=lambda s: (-self._borrowed(s), s),  # share indexes follow name order
+        )
+        for s in order:
+            lst = self.vlist[s]
+            for idx in range(self.vptr[s], len(lst)):
+                a = lst[idx]
+                if not a.victim:
+                    yield a
+
+    def _in_share_candidates(self, s: int, n: int) -> Iterator[_Att]:
+        """Rule 4's order: the share's first n attempts of its in-share victim order (those of strictly
+        lower priority: lowest first, then most recently started, then later in queue order)."""
+        lst = self.ilist[s]
+        for idx in range(self.iptr[s], n):
+            if not lst[idx].victim:
+                yield lst[idx]
+
+    def _reachable(self, g: int, fit: _Fit, ins: dict[int, int]) -> set[int] | None:
+        """The nodes that some set of candidates could make fit a job of g GPUs (free + being freed +
+        borrowed GPUs there + `ins`, the in-share candidates' GPUs there), when none fits without
+        victims; None when one does. An empty set (or too few whole nodes) means no victim can help."""
+        if fit.ok():
+            return None
+        fu, pu, rec, size, sched = self.free_u, self.pend_u, self.rec, self.size, self.sched
+        nodes = {i for i in range(len(rec)) if rec[i]} | ins.keys()
+        if g > self.M:
+            return {
+                i
+                for i in nodes
+                if sched[i] and size[i] == self.M and fu[i] + pu[i] + rec[i] + ins.get(i, 0) == self.M
+            }
+        return {i for i in nodes if sched[i] and fu[i] + pu[i] + rec[i] + ins.get(i, 0) >= g}
+
+    def _minimal_victims(
+        self,
+        s: int,
+        g: int,
+        tol: int,
+        cands: Iterator[tuple[_Att, str]],
+        own_limit: bool,
+        ins: dict[int, int] | None = None,
+    ) -> tuple[list[tuple[_Att, str]], _Fit] | str:
+        """Rule 9. Take candidates in order until the job (g GPUs of share s, already in `pend[s]`)
+        can run: the cover holds (deficit at most `tol`), some fitting node, or the needed whole nodes,
+        has its GPUs free or being freed, and with `own_limit` (rule 4) the share stays within its own
+        capacity. Then walk the victims taken backwards and give back each one without which the job
+        can still run. Returns (victims, what they free) with the victims marked, or why not ("cover",
+        "place", "own") with nothing marked. Reclaim victims must pass `_fits_budget`.
+
+        Shortcuts that change no outcome: when no node is reachable (`_reachable`) the walk is not
+        made; once the cover and the share's capacity hold, a candidate on no reachable node is passed
+        over, since the backward walk would give it back; and in rule 4 the walk stops when the
+        share's own candidates are used up without bringing it within its capacity."""
+        self._victims()
+        fit = _Fit(self, g)
+        reach = self._reachable(g, fit, ins or {})
+        if reach is not None and (len(reach) + fit.base < fit.k if fit.gang else not reach):
+            return "place"
+
+        def can_run() -> bool:
+            return (
+                (not own_limit or self.held[s] + self.pend[s] <= self.cap[s])
+                and self._deficit() <= tol
+                and fit.ok()
+            )
+
+        taken: list[tuple[_Att, str]] = []
+        ok = can_run()
+        if not ok:
+            for a, reason in cands:
+                if reason == RECLAIM:
+                    if own_limit and self.held[s] + self.pend[s] > self.cap[s]:
+                        break  # only the share's own jobs bring it within its capacity
+                    if not self._fits_budget(a.s, [a.gpus]):
+                        continue  # reclaim never takes a share's own capacity (beyond one indivisible job)
+                if (
+                    reach is not None
+                    and self._deficit() <= tol
+                    and (not own_limit or self.held[s] + self.pend[s] <= self.cap[s])
+                    and not any(i in reach for i, _ in a.on)
+                ):
+                    continue  # it could only be given back
+                self._mark(a, reason == RECLAIM)
+                fit.add(a, 1)
+                taken.append((a, reason))
+                if can_run():
+                    ok = True
+                    break
+        if not ok:
+            why = (
+                "own"
+                if own_limit and self.held[s] + self.pend[s] > self.cap[s]
+                else "cover"
+                if self._deficit() > tol
+                else "place"
+            )
+            for a, _ in reversed(taken):
+                fit.add(a, -1)
+                self._unmark(a)
+            return why
+        kept: list[tuple[_Att, str]] = []
+        for entry in reversed(taken):
+            a = entry[0]
+            fit.add(a, -1)
+            self._unmark(a)
+            if can_run():
+                continue  # not needed: it keeps running
+            self._mark(a, entry[1] == RECLAIM)
+            fit.add(a, 1)
+            kept.append(entry)
+        kept.reverse()
+        return kept, fit
+
+    # -- decisions -------------------------------------------------------------------------------------
+
+    def _commit_victims(self, victims: list[tuple[_Att, str]], job: QueuedView) -> int:
+        """Record the pre-emptions; their GPUs join the pool being freed. Returns GPUs added there."""
+        added = 0
+        for a, reason in victims:
+            v = a.view
+            self.out.preemptions.append(
+                Preemption(v.attempt_id, v.job_id, v.share, reason, job.job_id, job.share)
+            )
+            for i, c in a.on:
+                if self.sched[i]:
+                    self.pend_u[i] += c
+                    self.pend_nodes.add(i)
+                    added += c
+        for s in {a.s for a, _ in victims}:
+            for lst, ptr in ((self.vlist[s], self.vptr), (self.ilist[s], self.iptr)):
+                p = ptr[s]
+                while p < len(lst) and lst[p].victim:
+                    p += 1
+                ptr[s] = p
+        return added
+
+    def _admit(
+        self,
+        s: int,
+        k: int,
+        placement: list[tuple[int, int]],
+        borrowed: bool,
+        victims: list[tuple[_Att, str]],
+    ) -> int:
+        """Admit q[s][k], whose GPUs are already in `pend[s]` (moved to `held` here)."""
+        job = self.q[s][k]
+        self._chg(s, dh=job.gpus, dp=-job.gpus)
+        where = []
+        for i, c in placement:
+            idx = self._free_list(i)
+            where.append((self.node_names[i], tuple(idx[:c])))
+            del idx[:c]
+            self._set_free(i, self.free_u[i] - c)
+        lenders = self._lenders() if borrowed else ()
+        self.out.admissions.append(
+            Admission(
+                job_id=job.job_id,
+                share=job.share,
+                placement=tuple(where),
+                borrowed=borrowed,
+                reason=ADMITTED_BORROWED if borrowed else ADMITTED_OWN,
+                lenders=lenders,
+            )
+        )
+        if victims and self._commit_victims(victims, job):
+            self.epoch += 1
+        self.status[s][k] = _ADMITTED
+        return _ADMITTED
+
+    def _hold(self, placement: list[tuple[int, int]]) -> tuple[tuple[tuple[str, int], ...], int]:
+        """Reserve GPUs on these nodes for one waiting job: GPUs being freed first, then free ones.
+        Returns what was held and how many of those GPUs were being freed."""
+        held = []
+        from_pend = 0
+        for i, c in placement:
+            take = min(c, self.pend_u[i])
+            from_pend += take
+            self.pend_u[i] -= take
+            if not self.pend_u[i]:
+                self.pend_nodes.discard(i)
+            if c > take:
+                self._set_free(i, self.free_u[i] - (c - take))
+            held.append((self.node_names[i], c))
+        return tuple(held), from_pend
+
+    def _earmark(
+        self, s: int, k: int, placement: list[tuple[int, int]], victims: list[tuple[_Att, str]]
+    ) -> int:
+        """q[s][k] (already in `pend[s]`) waits for the GPUs being freed on `placement`."""
+        job = self.q[s][k]
+        added = self._commit_victims(victims, job) if victims else 0
+        self.out.reserved[job.job_id], from_pend = self._hold(placement)
+        if added > from_pend:
+            self.epoch += 1  # more GPUs being freed than this job takes: others may now fit
+        reclaim = sorted({a.view.share for a, r in victims if r == RECLAIM})
+        if any(r == PRIORITY for _, r in victims):
+            why = "waiting for lower-priority jobs of its share to stop"
+            if reclaim:
+                why += " and for reclaim from share " + ", ".join(reclaim)
+        elif reclaim:
+            why = "waiting for reclaim from share " + ", ".join(reclaim)
+        else:
+            why = "waiting for pre-empted jobs to stop"
+        self.out.waiting[job.job_id] = why
+        self.status[s][k] = _EARMARKED
+        self.held_for[s] = min(self.held_for[s], self.qkey[s][k])
+        return _EARMARKED
+
+    def _lenders(self) -> tuple[str, ...]:
+        """Who a borrowed admission draws from: every lender with idle lendable GPUs (proportional
+        accounting), the largest first."""
+        names = self.sh.names
+        items = []
+        for s in self.lender_shares:
+            u = self.held[s] + self.pend[s]
+            idle = self.cap[s] - u
+            if idle > 0:
+                items.append((-idle, names[s]))
+        if self.pool:
+            items.append((-self.pool, UNASSIGNED))
+        items.sort()
+        return tuple(n for _, n in items)
+
+    # -- reasons ---------------------------------------------------------------------------------------
+
+    def _reason(self, key: tuple) -> str:
+        """Why a job waits, naming the blocker with its numbers (SEMANTICS "Forecast"). `key` is the
+        blocker's kind and numbers, so equal blockers share one sentence."""
+        why = self._reasons.get(key)
+        if why is None:
+            kind, t = key[0], self.t
+            if kind == "place":
+                g, free = key[1], key[2]
+                if g > self.M:
+                    free_now = (
+                        "none is free" if not free else "1 is free" if free == 1 else f"{free} are free"
+                    )
+                    why = f"needs {g // self.M} whole {self.M}-GPU {t} nodes; {free_now}"
+                elif not free:
+                    why = (
+                        f"needs {g} {t}; none is free"
+                        if g == 1
+                        else f"needs {g} {t} on one node; none is free"
+                    )
+                else:
+                    why = f"needs {g} {t} on one node; the largest free block is {free}"
+            elif kind == "cover":
+                why = (
+                    "cluster over-committed: no capacity left to honour the share's guarantee"
+                    if self.overcommitted
+                    else "waiting for borrowed capacity to be returned"
+                )
+            elif kind == "behind":
+                why = f"behind {_plural(key[1], 'job')} ahead of it in its share's queue"
+            elif kind == "held":
+                why = "behind a job of its share that waits for GPUs being freed for it"
+            else:
+                g, used, cap = key[1], key[2], key[3]
+                own = f"needs {g} {t}: share at its own capacity ({used} of {cap})"
+                if used < cap:
+                    own = f"needs {g} {t}: its share has {cap - used} of {cap} own left"
+                if kind == "strategy":
+                    why = f"{own}; a {key[4]} share does not borrow"
+                elif kind == "limit":
+                    borrowed, bcap = key[4], key[5]
+                    why = (
+                        f"{own}; its borrow limit allows no borrowing"
+                        if bcap == 0
+                        else f"{own}, borrow limit reached ({borrowed} of {bcap})"
+                    )
+                elif kind == "slack":
+                    spare = key[4]
+                    why = (
+                        f"{own}; nothing idle to borrow"
+                        if spare <= 0
+                        else f"{own}; only {spare} idle lendable {t} to borrow"
+                    )
+                else:  # pragma: no cover - every key kind is listed above
+                    why = "waiting"
+            self._reasons[key] = why
+        return why
+
+    def _own_numbers(self, s: int, g: int) -> tuple[int, int, int]:
+        """(gpus asked, own capacity in use, own capacity) for a reason."""
+        use = self.held[s] + max(self.grace[s], self.pend[s])
+        return g, min(use, self.cap[s]), self.cap[s]
+
+    def _place_key(self, g: int) -> tuple:
+        if g > self.M:
+            free = sum(1 for i in self.m_nodes if self.free_u[i] == self.M)
+            return ("place", g, free)
+        return ("place", g, self._max_free())
+
+    def _wait(self, s: int, k: int, key: tuple) -> int:
+        self.out.waiting[self.q[s][k].job_id] = self._reason(key)
+        self.status[s][k] = _BLOCKED
+        return _BLOCKED
+
+    # -- starvation guard (rule 6) ---------------------------------------------------------------------
+
+    def _is_head(self, s: int, k: int) -> bool:
+        st = self.status[s]
+        p = self.hptr[s]
+        n = len(self.q[s])
+        while p < n and st[p] in (_ADMITTED, _EARMARKED):
+            p += 1
+        self.hptr[s] = p
+        return p == k
+
+    def _starving(self, job: QueuedView) -> bool:
+        return self.now - job.submitted_at > self.starvation_s
+
+    def _reserve_starving(self, s: int, k: int, tol: int) -> int:
+        """The share's head has waited too long: hold the node(s) it needs next (those closest to
+        fitting it) so backfill cannot take them, and its GPUs in the share's accounting if the cover
+        allows. q[s][k] is not in `pend[s]` when this is called."""
+        job = self.q[s][k]
+        g = job.gpus
+        fu, pu = self.free_u, self.pend_u
+        if g > self.M:
+            ranked = sorted(self.m_nodes, key=lambda i: (-(fu[i] + pu[i]), i))[: g // self.M]
+            placement = [(i, self.M) for i in sorted(ranked)]
+        else:
+            best = None
+            for i in range(len(self.size)):
+                if self.sched[i] and self.size[i] >= g:
+                    key = (-(fu[i] + pu[i]), i)
+                    if best is None or key < best:
+                        best = key
+            placement = [(best[1], g)]
+        self._chg(s, dp=g)
+        if self._deficit() > tol:
+            self._chg(s, dp=-g)
+        hold = []
+        for i, c in placement:
+            hold.append((i, min(c, fu[i] + pu[i])))
+        self.out.reserved[job.job_id] = self._hold([(i, c) for i, c in hold if c])[0]
+        nodes = ", ".join(self.node_names[i] for i, _ in placement)
+        self.out.waiting[job.job_id] = (
+            f"{self._reason(self._place_key(g))}; holding {nodes} for it (waited over {self.starvation_s:g}s)"
+        )
+        self.status[s][k] = _RESERVED
+        self.held_for[s] = min(self.held_for[s], self.qkey[s][k])
+        return _RESERVED
+
+    def _blocked_on_placement(self, s: int, k: int, tol: int) -> int:
+        job = self.q[s][k]
+        if self._starving(job) and self._is_head(s, k):
+            return self._reserve_starving(s, k, tol)
+        return self._wait(s, k, self._place_key(job.gpus))
+
+    # -- rules 2-4: own capacity ---------------------------------------------------------------------
+
+    def _place_failed(self, g: int) -> bool:
+        if g > self.M:
+            v, e = self.fail_gang
+            return e == self.epoch and g // self.M >= v
+        v, e = self.fail_single
+        return e == self.epoch and g >= v
+
+    def _own_phase(self, s: int, k: int) -> int:
+        job = self.q[s][k]
+        g = job.gpus
+        c = self.cap[s]
+        if self.held[s] + self.pend[s] + g <= c:
+            return self._own(s, k, self.held[s] + self.grace[s] + g <= c)
+        # Rule 4 "may" pre-empt: not when the job can borrow right now, or its victim would only
+        # borrow the same idle GPUs back in the next pass (pre-emption churn for nothing).
+        if self.in_share[s] and g <= c and not self._can_borrow_now(s, k) and self._in_share(s, k):
+            return _EARMARKED
+        self.status[s][k] = _DEFER
+        return _DEFER
+
+    def _can_borrow_now(self, s: int, k: int) -> bool:
+        g = self.q[s][k].gpus
+        return (
+            self.lab[s]
+            and self.qkey[s][k] <= self.held_for[s]
+            and self.held[s] + max(self.grace[s], self.pend[s]) + g <= self.cap[s] + self.bcap[s]
+            and self._deficit_if(s, g) <= 0
+            and (g > self.M or self._max_free() >= g)
+            and self._place(g) is not None
+        )
+
+    def _own(self, s: int, k: int, can_now: bool) -> int:
+        """Rules 2-3 for a job that fits its share's remaining own capacity: admitted own where a node
+        and the cover allow it, else it reclaims a minimal set of borrowed work in rule 3's order and
+        waits for those GPUs (rule 9)."""
+        job = self.q[s][k]
+        g = job.gpus
+        d = self._deficit()
+        tol = d if d > 0 else 0  # never make the cover worse; restore it if it held
+        if self._place_failed(g):
+            return self._blocked_on_placement(s, k, tol)
+        self._taken = {}
+        self._chg(s, dp=g)
+        found = self._minimal_victims(
+            s, g, tol, ((a, RECLAIM) for a in self._reclaim_candidates(s)), own_limit=False
+        )
+        if isinstance(found, str):
+            self._chg(s, dp=-g)
+            if found == "cover":
+                return self._wait(s, k, ("cover",))
+            memo = (g // self.M if g > self.M else g, self.epoch)
+            if g > self.M:
+                self.fail_gang = memo
+            else:
+                self.fail_single = memo
+            return self._blocked_on_placement(s, k, tol)
+        victims, fit = found
+        placement = self._place(g, fit.extra, True, self.ben_nodes.get(job.job_id))
+        # GPUs in grace count as freed: with its share's limit holding now, the job starts at once on
+        # free GPUs while its victims (if any, for the cover) stop.
+        if can_now and all(self.free_u[i] >= c for i, c in placement):
+            return self._admit(s, k, placement, False, victims)
+        return self._earmark(s, k, placement, victims)
+
+    def _in_share(self, s: int, k: int) -> bool:
+        """Rule 4: pre-empt strictly lower-priority work of the share, only if that makes the job fit
+        (own capacity, cover, and a node)."""
+        job = self.q[s][k]
+        g, p = job.gpus, job.priority
+        memo = self.in_fail.get(s)
+        if memo is not None and memo[2] == self.epoch and g >= memo[0] and p <= memo[1]:
+            return False
+        self._victims()
+        n = bisect_left(self.iprio[s], p)  # the victim order starts with the lowest priorities
+        if self._try_in_share(s, k, n):
+            return True
+        self.in_fail[s] = (g, p, self.epoch)
+        return False
+
+    def _try_in_share(self, s: int, k: int, n: int) -> bool:
+        """Rule 4 with rule 9: one candidate list, the share's strictly-lower-priority attempts in rule
+        4's order, then other shares' borrowed attempts in rule 3's order; a minimal set of them so
+        that the job runs as own."""
+        if not n:
+            return False
+        job = self.q[s][k]
+        g = job.gpus
+        d = self._deficit()
+        tol = d if d > 0 else 0
+        self._taken = {}
+        self._chg(s, dp=g)
+
+        mine = list(self._in_share_candidates(s, n))
+        if sum(a.gpus for a in mine) < self.held[s] + self.pend[s] - self.cap[s]:
+            self._chg(s, dp=-g)
+            return False  # even all of them would not bring it within its capacity
+        ins: dict[int, int] = {}
+        for a in mine:
+            for i, c in a.on:
+                ins[i] = ins.get(i, 0) + c
+
+        def cands() -> Iterator[tuple[_Att, str]]:
+            for a in mine:
+                yield a, PRIORITY
+            for a in self._reclaim_candidates(s):
+                yield a, RECLAIM
+
+        found = self._minimal_victims(s, g, tol, cands(), own_limit=True, ins=ins)
+        if isinstance(found, str):
+            self._chg(s, dp=-g)
+            return False
+        victims, fit = found
+        placement = self._place(g, fit.extra, True)
+        self._earmark(s, k, placement, victims)
+        return True
+
+    # -- rule 5: borrowing ---------------------------------------------------------------------------
+
+    def _borrow(self, s: int, k: int) -> int:
+        job = self.q[s][k]
+        g = job.gpus
+        if not self.lab[s]:
+            if g <= self.room0[s]:
+                return self._wait(s, k, ("behind", k))
+            return self._wait(s, k, ("strategy", *self._own_numbers(s, g), self.sh.views[s].strategy))
+        if self.qkey[s][k] > self.held_for[s]:
+            return self._wait(s, k, ("held",))
+        # A borrower that lost its own room to earlier jobs of its share hears why it cannot borrow.
+        limit = self.cap[s] + self.bcap[s]
+        use = self.held[s] + max(self.grace[s], self.pend[s])
+        if use + g > limit:
+            borrowed = max(0, use - self.cap[s])
+            return self._wait(s, k, ("limit", *self._own_numbers(s, g), borrowed, self.bcap[s]))
+        if self._deficit_if(s, g) > 0:
+            # What others could lend: the share's own idle GPUs are part of the lendable total.
+            spare = -self._deficit() - (max(0, self.cap[s] - use) if self.lender[s] else 0)
+            return self._wait(s, k, ("slack", *self._own_numbers(s, g), spare))
+        placement = None if g <= self.M and self._max_free() < g else self._place(g)
+        if placement is None:
+            return self._blocked_on_placement(s, k, 0)
+        self._chg(s, dp=g)
+        return self._admit(s, k, placement, True, [])
+
+    # -- the pass ----------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        q, status, qkey = self.q, self.status, self.qkey
+        shares = [s for s in range(len(q)) if q[s]]
+        if not shares:
+            return
+        is_ben = self.is_ben
+        later: list[tuple[tuple, int, int]] = []  # (queue key, share, index): first in line to borrow
+
+        # A. Rule 7: beneficiaries of earlier pre-emptions, ahead of everything else.
+        # Rule 6: a starving head goes next, before backfill and other shares can take its node.
+        heads = []
+        for s in shares:
+            for k, job in enumerate(q[s]):
+                if job.job_id in is_ben:
+                    continue
+                if self._starving(job):
+                    heads.append((qkey[s][k], s, k))
+                break
+        for _, s, k in self.bens:
+            # Ahead of everything else, borrowing included: its victims have made room for it.
+            if status[s][k] == _TODO and self._own_phase(s, k) == _DEFER:
+                self._borrow(s, k)
+        for key, s, k in sorted(heads):
+            if status[s][k] == _TODO and self._own_phase(s, k) == _DEFER:
+                later.append((key, s, k))
+
+        # B. Rules 2-4, shares by lowest own-use ratio (ties: name), recomputed as they admit.
+        heap = [(self._own_ratio(s), s) for s in shares if self.cap[s]]
+        heapq.heapify(heap)
+        while heap:
+            _, s = heapq.heappop(heap)
+            self._own_share(s, heap)
+
+        # C. Rule 5: borrowers by fewest borrowed GPUs relative to capacity (ties: name).
+        for _, s, k in sorted(later):
+            if status[s][k] == _DEFER:
+                self._borrow(s, k)
+        # Still to place: every job of the queue that phases A and B did not decide (looked at and
+        # deferred, or never reached).
+        pending: dict[int, _Open] = {}
+        open_ = (_TODO, _DEFER)
+        for s in shares:
+            decided = {k for k, v in status[s].items() if v not in open_}
+            if len(decided) < len(q[s]):
+                pending[s] = _Open(0, len(q[s]), decided)
+        heap = []
+        lazy = self.out.later if LAZY_REASONS else None
+        for s, ks in pending.items():
+            if self.lab[s]:
+                heap.append((self._borrow_ratio(s), s))
+            elif lazy is None:
+                for k in ks:
+                    self._borrow(s, k)
+            else:
+                # Only says why they wait, from numbers of this share that phase C does not change
+                # (it admits only LEND_AND_BORROW jobs, without victims): left for when it is asked.
+                lazy.append((self._borrow, s, ks))
+        heapq.heapify(heap)
+        ptr = dict.fromkeys(pending, 0)
+        while heap:
+            _, s = heapq.heappop(heap)
+            ks = pending[s]
+            k, n, decided = ptr[s], ks.stop, ks.decided
+            limit = self.cap[s] + self.bcap[s]
+            suf = self.sufmin[s]
+            while k < n:
+                if k in decided:
+                    k += 1
+                    continue
+                if lazy is not None and self.held[s] + max(self.grace[s], self.pend[s]) + suf[k] > limit:
+                    # Not even the smallest job left fits the borrow limit, and this share's numbers
+                    # cannot change any more: each waits at "held" or "limit" (_borrow's first checks).
+                    lazy.append((self._borrow, s, ks.part(k)))
+                    k = n
+                    break
+                if self._borrow(s, k) == _ADMITTED:
+                    k += 1
+                    if heap:
+                        key = (self._borrow_ratio(s), s)
+                        if key > heap[0]:
+                            heapq.heappush(heap, key)
+                            break
+                    continue
+                k = k + 1 if lazy is None else self._skip_blocked(s, k, ks)
+            ptr[s] = k
+
+    def _skip_blocked(self, s: int, k: int, ks: _Open) -> int:
+        """Rule 5, after job k of a LEND_AND_BORROW share could not borrow: the next queue index whose
+        job might. When k waits behind a held job, at its borrow limit or for lendable GPUs, every
+        later job as big or bigger waits the same way, and nothing changes while they are told so:
+        their reasons, from the numbers as they are now, are left for when they are read."""
+        q = self.q[s]
+        g = q[k].gpus
+        cap, held_for, bcap = self.cap[s], self.held_for[s], self.bcap[s]
+        use = self.held[s] + max(self.grace[s], self.pend[s])
+        limit = cap + bcap
+        if self.qkey[s][k] > held_for:
+            below = 0  # every later job is held too
+        elif use + g > limit:
+            below = limit - use + 1
+        elif self._deficit_if(s, g) > 0:
+            below = g  # a bigger job would break the cover at least as much
+        else:
+            return k + 1  # no node for it: not skipped (a starving head may reserve)
+        nxt = self._next_below(s, k, below)
+        if nxt > k + 1:
+            used, borrowed = min(use, cap), max(0, use - cap)
+            spare = -self._deficit() - (max(0, cap - use) if self.lender[s] else 0)
+            keys, out, reason = self.qkey[s], self.out.waiting, self._reason
+
+            def why(s: int, k: int) -> None:
+                # _borrow's checks in its order, with the numbers of the moment it was skipped.
+                g = q[k].gpus
+                if keys[k] > held_for:
+                    key: tuple = ("held",)
+                elif use + g > limit:
+                    key = ("limit", g, used, cap, borrowed, bcap)
+                else:
+                    key = ("slack", g, used, cap, spare)
+                out[q[k].job_id] = reason(key)
+
+            self.out.later.append((why, s, ks.part(k + 1, nxt)))
+        return nxt
+
+    def _next_below(self, s: int, k: int, below: int) -> int:
+        """The first queue index after k whose job needs fewer than `below` GPUs (the queue's length
+        if none)."""
+        suf = self.sufmin[s]
+        n = len(suf)
+        if k + 1 >= n or suf[k + 1] >= below:
+            return n
+        key = self.qkey[s][k]
+        first = None
+        for g, keys in self.by_size[s].items():
+            if g < below:
+                i = bisect_right(keys, key)
+                if i < len(keys) and (first is None or keys[i] < first):
+                    first = keys[i]
+        return n if first is None else bisect_left(self.qkey[s], first, k + 1)
+
+    def _next_not_deferred(self, s: int, k: int) -> int:
+        """After job k of share s was deferred by rules 2-4: the next queue index whose job _own_phase
+        might not defer as things are now; every job between would be deferred, and a deferral changes
+        nothing. A job is deferred when it does not fit the share's own room and rule 4 cannot help:
+        the share has no in-share pre-emption, or the job needs more than its capacity, or this
+        epoch's failed try was for no more GPUs and no lower priority (priorities only fall along the
+        queue)."""
+        room = self.cap[s] - self.held[s] - self.pend[s]
+        below = room + 1  # jobs of `below` GPUs or more are deferred
+        if self.in_share[s]:
+            memo = self.in_fail.get(s)
+            if memo is not None and memo[2] == self.epoch and self.q[s][k].priority <= memo[1]:
+                below = max(below, memo[0])
+            else:
+                below = max(below, self.cap[s] + 1)
+        return self._next_below(s, k, below)
+
+    def _own_ratio(self, s: int) -> float:
+        u = self.held[s] + self.pend[s]
+        return min(u, self.cap[s]) / self.cap[s]
+
+    def _borrow_ratio(self, s: int) -> float:
+        return self._borrowed(s) / max(1, self.cap[s])
+
+    def _own_share(self, s: int, heap: list[tuple[float, int]]) -> None:
+        """Walk share s's queue for rules 2-4 until its own-use ratio passes the next share's."""
+        qs, st, suf = self.q[s], self.status[s], self.sufmin[s]
+        k = self.bptr[s]
+        n = len(qs)
+        while k < n:
+            if st[k] != _TODO:
+                k += 1
+                continue
+            if self.cap[s] - self.held[s] - self.pend[s] < suf[k]:
+                # Nothing left in this queue fits its own capacity: all of it is for rule 5, unless
+                # rule 4 could still make room. It cannot when the last failed try (this epoch) was
+                # for no more GPUs and no lower priority than any job left (priorities only fall
+                # along the queue).
+                if not self.in_share[s]:
+                    break
+                memo = self.in_fail.get(s)
+                if (
+                    memo is not None
+                    and memo[2] == self.epoch
+                    and suf[k] >= memo[0]
+                    and qs[k].priority <= memo[1]
+                ):
+                    break
+            before = self._own_ratio(s)
+            outcome = self._own_phase(s, k)
+            if outcome == _DEFER:
+                k = self._next_not_deferred(s, k)
+                continue
+            k += 1
+            if outcome in (_ADMITTED, _EARMARKED) and heap:
+                key = (self._own_ratio(s), s)
+                if key[0] != before and key > heap[0]:
+                    heapq.heappush(heap, key)
+                    break
+        self.bptr[s] = k

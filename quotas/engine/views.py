@@ -1,0 +1,345 @@
+"""What the policy sees and decides (plain data: nodes, shares, running attempts, queued jobs, a
+snapshot of them, a plan), and the accounting everyone reads from a snapshot: usage per share, lending,
+which attempts are borrowed, whether a job can ever fit a share. Pure, like the rest of quotas/engine."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+
+RESERVE = "RESERVE"
+LEND = "LEND"
+LEND_AND_BORROW = "LEND_AND_BORROW"
+STRATEGIES = (RESERVE, LEND, LEND_AND_BORROW)
+
+RECLAIM = "RECLAIM"
+PRIORITY = "PRIORITY"
+
+ADMITTED_OWN = "ADMITTED_OWN"
+ADMITTED_BORROWED = "ADMITTED_BORROWED"
+
+UNASSIGNED = "(unassigned)"
+UNLIMITED = -1
+
+# placement: ((node name, (gpu index, ...)), ...); one entry for a single-node job, several for a gang.
+Placement = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    name: str
+    gpu_type: str
+    gpus: int  # GPU indexes are 0..gpus-1
+    # READY nodes count as capacity and take new work. A cordoned/draining node is passed with
+    # schedulable=False so that the attempts still running on it are known, but it adds no capacity.
+    schedulable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ShareView:
+    name: str
+    capacity: Mapping[str, int]  # gpu_type -> own (guaranteed) GPUs
+    strategy: str = LEND_AND_BORROW
+    borrow_limit: int = UNLIMITED  # percent of own capacity per type; -1 = no limit
+    in_share_preemption: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RunningView:
+    """An admitted or running attempt; it holds its GPUs until it is gone from the snapshot.
+
+    Ids (attempt, job) are orderable among themselves (all ints, or all strings): they break ties, so
+    that the same snapshot always gives the same plan."""
+
+    attempt_id: Hashable
+    job_id: Hashable
+    share: str
+    gpu_type: str
+    priority: int
+    submitted_at: float
+    started_at: float
+    placement: Placement
+    borrowed: bool  # as admitted (or as last classified); see borrowed_attempts()
+    # In its pre-emption grace period: its GPUs count as being freed and it is never chosen again.
+    preempting: bool = False
+    # The job the pre-emption made room for (rule 7), when preempting.
+    beneficiary_job_id: Hashable | None = None
+
+    @property
+    def gpus(self) -> int:
+        return sum(len(idx) for _, idx in self.placement)
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedView:
+    job_id: Hashable
+    share: str
+    gpu_type: str
+    gpus: int
+    priority: int
+    submitted_at: float
+    # Pre-emptions were decided for this job and it has not been admitted since: it goes ahead of
+    # everything else that arrived (rule 7).
+    beneficiary: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    now: float
+    nodes: tuple[NodeView, ...]
+    shares: tuple[ShareView, ...]
+    running: tuple[RunningView, ...] = ()
+    queued: tuple[QueuedView, ...] = ()
+    starvation_s: float = 3600
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    job_id: Hashable
+    share: str
+    placement: Placement
+    borrowed: bool
+    reason: str  # ADMITTED_OWN or ADMITTED_BORROWED
+    lenders: tuple[str, ...] = ()  # for a borrowed admission: who it draws from (UNASSIGNED included)
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    attempt_id: Hashable
+    job_id: Hashable
+    share: str
+    reason: str  # RECLAIM or PRIORITY
+    beneficiary_job_id: Hashable
+    beneficiary_share: str
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    admissions: tuple[Admission, ...] = ()
+    preemptions: tuple[Preemption, ...] = ()
+    # job_id -> a sentence saying why a queued job still waits ("share at capacity, nothing idle to
+    # borrow", "waiting for reclaim from share X", "needs 8 free GPUs on one node").
+    waiting: Mapping[Hashable, str] = field(default_factory=dict)
+    # job_id -> ((node, GPUs), ...) held back for a waiting job during this pass: the GPUs being freed
+    # for a beneficiary (rule 7) and the node(s) a starving head job reserves (rule 6). Informational:
+    # the next pass recomputes it from the snapshot.
+    reserved: Mapping[Hashable, tuple[tuple[str, int], ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ShareUsage:
+    """One share's (or the unassigned pool's) accounting for one GPU type at one instant."""
+
+    capacity: int  # own (guaranteed) GPUs; for UNASSIGNED the pool size
+    used: int  # GPUs held by its attempts
+    own: int  # min(used, capacity)
+    borrowed: int  # used - own
+    idle: int  # capacity - own (a RESERVE share's idle GPUs are idle but not lendable)
+    lent: float  # proportional share of all borrowed GPUs (SEMANTICS "Lent"); 0 for RESERVE
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+# --------------------------------------------------------------------------------------------------
+# Accounting shared by plan() and the helpers
+
+
+def _lends(strategy: str) -> bool:
+    return strategy in (LEND, LEND_AND_BORROW)
+
+
+def _neg_priority(job: QueuedView) -> int:
+    return -job.priority
+
+
+def queue_key(job: QueuedView) -> tuple:
+    """A share's queue order as plan() considers it: beneficiaries of pre-emptions first (rule 7), then
+    priority desc, submit time asc, job id asc (rule 1). For callers that list a queue (forecast, pages)."""
+    return (not job.beneficiary, -job.priority, job.submitted_at, job.job_id)
+
+
+def _borrowed_order_key(run: RunningView) -> tuple:
+    # Sorted descending: attempts admitted as borrowed first, then the most recently started, then
+    # later in queue order (rule 8). So a lowered capacity makes the newest work borrowed and an own
+    # job ending turns the oldest borrowed attempt back into own.
+    return (run.borrowed, run.started_at, run.submitted_at, run.job_id, run.attempt_id)
+
+
+def _victim_key(run: RunningView) -> tuple:
+    # Sorted descending: lowest priority first, then most recently started, then later in queue order.
+    return (-run.priority, run.started_at, run.submitted_at, run.job_id, run.attempt_id)
+
+
+def _borrowed_part(runs: list[RunningView], capacity: int) -> list[RunningView]:
+    """The attempts of one share and type that lie (wholly or partly) in its over-capacity part.
+
+    An attempt counts as borrowed if any of its GPUs is over capacity: a 4-GPU attempt in a share that
+    borrows 2 is borrowed as a whole, because jobs are indivisible.
+    """
+    over = sum(r.gpus for r in runs) - max(0, capacity)
+    if over <= 0:
+        return []
+    out: list[RunningView] = []
+    for run in sorted(runs, key=_borrowed_order_key, reverse=True):
+        if over <= 0:
+            break
+        out.append(run)
+        over -= run.gpus
+    return out
+
+
+def _all_shares(snapshot: Snapshot) -> dict[str, ShareView]:
+    """Shares by name; a share referenced by work but missing from the snapshot owns nothing and may
+    borrow nothing, so its attempts are all borrowed (reclaimable) and its jobs wait."""
+    shares = {s.name: s for s in snapshot.shares}
+    named = {r.share for r in snapshot.running} | {q.share for q in snapshot.queued}
+    for name in sorted(named - shares.keys()):
+        shares[name] = ShareView(name=name, capacity={}, strategy=LEND_AND_BORROW, borrow_limit=0)
+    return shares
+
+
+def _borrow_cap(share: ShareView, capacity: int) -> int | None:
+    """GPUs of one type the share may borrow on top of its capacity; None = no limit."""
+    if share.strategy != LEND_AND_BORROW:
+        return 0
+    if share.borrow_limit == UNLIMITED:
+        return None
+    return max(0, capacity) * max(0, share.borrow_limit) // 100
+
+
+def borrowed_attempts(snapshot: Snapshot) -> frozenset:
+    """Attempt ids that count as borrowed now (SEMANTICS: borrowed = usage - min(usage, capacity)).
+
+    Usage includes attempts in their grace period, as SEMANTICS defines it. plan() chooses reclaim
+    victims only among the attempts that are in this set and not already pre-empting.
+    """
+    shares = _all_shares(snapshot)
+    groups: dict[tuple[str, str], list[RunningView]] = {}
+    for run in snapshot.running:
+        groups.setdefault((run.share, run.gpu_type), []).append(run)
+    out: set = set()
+    for (name, gpu_type), runs in groups.items():
+        cap = shares[name].capacity.get(gpu_type, 0)
+        out.update(r.attempt_id for r in _borrowed_part(runs, cap))
+    return frozenset(out)
+
+
+def never_fits(share: ShareView, gpu_type: str, gpus: int) -> str | None:
+    """Why a job of `gpus` GPUs of `gpu_type` can never start in this share as it is configured (its
+    own capacity plus what it may borrow), or None. Submit refuses such a job; plan() gives a queued
+    one this reason (a capacity lowered after it was submitted)."""
+    cap = max(0, share.capacity.get(gpu_type, 0))
+    extra = _borrow_cap(share, cap)
+    if extra is None or gpus <= cap + extra:
+        return None
+    if share.strategy != LEND_AND_BORROW:
+        return (
+            f"{share.name} is {share.strategy} with {cap} {gpu_type}: a {gpus}-GPU job can never start there"
+        )
+    return (
+        f"{share.name} may hold at most {cap + extra} {gpu_type} ({cap} own, borrow limit "
+        f"{share.borrow_limit}%): a {gpus}-GPU job can never start there"
+    )
+
+
+_CAPACITY_MEMO: tuple[tuple[NodeView, ...], dict[str, int]] = ((), {})  # the last nodes seen -> capacity
+
+
+def _schedulable_capacity(snapshot: Snapshot) -> dict[str, int]:
+    global _CAPACITY_MEMO
+    nodes, cluster = _CAPACITY_MEMO
+    # Equal tuples of the same node objects compare by identity, element by element: cheap.
+    if nodes is snapshot.nodes or (len(nodes) == len(snapshot.nodes) and nodes == snapshot.nodes):
+        return dict(cluster)
+    cluster = {}
+    for node in snapshot.nodes:
+        if node.schedulable:
+            cluster[node.gpu_type] = cluster.get(node.gpu_type, 0) + max(0, node.gpus)
+    _CAPACITY_MEMO = (tuple(snapshot.nodes), cluster)
+    return dict(cluster)
+
+
+def usage(snapshot: Snapshot, *, count_preempting: bool = True) -> dict[str, dict[str, ShareUsage]]:
+    """share -> gpu_type -> ShareUsage, plus UNASSIGNED -> gpu_type for the unassigned pool.
+
+    `count_preempting=False` counts GPUs in a grace period as already freed (the view the cover of
+    rule 3 takes); the default follows SEMANTICS' definition of usage. Lent follows SEMANTICS: with B
+    borrowed and L idle-lendable GPUs of a type, a lender with `idle` lendable GPUs lends
+    idle * B / L. If the cover is broken (B > L) each lender lends all its idle GPUs and the rest of
+    the borrowed GPUs are attributed to nobody.
+    """
+    used: dict[tuple[str, str], int] = {}
+    for run in snapshot.running:
+        if run.preempting and not count_preempting:
+            continue
+        key = (run.share, run.gpu_type)
+        g = 0
+        for _, idx in run.placement:
+            g += len(idx)
+        used[key] = used.get(key, 0) + g
+    return _usage(_all_shares(snapshot), used, _schedulable_capacity(snapshot))
+
+
+def _usage(
+    shares: Mapping[str, ShareView], used: Mapping[tuple[str, str], int], cluster: Mapping[str, int]
+) -> dict[str, dict[str, ShareUsage]]:
+    """usage() from GPUs used per (share, type) and schedulable GPUs per type."""
+    gpu_types = set(cluster) | {t for _, t in used}
+    for share in shares.values():
+        gpu_types.update(share.capacity)
+    out: dict[str, dict[str, ShareUsage]] = {name: {} for name in sorted(shares)}
+    for gpu_type in sorted(gpu_types):
+        rows = []
+        assigned = borrowed = lendable = 0
+        for name in sorted(shares):
+            share = shares[name]
+            cap = max(0, share.capacity.get(gpu_type, 0))
+            assigned += cap
+            use = used.get((name, gpu_type), 0)
+            if not cap and not use:
+                continue
+            own = min(use, cap)
+            lend = cap - own if _lends(share.strategy) else 0
+            rows.append((name, cap, use, own, lend))
+            borrowed += use - own
+            lendable += lend
+        pool = max(0, cluster.get(gpu_type, 0) - assigned)
+        lendable += pool
+        factor = min(1.0, borrowed / lendable) if lendable else 0.0
+        for name, cap, use, own, lend in rows:
+            out[name][gpu_type] = ShareUsage(cap, use, own, use - own, cap - own, lend * factor)
+        if pool:
+            out.setdefault(UNASSIGNED, {})[gpu_type] = ShareUsage(pool, 0, 0, 0, pool, pool * factor)
+    return out
+
+
+def lending(snapshot: Snapshot, *, count_preempting: bool = True) -> dict[str, dict[tuple[str, str], float]]:
+    """gpu_type -> (lender, borrower) -> GPUs: each borrower draws from each lender in proportion to
+    what the lender lends (SEMANTICS "Lent"). UNASSIGNED appears as a lender."""
+    per_type: dict[str, tuple[dict[str, float], dict[str, int]]] = {}
+    for name, by_type in usage(snapshot, count_preempting=count_preempting).items():
+        for gpu_type, u in by_type.items():
+            lenders, borrowers = per_type.setdefault(gpu_type, ({}, {}))
+            if u.lent > 0:
+                lenders[name] = u.lent
+            if u.borrowed > 0:
+                borrowers[name] = u.borrowed
+    out: dict[str, dict[tuple[str, str], float]] = {}
+    for gpu_type in sorted(per_type):
+        lenders, borrowers = per_type[gpu_type]
+        total = sum(borrowers.values())
+        pairs: dict[tuple[str, str], float] = {}
+        for borrower, b in sorted(borrowers.items()):
+            for lender, lent in sorted(lenders.items()):
+                pairs[(lender, borrower)] = lent * b / total
+        if pairs:
+            out[gpu_type] = pairs
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# plan()
+
+# Status of a queued job inside one pass.
