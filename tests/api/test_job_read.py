@@ -142,3 +142,10 @@ def test_the_job_detail_runs_a_constant_number_of_queries(
     with django_assert_max_num_queries(len(few.captured_queries)):
         as_bob.get(f"{URL}{jobs[0].pk}/")
     assert Job.objects.count() == 23
+
+
+@pytest.mark.parametrize("value", ["-1.7976931348623157e+308", "99999999999999999999999999", "1.5", "0"])
+def test_an_array_filter_that_is_no_array_id_is_a_400_not_a_500(as_bob, jobs, value):
+    """The schema fuzz test sent array=-1.7976931348623157e+308: the database refused the number (500)."""
+    r = as_bob.get("/api/v1/jobs/", {"array": value})
+    assert r.status_code == 400 and "array" in r.json()
