@@ -880,8 +880,7 @@ class _TypePass:
         (own capacity, cover, and a node)."""
         job = self.q[s][k]
         g, p = job.gpus, job.priority
-        memo = self.in_fail.get(s)
-        if memo is not None and memo[2] == self.epoch and g >= memo[0] and p <= memo[1]:
+        if g >= self._in_share_floor(s, p):
             return False
         self._victims()
         n = bisect_left(self.iprio[s], p)  # the victim order starts with the lowest priorities
@@ -889,6 +888,15 @@ class _TypePass:
             return True
         self.in_fail[s] = (g, p, self.epoch)
         return False
+
+    def _in_share_floor(self, s: int, p: int) -> int:
+        """Rule 4 cannot make room in share s for a job of priority p and this many GPUs or more: this
+        epoch's failed try was for no more GPUs and no lower priority (free GPUs and candidates only
+        shrink within an epoch). _NO_LIMIT when no such try is known."""
+        memo = self.in_fail.get(s)
+        if memo is not None and memo[2] == self.epoch and p <= memo[1]:
+            return memo[0]
+        return _NO_LIMIT
 
     def _try_in_share(self, s: int, k: int, n: int) -> bool:
         """Rule 4 with rule 9: one candidate list, the share's strictly-lower-priority attempts in rule
@@ -1106,11 +1114,8 @@ class _TypePass:
         room = self.cap[s] - self.held[s] - self.pend[s]
         below = room + 1  # jobs of `below` GPUs or more are deferred
         if self.in_share[s]:
-            memo = self.in_fail.get(s)
-            if memo is not None and memo[2] == self.epoch and self.q[s][k].priority <= memo[1]:
-                below = max(below, memo[0])
-            else:
-                below = max(below, self.cap[s] + 1)
+            # A failed try was for a job within capacity, so its floor is at most cap + 1.
+            below = max(below, min(self._in_share_floor(s, self.q[s][k].priority), self.cap[s] + 1))
         return self._next_below(s, k, below)
 
     def _own_ratio(self, s: int) -> float:
@@ -1129,21 +1134,13 @@ class _TypePass:
             if st[k] != _TODO:
                 k += 1
                 continue
-            if self.cap[s] - self.held[s] - self.pend[s] < suf[k]:
-                # Nothing left in this queue fits its own capacity: all of it is for rule 5, unless
-                # rule 4 could still make room. It cannot when the last failed try (this epoch) was
-                # for no more GPUs and no lower priority than any job left (priorities only fall
-                # along the queue).
-                if not self.in_share[s]:
-                    break
-                memo = self.in_fail.get(s)
-                if (
-                    memo is not None
-                    and memo[2] == self.epoch
-                    and suf[k] >= memo[0]
-                    and qs[k].priority <= memo[1]
-                ):
-                    break
+            # Nothing left in this queue fits its own capacity: all of it is for rule 5, unless rule 4
+            # could still make room. It cannot when the last failed try (this epoch) was for no more
+            # GPUs and no lower priority than any job left (priorities only fall along the queue).
+            if self.cap[s] - self.held[s] - self.pend[s] < suf[k] and (
+                not self.in_share[s] or suf[k] >= self._in_share_floor(s, qs[k].priority)
+            ):
+                break
             before = self._own_ratio(s)
             outcome = self._own_phase(s, k)
             if outcome == _DEFER:
