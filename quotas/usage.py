@@ -303,15 +303,14 @@ def _version() -> tuple:
         return tuple(str(v) for v in cursor.fetchone())
 
 
-def hatched_gpus(snapshot, borrowed: frozenset) -> dict[int, int]:
+def hatched_gpus(snapshot, borrowed: frozenset, acct) -> dict[int, int]:
     """How many GPUs of each borrowed attempt the grid hatches: per share and type exactly the share's
     borrowed count (usage - own, as its card says), the latest-started borrowed attempts first. An
     attempt only partly over its share's capacity is borrowed as a whole (it is reclaimable), but only
-    its GPUs over the capacity are hatched, so hatched GPUs add up to the cards' borrowed numbers."""
+    its GPUs over the capacity are hatched, so hatched GPUs add up to the cards' borrowed numbers.
+    `acct` is policy.usage(snapshot)."""
     left = {
-        (share, gpu_type): u.borrowed
-        for share, per_type in policy.usage(snapshot).items()
-        for gpu_type, u in per_type.items()
+        (share, gpu_type): u.borrowed for share, per_type in acct.items() for gpu_type, u in per_type.items()
     }
     out: dict[int, int] = {}
     runs = sorted(
@@ -346,12 +345,13 @@ def live_picture() -> LivePicture:
         row = RunningRow(r.attempt_id, r.job_id, r.share, r.placement, r.started_at, r.preempting)
         running.setdefault(r.share, []).append(row)
     borrowed = policy.borrowed_attempts(loaded.snapshot)
+    acct = policy.usage(loaded.snapshot)  # the cards' numbers and the grid's hatching, computed once
     live = LivePicture(
-        picture=cluster_picture(loaded=loaded),
+        picture=cluster_picture(loaded=loaded, acct=acct),
         running=running,
         borrowed=borrowed,
         queued_totals=dict(loaded.queued_totals),
-        hatched=hatched_gpus(loaded.snapshot, borrowed),
+        hatched=hatched_gpus(loaded.snapshot, borrowed, acct),
     )
     try:
         cache.set(LIVE_KEY, (version, live), 3600)
@@ -361,10 +361,11 @@ def live_picture() -> LivePicture:
 
 
 def cluster_picture(
-    *, team_id: int | None = None, now: datetime | None = None, loaded=None
+    *, team_id: int | None = None, now: datetime | None = None, loaded=None, acct=None
 ) -> ClusterPicture:
     """Share cards, cluster totals per type, lending flows and over-commit, from one snapshot (the
-    shared live picture unless a snapshot is given). With `team_id`, only that team's cards."""
+    shared live picture unless a snapshot is given). With `team_id`, only that team's cards. `acct`:
+    policy.usage of the loaded snapshot, when the caller has it already."""
     if loaded is None and now is None:
         picture = live_picture().picture
         if team_id is not None:
@@ -375,7 +376,8 @@ def cluster_picture(
     now = now or timezone.now()
     loaded = loaded or load_snapshot(now, queued=False)
     snapshot = loaded.snapshot
-    acct = policy.usage(snapshot)
+    if acct is None:
+        acct = policy.usage(snapshot)
     queued_gpus: dict[tuple[str, str], int] = defaultdict(int)
     queued_jobs: dict[tuple[str, str], int] = defaultdict(int)
     running_jobs: dict[tuple[str, str], int] = defaultdict(int)
