@@ -5,7 +5,7 @@
     python -m bench --only policy,simulate
     python -m bench --json out.json
 
-Benchmarks: 1 policy (plan() alone), 2 pass and 5 pages (PostgreSQL), 3 submit and arrays (gunicorn,
+Benchmarks: 1 policy (plan() alone), 2 pass and 5 pages (PostgreSQL), 3 submit and arrays (granian,
 PostgreSQL + Redis), 7 cli (`gpuquota` as fresh processes), 4 latency (control worker + fake agents,
 PostgreSQL + Redis), 6 simulate, 9 what-if (a seeded 20k-job week, PostgreSQL), 8 slurm (a one-node Slurm beside gpuquota, alternating; needs
 slurm-wlm and root). Those that need

@@ -1,4 +1,4 @@
-"""Benchmark 3: submit throughput through the REST API, with concurrent clients, against gunicorn
+"""Benchmark 3: submit throughput through the REST API, with concurrent clients, against granian
 (WORKERS processes x THREADS threads, as the README recommends) on PostgreSQL + Redis. Counts errors and
 checks that every job is in the database; stops after `max_s` seconds if the N submits take longer, and
 reports the rate reached, p95 latency, and the CPU each submit cost the web server and the clients (a
@@ -23,20 +23,28 @@ WORKERS = 2
 THREADS = 4
 
 
-def gunicorn_argv(port: int, workers: int = WORKERS, threads: int = THREADS) -> list[str]:
+def web_argv(port: int, workers: int = WORKERS, threads: int = THREADS) -> list[str]:
+    """The web server as the README runs it: granian, `workers` processes of `threads` threads."""
     return [
         PYTHON,
         "-m",
-        "gunicorn",
-        "config.wsgi",
+        "granian",
+        "--interface",
+        "wsgi",
+        "config.wsgi:application",
         "--workers",
         str(workers),
-        "--threads",
+        "--blocking-threads",
         str(threads),
-        "--worker-class",
-        "gthread",
-        "--bind",
-        f"127.0.0.1:{port}",
+        "--runtime-threads",
+        "1",
+        "--no-ws",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
     ]
 
 
@@ -159,9 +167,9 @@ def run(
     wipe()
     tokens = _prepare(clients)
     port = free_port()
-    log = Path(tempfile.mkdtemp(prefix="gpuquota-bench-")) / "gunicorn.log"
+    log = Path(tempfile.mkdtemp(prefix="gpuquota-bench-")) / "web.log"
     web = spawn(
-        gunicorn_argv(port, workers, threads),
+        web_argv(port, workers, threads),
         log,
         env={
             "SUBMIT_RATE": "1000000/min",
@@ -174,7 +182,7 @@ def run(
     job = {"share": "bench-main", "gpu_type": "a10g", "gpus": 1, "command": ["true"]}
     rows = []
     try:
-        wait_for(lambda: _up(url), 30, "gunicorn")
+        wait_for(lambda: _up(url), 30, "the web server")
         got = _hammer(url, tokens, jobs // clients, job, max_s, web.pid)
         sent, errors = len(got["latencies"]), got["errors"]
         stored = Job.objects.count()
@@ -183,7 +191,7 @@ def run(
         rows.append(
             row(
                 "3 submit",
-                f"{sent:,} submits, {clients} clients, gunicorn {workers}x{threads} gthread",
+                f"{sent:,} submits, {clients} clients, granian {workers}x{threads}",
                 got["latencies"],
                 target=">= 250 submits/s, no errors",
                 met=ok and rate >= 250,

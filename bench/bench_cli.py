@@ -1,4 +1,4 @@
-"""Benchmark 7: the `gpuquota` command as fresh processes, one after another, against gunicorn on
+"""Benchmark 7: the `gpuquota` command as fresh processes, one after another, against granian on
 PostgreSQL + Redis (as a user's shell loop would run it): submits per second, and how long
 `gpuquota --version` takes (the interpreter's start included).
 
@@ -65,21 +65,21 @@ def submit_loop(env: dict, n: int, args: tuple[str, ...] = SUBMIT) -> tuple[list
 
 
 def start_server(clients: int = 1):
-    """A prepared database and gunicorn: (process, url, tokens)."""
-    from bench.bench_api import _prepare, _up, gunicorn_argv
+    """A prepared database and the web server: (process, url, tokens)."""
+    from bench.bench_api import _prepare, _up, web_argv
 
     setup_django()
     wipe()
     tokens = _prepare(clients)
     port = free_port()
-    log = Path(tempfile.mkdtemp(prefix="gpuquota-bench-")) / "gunicorn.log"
+    log = Path(tempfile.mkdtemp(prefix="gpuquota-bench-")) / "web.log"
     web = spawn(
-        gunicorn_argv(port),
+        web_argv(port),
         log,
         env={"SUBMIT_RATE": "1000000/min", "LOG_LEVEL": "WARNING", "MAX_QUEUED_PER_SHARE": "100000000"},
     )
     url = f"http://127.0.0.1:{port}"
-    wait_for(lambda: _up(url), 30, "gunicorn")
+    wait_for(lambda: _up(url), 30, "the web server")
     return web, url, tokens
 
 

@@ -3,7 +3,7 @@
 A one-node Slurm of our own (munge, slurmctld, slurmd; gres `gpu` Count=8 backed by /dev/null,
 select/cons_tres, partitions `low` and `high` with PreemptType=preempt/partition_prio and
 PreemptMode=REQUEUE), on private ports and a private munge socket under a temporary directory, and
-gpuquota's web server (gunicorn, PostgreSQL + Redis) as in benchmark 3. Measures, each round Slurm then
+gpuquota's web server (granian, PostgreSQL + Redis) as in benchmark 3. Measures, each round Slurm then
 gpuquota:
 
 - submits/s with 16 concurrent clients (16 `sbatch` loops / bench 3's 16 HTTP clients);

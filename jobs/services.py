@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -162,14 +163,20 @@ def check_fits(
     return None
 
 
-def share_never_fits(share: Share, gpu_type: str, gpus: int) -> str | None:
+def share_never_fits(
+    share: Share, gpu_type: str, gpus: int, capacities: Mapping[str, int] | None = None
+) -> str | None:
     """Why the share can never hold this job as it is configured (policy.never_fits), or None. An
-    unlimited borrower needs no look at its capacity: no query on the common path."""
+    unlimited borrower needs no look at its capacity: no query on the common path. `capacities`: the
+    share's, when the caller has them (cached: see Known)."""
     from quotas.engine import policy
 
     if share.strategy == Strategy.LEND_AND_BORROW and share.borrow_limit == policy.UNLIMITED:
         return None
-    cap = share.capacities.filter(gpu_type=gpu_type).values_list("max_gpus", flat=True).first() or 0
+    if capacities is not None:
+        cap = capacities.get(gpu_type, 0)
+    else:
+        cap = share.capacities.filter(gpu_type=gpu_type).values_list("max_gpus", flat=True).first() or 0
     view = policy.ShareView(
         name=share.name, capacity={gpu_type: cap}, strategy=share.strategy, borrow_limit=share.borrow_limit
     )
@@ -214,6 +221,17 @@ def _validate_env(env: Any) -> dict[str, str]:
 # --- verbs ------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Known:
+    """What the quick submit path (jobs.api.fast_submit) read from the cache in its one round trip
+    (jobs.submit_cache): node shapes, the user's team ids and the share's capacities. A cached share
+    may be stale; job_submit's insert checks it (see insert_job_with_event)."""
+
+    shapes: dict[str, dict[int, int]]
+    team_ids: list[int]
+    capacities: dict[str, int]
+
+
 def job_submit(
     *,
     user,
@@ -229,8 +247,13 @@ def job_submit(
     max_preemptions: int = -1,
     use_shell: bool = False,
     submitted_at=None,
-) -> Job:
-    """Validate and queue a job. Raises PermissionDenied or ValidationError({field: message})."""
+    known: Known | None = None,
+) -> Job | None:
+    """Validate and queue a job. Raises PermissionDenied or ValidationError({field: message}).
+
+    With `known` (the quick submit path's cached facts) the job is decided on those and the insert
+    checks the share's facts in the same statement: None when they were stale (nothing written; ask
+    again without `known`)."""
     job = _new_job(
         user=user,
         share=share,
@@ -245,6 +268,7 @@ def job_submit(
         max_preemptions=max_preemptions,
         use_shell=use_shell,
         submitted_at=submitted_at,
+        known=known,
     )
     event = JobEvent(
         kind=EventKind.SUBMITTED,
@@ -252,7 +276,8 @@ def job_submit(
         detail={"gpus": gpus, "gpu_type": gpu_type, "priority": priority},
         at=job.submitted_at,
     )
-    insert_job_with_event(job, event)
+    if not insert_job_with_event(job, event, check=known and _share_facts(job.share, known, gpu_type)):
+        return None
     _after_commit_request_pass("submit", coalesce=True)
     job.submitted_event = event  # for an answer built without reading the job back (known_related)
     return job
@@ -274,6 +299,7 @@ def _new_job(
     use_shell: bool = False,
     submitted_at=None,
     errors: dict[str, str] | None = None,
+    known: Known | None = None,
 ) -> Job:
     """A validated, unsaved job: the rules every submit (single or array) goes through. `errors` are
     the caller's own, reported together with these."""
@@ -282,7 +308,10 @@ def _new_job(
     from jobs import submit_cache
 
     # Node shapes and the user's teams: one cache read instead of two queries.
-    shapes, team_ids = submit_cache.lookup(user.pk if user.is_authenticated else None)
+    if known is not None:
+        shapes, team_ids = known.shapes, known.team_ids
+    else:
+        shapes, team_ids = submit_cache.lookup(user.pk if user.is_authenticated else None)
     if not (user.is_authenticated and (user.is_superuser or share.team_id in (team_ids or ()))):
         raise PermissionDenied(
             f'You are not a member of team "{share.team}", which owns share "{share.name}".'
@@ -309,7 +338,7 @@ def _new_job(
         if problem:
             errors[problem[0]] = problem[1]
         else:
-            never = share_never_fits(share, gpu_type, gpus)
+            never = share_never_fits(share, gpu_type, gpus, known and known.capacities)
             if never:
                 errors["gpus"] = never
     try:
@@ -619,33 +648,86 @@ def _known_related(job: Job, **related: list) -> None:
         cache[name] = qs
 
 
-def insert_job_with_event(job: Job, event: JobEvent) -> None:
+def insert_job_with_event(job: Job, event: JobEvent, *, check: dict | None = None) -> bool:
     """Store a new job and its first event. On PostgreSQL one statement (a data-modifying CTE: atomic
     on its own, one round trip instead of BEGIN, two INSERTs and COMMIT); elsewhere two inserts in a
-    transaction. Sets the primary keys of both."""
+    transaction. Sets the primary keys of both.
+
+    `check` (PostgreSQL only; _share_facts): the share as the job was decided on. The statement inserts
+    only if the share's row still says so, and returns False when it does not (nothing written)."""
     conn = connections[router.db_for_write(Job)]
     if conn.vendor != "postgresql":
+        if check is not None:
+            return False  # no checked insert here: decide from the database instead
         with transaction.atomic(using=conn.alias):
             job.save(force_insert=True, using=conn.alias)
             event.job = job
             event.save(force_insert=True, using=conn.alias)
-        return
+        return True
     job_cols, job_params = _insert_columns(job, conn)
     event_cols, event_params = _insert_columns(event, conn, skip={"job_id"})
     qn = conn.ops.quote_name
+    marks = ", ".join(["%s"] * len(job_cols))
+    if check is None:
+        guard, guard_params, source = "", [], f"VALUES ({marks})"
+    else:
+        guard, guard_params = _share_check_sql(conn, check)
+        guard, source = f"ok AS ({guard}), ", f"SELECT {marks} FROM ok"
     sql = (
-        f"WITH j AS (INSERT INTO {qn(Job._meta.db_table)} ({', '.join(job_cols)}) "
-        f"VALUES ({', '.join(['%s'] * len(job_cols))}) RETURNING {qn(Job._meta.pk.column)}) "
+        f"WITH {guard}j AS (INSERT INTO {qn(Job._meta.db_table)} ({', '.join(job_cols)}) "
+        f"{source} RETURNING {qn(Job._meta.pk.column)}) "
         f"INSERT INTO {qn(JobEvent._meta.db_table)} ({qn('job_id')}, {', '.join(event_cols)}) "
-        f"VALUES ((SELECT {qn(Job._meta.pk.column)} FROM j), {', '.join(['%s'] * len(event_cols))}) "
+        f"SELECT {qn(Job._meta.pk.column)}, {', '.join(['%s'] * len(event_cols))} FROM j "
         f"RETURNING {qn('job_id')}, {qn(JobEvent._meta.pk.column)}"
     )
     with conn.cursor() as cursor:
-        cursor.execute(sql, [*job_params, *event_params])
-        job_id, event_id = cursor.fetchone()
-    job.pk, event.pk, event.job = job_id, event_id, job
+        cursor.execute(sql, [*guard_params, *job_params, *event_params])
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    job.pk, event.pk, event.job = row[0], row[1], job
     for obj in (job, event):
         obj._state.adding, obj._state.db = False, conn.alias
+    return True
+
+
+def _share_facts(share: Share, known: Known, gpu_type: str) -> dict:
+    """What a submit decided from about its share (enabled, owning team, strategy, borrow limit, the
+    capacity of the job's type) and shows of it (names): checked by the insert."""
+    return {
+        "id": share.pk,
+        "name": share.name,
+        "state": share.state,
+        "team_id": share.team_id,
+        "strategy": share.strategy,
+        "borrow_limit": share.borrow_limit,
+        "team_slug": share.team.slug,
+        "gpu_type": gpu_type,
+        "capacity": known.capacities.get(gpu_type, 0),
+    }
+
+
+def _share_check_sql(conn, check: dict) -> tuple[str, list]:
+    """A SELECT that yields one row exactly when the share's row and its capacity match `check`."""
+    from quotas.models import ShareCapacity, Team
+
+    qn = conn.ops.quote_name
+
+    def col(model, name):
+        return qn(model._meta.get_field(name).column)
+
+    sql = (
+        f"SELECT 1 FROM {qn(Share._meta.db_table)} s JOIN {qn(Team._meta.db_table)} t "
+        f"ON t.{col(Team, 'id')} = s.{col(Share, 'team')} "
+        f"WHERE s.{col(Share, 'id')} = %s AND s.{col(Share, 'name')} = %s AND s.{col(Share, 'state')} = %s "
+        f"AND s.{col(Share, 'team')} = %s AND s.{col(Share, 'strategy')} = %s "
+        f"AND s.{col(Share, 'borrow_limit')} = %s AND t.{col(Team, 'slug')} = %s "
+        f"AND COALESCE((SELECT c.{col(ShareCapacity, 'max_gpus')} FROM {qn(ShareCapacity._meta.db_table)} c "
+        f"WHERE c.{col(ShareCapacity, 'share')} = s.{col(Share, 'id')} "
+        f"AND c.{col(ShareCapacity, 'gpu_type')} = %s), 0) = %s"
+    )
+    keys = ("id", "name", "state", "team_id", "strategy", "borrow_limit", "team_slug", "gpu_type", "capacity")
+    return sql, [check[k] for k in keys]
 
 
 def share_by_name(name: str) -> Share | None:

@@ -121,10 +121,45 @@ class _ThrottleRequest:
         self._request, self.user, self.META = request, user, request.META
 
 
+def _count_and_read(throttle_request, user, name: str):
+    """The throttle's count and the submit cache's values (node shapes, the user's teams, the share) in
+    one Redis round trip: (allowed, share or None, Known). None when that cannot be done here (the
+    cache is not Redis, the database is not PostgreSQL, Redis failed): the caller asks as before."""
+    import re
+
+    from django.db import connections, router
+
+    from jobs import services, submit_cache
+    from jobs.api.views import SubmitThrottle
+    from jobs.models import Job
+    from quotas.models import SHARE_NAME_RE
+
+    if connections[router.db_for_write(Job)].vendor != "postgresql" or not re.match(SHARE_NAME_RE, name):
+        return None  # the checked insert is PostgreSQL's; a name no share can have is DRF's 400
+    keys = [submit_cache.shapes_key(), submit_cache.teams_key(user.pk), submit_cache.share_key(name)]
+    try:
+        got = SubmitThrottle().count_and_read(throttle_request, keys)
+    except Exception:  # noqa: BLE001 - Redis is a shortcut here; the caller goes the long way
+        return None
+    if got is None:
+        return None
+    allowed, raw = got
+    if not allowed:
+        return False, None, None
+    shapes, team_ids, share_value = (None if v is None else submit_cache.loads(v) for v in raw)
+    if shapes is None or team_ids is None:
+        shapes, team_ids = submit_cache.lookup(user.pk)
+    found = submit_cache.load_share(name) if share_value is None else submit_cache.cached_share(share_value)
+    if found is None:
+        return True, None, None
+    share, capacities = found
+    return True, share, services.Known(shapes=shapes, team_ids=team_ids, capacities=capacities)
+
+
 def fast_submit(request) -> HttpResponse | None:
     """The 201 for a plain, valid single-job submit; None to let the full stack answer."""
     from config.auth import cached_token
-    from jobs import services
+    from jobs import services, submit_cache
     from jobs.api.views import SubmitThrottle, submitted_data
 
     meta = request.META
@@ -153,16 +188,27 @@ def fast_submit(request) -> HttpResponse | None:
     fields = plain_fields(data)
     if fields is None:
         return None
-    share = services.share_by_name(fields.pop("share"))
-    if share is None:
-        return None
-    if not SubmitThrottle().allow_request(_ThrottleRequest(request, user), None):
-        return None
+    name = fields.pop("share")
+    throttle_request = _ThrottleRequest(request, user)
+    quick = _count_and_read(throttle_request, user, name)
+    if quick is None:  # the cache is not Redis, or it failed: the throttle and the share as before
+        share, known = services.share_by_name(name), None
+        if share is None or not SubmitThrottle().allow_request(throttle_request, None):
+            return None
+    elif not quick[0]:
+        return None  # refused by the throttle: DRF's view answers the 429
+    else:
+        share, known = quick[1], quick[2]
     setattr(request, COUNTED, True)
+    if share is None:
+        return None  # no such share: the DRF view answers the 400
     try:
-        job = services.job_submit(user=user, share=share, **fields)
+        job = services.job_submit(user=user, share=share, known=known, **fields)
     except (ValidationError, PermissionDenied):
         return None  # nothing written: the DRF view answers with the same errors
+    if job is None:  # the cached share had changed: nothing written; decide from the database
+        submit_cache.forget([submit_cache.share_key(name)])
+        return None
     request.user, request.auth = user, auth_token
     from rest_framework.renderers import JSONRenderer
 

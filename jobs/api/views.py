@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 # DRF's sliding-window log (SimpleRateThrottle: newest first, entries older than the window dropped from
 # the end, refused at `limit`), done inside Redis in one round trip and atomically, instead of a GET and
 # a SET of the pickled list. Returns {1} when the request is counted, {0, n, oldest} when refused.
-THROTTLE_SCRIPT = """
+_THROTTLE_LUA = """
 local key, now, duration, limit = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local oldest = redis.call('LINDEX', key, -1)
 while oldest and tonumber(oldest) <= now - duration do
@@ -53,9 +53,22 @@ if n >= limit then
 end
 redis.call('LPUSH', key, ARGV[1])
 redis.call('EXPIRE', key, math.ceil(duration))
-return {1}
+"""
+THROTTLE_SCRIPT = _THROTTLE_LUA + "return {1}\n"
+# The quick submit path's one round trip: the throttle as above (when ARGV[4] is '1'), then the values
+# of KEYS[2..] (the submit cache's keys), '' for a missing one (a nil would cut Redis's reply short).
+COUNT_AND_READ_SCRIPT = f"""
+if ARGV[4] == '1' then
+{_THROTTLE_LUA}
+end
+local out = {{1}}
+for i = 2, #KEYS do
+  out[i] = redis.call('GET', KEYS[i]) or ''
+end
+return out
 """
 _throttle_script = None
+_count_and_read_script = None
 
 
 class SubmitThrottle(UserRateThrottle):
@@ -105,10 +118,38 @@ class SubmitThrottle(UserRateThrottle):
         got = _throttle_script(
             keys=[key], args=[repr(self.now), self.duration, self.num_requests], client=client
         )
+        return self._counted(got)
+
+    def _counted(self, got) -> bool:
         if got[0]:
             return True
         self.refused = (int(got[1]), float(got[2]) if len(got) > 2 else None)
         return False
+
+    def count_and_read(self, request, keys: list[str]) -> tuple[bool, list[bytes | None]] | None:
+        """Count this submit and read the cache's `keys`, in one round trip (COUNT_AND_READ_SCRIPT):
+        (allowed, the raw values, None for a missing one; no values when refused). None when the
+        cache is not Redis: ask allow_request and the cache separately then. Raises when Redis does."""
+        global _count_and_read_script
+        from django.core.cache.backends.redis import RedisCache
+
+        cache = self._backend()
+        if not isinstance(cache, RedisCache):
+            return None
+        self.key = self.get_cache_key(request, None) if self.rate is not None else None
+        log_key = cache.make_and_validate_key(self.key) + ":log" if self.key is not None else ""
+        client = cache._cache.get_client(None, write=True)
+        if _count_and_read_script is None:
+            _count_and_read_script = client.register_script(COUNT_AND_READ_SCRIPT)
+        self.now = self.timer()
+        got = _count_and_read_script(
+            keys=[log_key, *(cache.make_and_validate_key(k) for k in keys)],
+            args=[repr(self.now), self.duration or 0, self.num_requests or 0, "1" if self.key else "0"],
+            client=client,
+        )
+        if not self._counted(got):
+            return False, []
+        return True, [value or None for value in got[1:]]
 
     def wait(self):
         if self.refused is None:

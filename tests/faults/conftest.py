@@ -1,4 +1,4 @@
-"""Fault tests: a real cluster (gunicorn web, control Celery worker, beat, fake-GPU agents) as separate
+"""Fault tests: a real cluster (granian web, control Celery worker, beat, fake-GPU agents) as separate
 processes on the test database, with a PRIVATE redis-server started for each test on a free port, so a
 test can kill and restart its broker without touching anyone else's. Faults are injected with real
 signals (kill -9), real broker restarts and real PostgreSQL backend terminations.
@@ -130,18 +130,21 @@ class Cluster(LiveCluster):
             [
                 sys.executable,
                 "-m",
-                "gunicorn",
-                "config.wsgi",
+                "granian",
+                "--interface",
+                "wsgi",
+                "config.wsgi:application",
                 "--workers",
                 str(workers),
-                "--worker-class",
-                "gthread",
-                "--threads",
+                "--blocking-threads",
                 str(threads),
-                "--bind",
-                f"127.0.0.1:{port}",
-                "--timeout",
-                "60",
+                "--runtime-threads",
+                "1",
+                "--no-ws",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
             ],
         )
         self.web_url = f"http://127.0.0.1:{port}"
