@@ -114,3 +114,29 @@ def test_share_changes_through_the_orm_forget_the_cached_share(as_bob, vision_sh
     assert as_bob.post(URL, body(), format="json").status_code == 201
     ShareCapacity.objects.get(share=vision_share).save()
     assert not submit_cache._get_many([key])
+
+
+def test_without_a_throttle_the_quick_way_still_reads_the_cache_in_one_round_trip(
+    as_bob, vision_share, nodes, taken, monkeypatch
+):
+    from jobs.api.views import SubmitThrottle
+
+    monkeypatch.setattr(SubmitThrottle, "rate", None, raising=False)
+    monkeypatch.setattr(SubmitThrottle, "get_rate", lambda self: None)
+    for _ in range(3):
+        assert as_bob.post(URL, body(), format="json").status_code == 201
+    assert len(taken) == 3 and Job.objects.count() == 3
+
+
+def test_with_redis_down_the_quick_way_asks_the_database(as_bob, vision_share, nodes, taken, monkeypatch):
+    from jobs.api.views import SubmitThrottle
+
+    def down(self, request, keys):
+        raise ConnectionError("Redis is down")
+
+    monkeypatch.setattr(SubmitThrottle, "count_and_read", down)
+    monkeypatch.setattr(SubmitThrottle, "allow_request", lambda self, request, view: True)
+    with CaptureQueriesContext(connection) as queries:
+        assert as_bob.post(URL, body(), format="json").status_code == 201
+    assert len(taken) == 1 and Job.objects.count() == 1
+    assert any("quotas_share" in q["sql"] for q in queries)  # the share read from the database
