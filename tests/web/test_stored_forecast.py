@@ -76,3 +76,26 @@ def test_no_web_request_replays_the_queue(as_bob, bob, vision_share, nodes, monk
     assert as_bob.get(f"/api/v1/jobs/{job_id}/").status_code == 200
     assert as_bob.get("/api/v1/jobs/").status_code == 200
     assert as_bob.get("/api/v1/queue/", {"share": "vision-main"}).status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_deleted_while_the_forecast_runs_does_not_fail_the_write(bob, vision_share, nodes, monkeypatch):
+    from jobs.models import Job
+
+    kept, gone = submit(bob, vision_share, gpus=1), submit(bob, vision_share, gpus=1)
+    real = services.queue_view
+
+    def then_delete(**kwargs):
+        view = real(**kwargs)
+        Job.objects.filter(pk=gone.pk).delete()  # after the snapshot was read, before the write
+        return view
+
+    monkeypatch.setattr(services, "queue_view", then_delete)
+    services.forecast_refresh()  # was an IntegrityError at commit (the row's job no longer exists)
+    assert QueueForecast.objects.filter(job=kept).exists()
+    # The next forecast drops the left-over row; deleting a job through the ORM drops its row at once.
+    monkeypatch.setattr(services, "queue_view", real)
+    services.forecast_refresh()
+    assert set(QueueForecast.objects.values_list("job_id", flat=True)) == {kept.pk}
+    Job.objects.filter(pk=kept.pk).delete()
+    assert not QueueForecast.objects.exists()
