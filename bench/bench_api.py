@@ -38,6 +38,7 @@ def web_argv(port: int, workers: int = WORKERS, threads: int = THREADS) -> list[
         str(threads),
         "--runtime-threads",
         "1",
+        "--respawn-failed-workers",
         "--no-ws",
         "--host",
         "127.0.0.1",

@@ -140,6 +140,7 @@ class Cluster(LiveCluster):
                 str(threads),
                 "--runtime-threads",
                 "1",
+                "--respawn-failed-workers",
                 "--no-ws",
                 "--host",
                 "127.0.0.1",

@@ -143,6 +143,50 @@ def test_redis_restarted_mid_burst_loses_no_accepted_job(cluster, django_user_mo
     )
 
 
+# --- a web worker killed mid-burst ----------------------------------------------------------------------
+
+
+def _web_workers(main_pid: int) -> list[int]:
+    try:
+        return [int(p) for p in open(f"/proc/{main_pid}/task/{main_pid}/children").read().split()]
+    except OSError:
+        return []
+
+
+def test_a_web_worker_killed_mid_burst_is_started_again_and_loses_no_accepted_job(cluster, django_user_model):
+    """As the OOM killer would: SIGKILL one of the web server's two worker processes a third of the way
+    through a burst of submits. Its connections drop (the clients retry, as a patient client does), the
+    server starts a new worker (README: --respawn-failed-workers) and every 201 is a job in the database."""
+    import signal
+
+    clients = []
+    for t in range(2):
+        share, members = make_team(django_user_model, f"web{t}", users=4, capacity=4)
+        clients += [(token, share.name) for _, token in members]
+    for name in ("w1", "w2"):  # GPUs of the type must exist for a submit to be valid; nothing runs here
+        node_register(name=name, gpu_type="a10g", gpus=fake_inventory(name, 4))
+    cluster.start_web(workers=2, threads=4)
+    main = cluster.procs["web"].pid
+    wait_for(lambda: len(_web_workers(main)) == 2, 30, what="two web workers")
+    killed: list[int] = []
+    once = threading.Lock()
+
+    def fault(done: int) -> None:
+        with once:
+            if done >= 200 // 3 and not killed:
+                killed.append(_web_workers(main)[0])
+                os.kill(killed[0], signal.SIGKILL)
+
+    result = burst(cluster.web_url, clients, 200, on_progress=fault)
+    assert killed
+    assert result.gave_up == 0 and len(result.created) == 200, sorted(set(result.failed))
+    wait_for(
+        lambda: len(_web_workers(main)) == 2 and killed[0] not in _web_workers(main), 30, what="a new worker"
+    )
+    assert cluster.procs["web"].poll() is None  # the server itself kept running
+    assert set(result.created) <= set(Job.objects.values_list("pk", flat=True))
+
+
 # --- the control worker killed mid-pass ---------------------------------------------------------
 
 
