@@ -13,6 +13,10 @@ job (one statement inserts job and event). The throttle is counted once: a reque
 is not counted again by the DRF view it falls back to.
 
 Tokens are looked up through config.auth.cached_token (an in-process cache of API_TOKEN_CACHE_S seconds).
+On Redis and PostgreSQL a warm submit is one Redis round trip (the throttle's count with the submit
+cache's node shapes, the user's teams and the share: _count_and_read) and one statement, which inserts
+only if the cached share still has the facts the job was decided on (jobs.services.insert_job_with_event);
+when it does not, nothing is written and the full stack decides from the database.
 FAST_SUBMIT=0 turns the quick way off."""
 
 from __future__ import annotations
