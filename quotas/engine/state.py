@@ -25,6 +25,7 @@ from quotas.engine.views import (
     _borrowed_order_key,
     _lends,
     _neg_priority,
+    _over_capacity,
     _victim_key,
     never_fits,
 )
@@ -82,13 +83,7 @@ def _mask(idxs: tuple[int, ...]) -> int:
 
 def _borrowed_atts(atts: list[_Att], over: int) -> list[_Att]:
     """_borrowed_part() on the pass's attempts: `over` GPUs over capacity, taken in rule 8's order."""
-    out: list[_Att] = []
-    for a in sorted(atts, key=_att_borrowed_key, reverse=True):
-        if over <= 0:
-            break
-        out.append(a)
-        over -= a.gpus
-    return out
+    return _over_capacity(atts, over, _att_borrowed_key)
 
 
 def _att_borrowed_key(a: _Att) -> tuple:

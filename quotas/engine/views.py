@@ -4,8 +4,9 @@ which attempts are borrowed, whether a job can ever fit a share. Pure, like the 
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 RESERVE = "RESERVE"
 LEND = "LEND"
@@ -20,6 +21,7 @@ ADMITTED_BORROWED = "ADMITTED_BORROWED"
 
 UNASSIGNED = "(unassigned)"
 UNLIMITED = -1
+_T = TypeVar("_T")
 
 # placement: ((node name, (gpu index, ...)), ...); one entry for a single-node job, several for a gang.
 Placement = tuple[tuple[str, tuple[int, ...]], ...]
@@ -178,15 +180,20 @@ def _borrowed_part(runs: list[RunningView], capacity: int) -> list[RunningView]:
     An attempt counts as borrowed if any of its GPUs is over capacity: a 4-GPU attempt in a share that
     borrows 2 is borrowed as a whole, because jobs are indivisible.
     """
-    over = sum(r.gpus for r in runs) - max(0, capacity)
+    return _over_capacity(runs, sum(r.gpus for r in runs) - max(0, capacity), _borrowed_order_key)
+
+
+def _over_capacity(items: Iterable[_T], over: int, key: Callable[[_T], tuple]) -> list[_T]:
+    """The items (each with `.gpus`) that make up `over` GPUs over capacity, the last in rule 8's
+    order (`key`, descending) first: the views' and the pass state's own attempts share it."""
+    out: list[_T] = []
     if over <= 0:
-        return []
-    out: list[RunningView] = []
-    for run in sorted(runs, key=_borrowed_order_key, reverse=True):
+        return out
+    for item in sorted(items, key=key, reverse=True):
         if over <= 0:
             break
-        out.append(run)
-        over -= run.gpus
+        out.append(item)
+        over -= item.gpus
     return out
 
 
