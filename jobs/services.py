@@ -707,8 +707,29 @@ def _share_facts(share: Share, known: Known, gpu_type: str) -> dict:
     }
 
 
+_SHARE_CHECK_KEYS = (
+    "id",
+    "name",
+    "state",
+    "team_id",
+    "strategy",
+    "borrow_limit",
+    "team_slug",
+    "gpu_type",
+    "capacity",
+)
+_share_check_text: dict[str, str] = {}  # per connection alias: built once, not on every submit
+
+
 def _share_check_sql(conn, check: dict) -> tuple[str, list]:
     """A SELECT that yields one row exactly when the share's row and its capacity match `check`."""
+    sql = _share_check_text.get(conn.alias)
+    if sql is None:
+        sql = _share_check_text[conn.alias] = _build_share_check(conn)
+    return sql, [check[k] for k in _SHARE_CHECK_KEYS]
+
+
+def _build_share_check(conn) -> str:
     from quotas.models import ShareCapacity, Team
 
     qn = conn.ops.quote_name
@@ -716,7 +737,7 @@ def _share_check_sql(conn, check: dict) -> tuple[str, list]:
     def col(model, name):
         return qn(model._meta.get_field(name).column)
 
-    sql = (
+    return (
         f"SELECT 1 FROM {qn(Share._meta.db_table)} s JOIN {qn(Team._meta.db_table)} t "
         f"ON t.{col(Team, 'id')} = s.{col(Share, 'team')} "
         f"WHERE s.{col(Share, 'id')} = %s AND s.{col(Share, 'name')} = %s AND s.{col(Share, 'state')} = %s "
@@ -726,8 +747,6 @@ def _share_check_sql(conn, check: dict) -> tuple[str, list]:
         f"WHERE c.{col(ShareCapacity, 'share')} = s.{col(Share, 'id')} "
         f"AND c.{col(ShareCapacity, 'gpu_type')} = %s), 0) = %s"
     )
-    keys = ("id", "name", "state", "team_id", "strategy", "borrow_limit", "team_slug", "gpu_type", "capacity")
-    return sql, [check[k] for k in keys]
 
 
 def share_by_name(name: str) -> Share | None:
