@@ -25,28 +25,11 @@ THREADS = 4
 
 def web_argv(port: int, workers: int = WORKERS, threads: int = THREADS) -> list[str]:
     """The web server as the README runs it: granian, `workers` processes of `threads` threads."""
-    return [
-        PYTHON,
-        "-m",
-        "granian",
-        "--interface",
-        "wsgi",
-        "config.wsgi:application",
-        "--workers",
-        str(workers),
-        "--blocking-threads",
-        str(threads),
-        "--runtime-threads",
-        "1",
-        "--respawn-failed-workers",
-        "--no-ws",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-    ]
+    from config.webserver import granian_argv
+
+    return granian_argv(
+        PYTHON, host="127.0.0.1", port=port, workers=workers, threads=threads, log_level="warning"
+    )
 
 
 def _cpu_s(pid: int) -> float:

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
+from config.webserver import granian_argv
 from tests.live.conftest import LiveCluster, wait_for
 
 ON_POSTGRES = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
@@ -127,26 +128,7 @@ class Cluster(LiveCluster):
         port = free_port()
         self._spawn(
             "web",
-            [
-                sys.executable,
-                "-m",
-                "granian",
-                "--interface",
-                "wsgi",
-                "config.wsgi:application",
-                "--workers",
-                str(workers),
-                "--blocking-threads",
-                str(threads),
-                "--runtime-threads",
-                "1",
-                "--respawn-failed-workers",
-                "--no-ws",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-            ],
+            granian_argv(sys.executable, host="127.0.0.1", port=port, workers=workers, threads=threads),
         )
         self.web_url = f"http://127.0.0.1:{port}"
 
