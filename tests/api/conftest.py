@@ -7,10 +7,27 @@ from knox.models import AuthToken
 from rest_framework.test import APIClient
 
 from gpunodes.models import Gpu
+from jobs.api import fast_submit
 from jobs.choices import AttemptState, EventKind, JobState
 from jobs.models import Attempt, GpuClaim, Job
 from jobs.services import job_submit, record_event
 from quotas.engine import policy
+
+
+@pytest.fixture
+def taken(monkeypatch):
+    """The submits the quick way answered (its 201s)."""
+    answered = []
+    real = fast_submit.fast_submit
+
+    def spy(request):
+        response = real(request)
+        if response is not None:
+            answered.append(response)
+        return response
+
+    monkeypatch.setattr(fast_submit, "fast_submit", spy)
+    return answered
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,6 @@ import pytest
 from knox.models import AuthToken
 
 from config import auth
-from jobs.api import fast_submit
 from jobs.models import Job, JobEvent
 from quotas.choices import ShareState
 from quotas.models import Share
@@ -19,22 +18,6 @@ def body(**overrides):
     data = {"share": "vision-main", "gpus": 2, "gpu_type": "a10g", "command": ["python", "train.py"]}
     data.update(overrides)
     return {k: v for k, v in data.items() if v is not ...}
-
-
-@pytest.fixture
-def taken(monkeypatch):
-    """The submits the quick way answered (its 201s)."""
-    answered = []
-    real = fast_submit.fast_submit
-
-    def spy(request):
-        response = real(request)
-        if response is not None:
-            answered.append(response)
-        return response
-
-    monkeypatch.setattr(fast_submit, "fast_submit", spy)
-    return answered
 
 
 def both_ways(client, settings, payload, **extra):

@@ -11,7 +11,6 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from jobs import submit_cache
-from jobs.api import fast_submit
 from jobs.models import Job, JobEvent
 from quotas.choices import ShareState, Strategy
 from quotas.models import Share, ShareCapacity, Team
@@ -33,21 +32,6 @@ def on_redis(settings):
             "KEY_PREFIX": f"test-{uuid.uuid4().hex}",
         }
     }
-
-
-@pytest.fixture
-def taken(monkeypatch):
-    answered = []
-    real = fast_submit.fast_submit
-
-    def spy(request):
-        response = real(request)
-        if response is not None:
-            answered.append(response)
-        return response
-
-    monkeypatch.setattr(fast_submit, "fast_submit", spy)
-    return answered
 
 
 def body(**overrides):
