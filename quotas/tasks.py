@@ -30,10 +30,12 @@ def forecast_due(*, changed: bool) -> bool:
     from django.core.cache import cache
 
     try:
+        if changed:
+            # Remembered first, whatever is decided below: a forecast already running (or asked for) may
+            # have read the queue before this pass committed, and a later pass must make up for it.
+            cache.set(FORECAST_DIRTY, 1, None)
         age = time.time() - float(cache.get(FORECAST_LAST) or 0)
         if age < settings.FORECAST_MIN_INTERVAL_S:
-            if changed:
-                cache.set(FORECAST_DIRTY, 1, None)  # a later pass makes up for it
             return False
         if not (changed or cache.get(FORECAST_DIRTY)) and age < settings.FORECAST_MAX_AGE_S:
             return False
@@ -58,6 +60,7 @@ def forecast_queue() -> dict:
     from quotas import services
 
     if not cache.add(FORECAST_LOCK, 1, timeout=settings.FORECAST_BUDGET_S * 6 + 60):
+        cache.set(FORECAST_DIRTY, 1, None)  # the running one may have read the queue too early
         return {"skipped": "a forecast is running"}
     try:
         result = services.forecast_refresh()
@@ -65,6 +68,7 @@ def forecast_queue() -> dict:
         return result
     except Exception:  # advice only: a failed forecast must not fail the pass that ran it
         logging.getLogger(__name__).exception("the queue forecast failed")
+        cache.set(FORECAST_DIRTY, 1, None)
         return {"failed": True}
     finally:
         cache.delete(FORECAST_LOCK)

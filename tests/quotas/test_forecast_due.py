@@ -37,6 +37,34 @@ def test_a_change_inside_the_interval_is_made_up_for_by_a_later_pass():
     assert not tasks.forecast_due(changed=False)
 
 
+def test_a_change_while_a_forecast_is_asked_for_is_not_lost():
+    # A no-change pass asks for the first forecast; it reads the queue; meanwhile another pass admits a
+    # job and commits. That pass's change must be forecast again once the interval has passed, not
+    # wait FORECAST_MAX_AGE_S with positions that count the admitted job as queued.
+    cache.delete(tasks.FORECAST_LAST)
+    assert tasks.forecast_due(changed=False)
+    assert not tasks.forecast_due(changed=True)  # one is asked for already
+    forecast_made(4)
+    assert tasks.forecast_due(changed=False)
+
+
+def test_a_skipped_or_failed_forecast_is_made_up_for(monkeypatch):
+    forecast_made(10)
+    assert not tasks.forecast_due(changed=False)
+    cache.add(tasks.FORECAST_LOCK, 1, 60)
+    tasks.forecast_queue()  # skipped: one is running
+    cache.delete(tasks.FORECAST_LOCK)
+    assert tasks.forecast_due(changed=False)
+
+    def broken():
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr("quotas.services.forecast_refresh", broken)
+    forecast_made(10)
+    tasks.forecast_queue()
+    assert tasks.forecast_due(changed=False)
+
+
 def test_an_old_forecast_is_made_again_even_when_nothing_changed():
     forecast_made(10)
     assert not tasks.forecast_due(changed=False)
