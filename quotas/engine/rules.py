@@ -41,6 +41,7 @@ from quotas.engine.views import (
 # Reasons the pass can leave for when they are read (Plan.waiting); off only in the test that checks
 # that reading them later gives the same sentences.
 LAZY_REASONS = True
+_REASON_MEMO = 4096  # sentences kept per GPU type between passes
 
 
 def _pass(bases: Mapping[str, _TypeBase], now: float, starvation_s: float) -> Plan:
@@ -192,7 +193,7 @@ class _TypePass:
         self.fail_single = (_NO_LIMIT, 0)
         self.fail_gang = (_NO_LIMIT, 0)
         self.in_fail: dict[int, tuple[int, int, int]] = {}  # share -> (gpus, priority, epoch)
-        self._reasons: dict[tuple, str] = {}
+        self._reasons = base.reasons  # blocker key -> sentence: the same for every pass of this base
 
         # -- queues: the base's lists (replaced, never changed, by later events), in rule 1's order;
         # a job's key (priority, submit time, id) is its place in the global queue order.
@@ -737,6 +738,8 @@ class _TypePass:
                     )
                 else:  # pragma: no cover - every key kind is listed above
                     why = "waiting"
+            if len(self._reasons) > _REASON_MEMO:
+                self._reasons.clear()
             self._reasons[key] = why
         return why
 
@@ -884,6 +887,12 @@ class _TypePass:
             return False
         self._victims()
         n = bisect_left(self.iprio[s], p)  # the victim order starts with the lowest priorities
+        if not n:
+            # Nothing of lower priority runs in the share: no job of priority p or lower, of any size,
+            # can pre-empt in it this pass (candidates only shrink), so the walk stops deferring them
+            # one by one.
+            self.in_fail[s] = (1, p, self.epoch)
+            return False
         if self._try_in_share(s, k, n):
             return True
         self.in_fail[s] = (g, p, self.epoch)

@@ -274,6 +274,9 @@ class _TypeBase:
         self.bcap = [_NO_LIMIT if b is None else b for b in limits]
         self.pool = max(0, self.C - sum(cap))
         self.overcommitted = sum(cap) > self.C
+        # Why-it-waits sentences by blocker key (rules._TypePass._reason); they depend on the key, the
+        # type, the node size and `overcommitted` only, all fixed for this base's life.
+        self.reasons: dict[tuple, str] = {}
         self.lender_shares = [s for s in range(n) if self.lender[s] and cap[s] > 0]
 
         # -- running attempts
