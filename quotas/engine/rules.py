@@ -173,6 +173,7 @@ class _TypePass:
         self.pend_nodes = set(base.pend_nodes)
         self.bk = [h.copy() for h in base.bk]
         self._mf = -1  # cached largest free count; -1 = stale
+        self._whole = -1  # nodes with all M GPUs free; -1 = not counted yet in this pass
         self._taken: dict[int, list] = {}  # reclaim victims of the current decision: share -> [b0, atts]
 
         # -- victim orders: from the base, when first needed (_victims)
@@ -325,6 +326,9 @@ class _TypePass:
     # -- nodes -----------------------------------------------------------------------------------------
 
     def _set_free(self, i: int, v: int) -> None:
+        if self._whole >= 0 and self.M:
+            M = self.M
+            self._whole += (v == M) - (self.free_u[i] == M)
         self.free_u[i] = v
         if v:
             heapq.heappush(self.bk[v], i)
@@ -350,6 +354,14 @@ class _TypePass:
             idx = [x for x in range(self.size[i]) if not m >> x & 1] if self.sched[i] else []
             self._free_idx[i] = idx
         return idx
+
+    def _whole_free(self) -> int:
+        """How many nodes have all their GPUs free (only nodes of the largest size M can), counted once
+        per pass and then kept by _set_free: a blocked gang's reason asks for it, at 256 nodes."""
+        if self._whole < 0:
+            fu, M = self.free_u, self.M
+            self._whole = sum(1 for i in self.m_nodes if fu[i] == M)
+        return self._whole
 
     def _max_free(self) -> int:
         if self._mf < 0:
@@ -750,8 +762,7 @@ class _TypePass:
 
     def _place_key(self, g: int) -> tuple:
         if g > self.M:
-            free = sum(1 for i in self.m_nodes if self.free_u[i] == self.M)
-            return ("place", g, free)
+            return ("place", g, self._whole_free())
         return ("place", g, self._max_free())
 
     def _wait(self, s: int, k: int, key: tuple) -> int:
@@ -1069,6 +1080,7 @@ class _TypePass:
         cap, held_for, bcap = self.cap[s], self.held_for[s], self.bcap[s]
         use = self.held[s] + max(self.grace[s], self.pend[s])
         limit = cap + bcap
+        unplaced = False
         if self.qkey[s][k] > held_for:
             below = 0  # every later job is held too
         elif use + g > limit:
@@ -1076,12 +1088,22 @@ class _TypePass:
         elif self._deficit_if(s, g) > 0:
             below = g  # a bigger job would break the cover at least as much
         else:
-            return k + 1  # no node for it: not skipped (a starving head may reserve)
+            unplaced = True
+            # No node for it (or it is the starving head and now holds one): a bigger job fits no node
+            # either (a single-node job finds no node with as many GPUs free, so no node is wholly
+            # free for a gang), and none after k is the share's head, so none of them reserves.
+            below = g
         nxt = self._next_below(s, k, below)
         if nxt > k + 1:
             used, borrowed = min(use, cap), max(0, use - cap)
             spare = -self._deficit() - (max(0, cap - use) if self.lender[s] else 0)
             keys, out, reason = self.qkey[s], self.out.waiting, self._reason
+            # After an unplaced k, a bigger job that passes the cover check (it grows with the size)
+            # waits for a node: its sentence, per size, with the nodes as they are now.
+            place: dict[int, tuple] = {}
+            if unplaced:
+                deficit_if, place_key = self._deficit_if, self._place_key
+                place = {x: place_key(x) for x in self.by_size[s] if x >= g and deficit_if(s, x) <= 0}
 
             def why(s: int, k: int) -> None:
                 # _borrow's checks in its order, with the numbers of the moment it was skipped.
@@ -1091,7 +1113,7 @@ class _TypePass:
                 elif use + g > limit:
                     key = ("limit", g, used, cap, borrowed, bcap)
                 else:
-                    key = ("slack", g, used, cap, spare)
+                    key = place.get(g) or ("slack", g, used, cap, spare)
                 out[q[k].job_id] = reason(key)
 
             self.out.later.append((why, s, ks.part(k + 1, nxt)))
