@@ -32,7 +32,7 @@ Where SEMANTICS leaves room, this module decides:
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 
 # The package's layout: views.py (what the policy sees and decides, and the accounting read from a
 # snapshot), state.py (a GPU type's pass state, kept by Engine), rules.py (one pass: rules 1-9). The names
@@ -75,6 +75,7 @@ from quotas.engine.views import (  # noqa: F401
     never_fits,
     queue_key,
     usage,
+    usage_rows,
 )
 
 
@@ -160,6 +161,13 @@ class Engine:
 
     def usage(self) -> dict[str, dict[str, ShareUsage]]:
         """usage(self.snapshot(now)) from the kept state, without a walk over the attempts."""
+        return _usage(*self._usage_inputs())
+
+    def usage_rows(self) -> Iterator[tuple[str, str, int, int, int, float]]:
+        """usage()'s numbers as views.usage_rows() gives them, without building its objects."""
+        return usage_rows(*self._usage_inputs())
+
+    def _usage_inputs(self) -> tuple[Mapping[str, ShareView], dict[tuple[str, str], int], dict[str, int]]:
         sh, bases = self._state()
         used: dict[tuple[str, str], int] = {}
         for t, base in bases.items():
@@ -176,7 +184,7 @@ class Engine:
         if len(shares) > len(sh.known):  # shares only named by work: those still named now (rare)
             named = {r.share for r in self.running.values()} | {q.share for q in self.queued.values()}
             shares = {n: v for n, v in shares.items() if n in sh.known or n in named}
-        return _usage(shares, used, self._cluster)
+        return shares, used, self._cluster
 
     # -- changes ---------------------------------------------------------------------------------------
 

@@ -175,13 +175,19 @@ class Timeline:
 
     def __init__(self) -> None:
         self.series: dict[tuple[str, str, str], tuple[list[int], list[float]]] = {}
+        self._last: dict[tuple[str, str, str], float] = {}  # each series' value now
         self.end = 0
 
     def record(self, t: int, values: Mapping[tuple[str, str, str], float]) -> None:
-        for key in self.series.keys() - values.keys():
-            self._set(key, t, 0)
+        last = self._last
+        for key, value in last.items():
+            if value and key not in values:
+                self._set(key, t, 0)
+                last[key] = 0
         for key, value in values.items():
-            self._set(key, t, value)
+            if last.get(key) != value:  # _set would keep the series as it is
+                self._set(key, t, value)
+                last[key] = value
         self.end = max(self.end, t)
 
     def _set(self, key: tuple[str, str, str], t: int, value: float) -> None:
@@ -793,16 +799,17 @@ class _Simulator:
             return
         self.dirty = False
         values: dict[tuple[str, str, str], float] = {}
-        for share, by_type in self.engine.usage().items():
-            for gpu_type, u in by_type.items():
-                for metric, value in (
-                    ("own", u.own),
-                    ("borrowed", u.borrowed),
-                    ("lent", round(u.lent, 3)),
-                    ("capacity", u.capacity),
-                ):
-                    if value:
-                        values[(share, gpu_type, metric)] = value
+        for share, gpu_type, capacity, used, own, lent in self.engine.usage_rows():
+            # usage()'s own, borrowed, lent and capacity, as the timeline keeps them
+            if own:
+                values[(share, gpu_type, "own")] = own
+            if used - own:
+                values[(share, gpu_type, "borrowed")] = used - own
+            lent = round(lent, 3)
+            if lent:
+                values[(share, gpu_type, "lent")] = lent
+            if capacity:
+                values[(share, gpu_type, "capacity")] = capacity
         if self.cluster_caps is None:  # READY GPUs per type, recounted only when nodes come or go
             caps: dict[tuple[str, str, str], float] = {}
             for node in self.engine.nodes:

@@ -4,7 +4,7 @@ which attempts are borrowed, whether a job can ever fit a share. Pure, like the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -293,14 +293,26 @@ def _usage(
     shares: Mapping[str, ShareView], used: Mapping[tuple[str, str], int], cluster: Mapping[str, int]
 ) -> dict[str, dict[str, ShareUsage]]:
     """usage() from GPUs used per (share, type) and schedulable GPUs per type."""
+    out: dict[str, dict[str, ShareUsage]] = {name: {} for name in sorted(shares)}
+    for name, gpu_type, cap, use, own, lent in usage_rows(shares, used, cluster):
+        out.setdefault(name, {})[gpu_type] = ShareUsage(cap, use, own, use - own, cap - own, lent)
+    return out
+
+
+def usage_rows(
+    shares: Mapping[str, ShareView], used: Mapping[tuple[str, str], int], cluster: Mapping[str, int]
+) -> Iterator[tuple[str, str, int, int, int, float]]:
+    """(share, type, capacity, used, own, lent) per share and type that has capacity or use, and the
+    unassigned pool as share UNASSIGNED, by type then name: usage()'s numbers without its objects (the
+    simulator's accounting reads them after every instant)."""
     gpu_types = set(cluster) | {t for _, t in used}
     for share in shares.values():
         gpu_types.update(share.capacity)
-    out: dict[str, dict[str, ShareUsage]] = {name: {} for name in sorted(shares)}
+    names = sorted(shares)
     for gpu_type in sorted(gpu_types):
         rows = []
         assigned = borrowed = lendable = 0
-        for name in sorted(shares):
+        for name in names:
             share = shares[name]
             cap = max(0, share.capacity.get(gpu_type, 0))
             assigned += cap
@@ -316,10 +328,9 @@ def _usage(
         lendable += pool
         factor = min(1.0, borrowed / lendable) if lendable else 0.0
         for name, cap, use, own, lend in rows:
-            out[name][gpu_type] = ShareUsage(cap, use, own, use - own, cap - own, lend * factor)
+            yield name, gpu_type, cap, use, own, lend * factor
         if pool:
-            out.setdefault(UNASSIGNED, {})[gpu_type] = ShareUsage(pool, 0, 0, 0, pool, pool * factor)
-    return out
+            yield UNASSIGNED, gpu_type, pool, 0, 0, pool * factor
 
 
 def lending(snapshot: Snapshot, *, count_preempting: bool = True) -> dict[str, dict[tuple[str, str], float]]:
