@@ -7,7 +7,7 @@ from __future__ import annotations
 import heapq
 import weakref
 from bisect import bisect_left, bisect_right
-from collections.abc import Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 
 from quotas.engine.state import (
     _ADMITTED,
@@ -171,7 +171,8 @@ class _TypePass:
         self.free_u = base.free.copy()
         self.pend_u = base.pend_u.copy()
         self.pend_nodes = set(base.pend_nodes)
-        self.bk = [h.copy() for h in base.bk]
+        self.bk = base.bk.copy()  # the base's heaps until this pass changes one (_bucket)
+        self._bk_mine = 0  # bit v: bucket v is this pass's own copy
         self._mf = -1  # cached largest free count; -1 = stale
         self._whole = -1  # nodes with all M GPUs free; -1 = not counted yet in this pass
         self._taken: dict[int, list] = {}  # reclaim victims of the current decision: share -> [b0, atts]
@@ -331,8 +332,17 @@ class _TypePass:
             self._whole += (v == M) - (self.free_u[i] == M)
         self.free_u[i] = v
         if v:
-            heapq.heappush(self.bk[v], i)
+            heapq.heappush(self._bucket(v), i)
         self._mf = -1
+
+    def _bucket(self, v: int) -> list[int]:
+        """Heap v of the free-count buckets, to change: this pass's own copy, made on first change
+        (most passes change none, and the base's heaps outlive the pass)."""
+        h = self.bk[v]
+        if not self._bk_mine >> v & 1:
+            h = self.bk[v] = h.copy()
+            self._bk_mine |= 1 << v
+        return h
 
     def _best_free(self, g: int) -> int | None:
         """Best fit on free GPUs: the node left with the fewest free GPUs, ties by name."""
@@ -340,8 +350,10 @@ class _TypePass:
         bk = self.bk
         for v in range(g, self.maxk + 1):
             h = bk[v]
-            while h and fu[h[0]] != v:
-                heapq.heappop(h)
+            if h and fu[h[0]] != v:
+                h = self._bucket(v)
+                while h and fu[h[0]] != v:
+                    heapq.heappop(h)
             if h:
                 return h[0]
         return None
@@ -369,8 +381,10 @@ class _TypePass:
             self._mf = 0
             for v in range(self.maxk, 0, -1):
                 h = self.bk[v]
-                while h and fu[h[0]] != v:
-                    heapq.heappop(h)
+                if h and fu[h[0]] != v:
+                    h = self._bucket(v)
+                    while h and fu[h[0]] != v:
+                        heapq.heappop(h)
                 if h:
                     self._mf = v
                     break
@@ -436,7 +450,7 @@ class _TypePass:
         fu = self.free_u
         chosen: list[int] = []
         if self.maxk >= M:
-            h = self.bk[M]
+            h = self._bucket(M)
             popped: list[int] = []
             while h and len(chosen) < k:
                 i = heapq.heappop(h)
@@ -1072,52 +1086,58 @@ class _TypePass:
 
     def _skip_blocked(self, s: int, k: int, ks: _Open) -> int:
         """Rule 5, after job k of a LEND_AND_BORROW share could not borrow: the next queue index whose
-        job might. When k waits behind a held job, at its borrow limit or for lendable GPUs, every
-        later job as big or bigger waits the same way, and nothing changes while they are told so:
+        job might. When k waits behind a held job, at its borrow limit, for lendable GPUs or for a
+        node, every later job as big or bigger waits too, and nothing changes while they are told so:
         their reasons, from the numbers as they are now, are left for when they are read."""
-        q = self.q[s]
-        g = q[k].gpus
-        cap, held_for, bcap = self.cap[s], self.held_for[s], self.bcap[s]
+        g = self.q[s][k].gpus
         use = self.held[s] + max(self.grace[s], self.pend[s])
-        limit = cap + bcap
+        limit = self.cap[s] + self.bcap[s]
         unplaced = False
-        if self.qkey[s][k] > held_for:
+        if self.qkey[s][k] > self.held_for[s]:
             below = 0  # every later job is held too
         elif use + g > limit:
             below = limit - use + 1
         elif self._deficit_if(s, g) > 0:
             below = g  # a bigger job would break the cover at least as much
         else:
-            unplaced = True
             # No node for it (or it is the starving head and now holds one): a bigger job fits no node
             # either (a single-node job finds no node with as many GPUs free, so no node is wholly
             # free for a gang), and none after k is the share's head, so none of them reserves.
+            unplaced = True
             below = g
         nxt = self._next_below(s, k, below)
         if nxt > k + 1:
-            used, borrowed = min(use, cap), max(0, use - cap)
-            spare = -self._deficit() - (max(0, cap - use) if self.lender[s] else 0)
-            keys, out, reason = self.qkey[s], self.out.waiting, self._reason
-            # After an unplaced k, a bigger job that passes the cover check (it grows with the size)
-            # waits for a node: its sentence, per size, with the nodes as they are now.
-            place: dict[int, tuple] = {}
-            if unplaced:
-                deficit_if, place_key = self._deficit_if, self._place_key
-                place = {x: place_key(x) for x in self.by_size[s] if x >= g and deficit_if(s, x) <= 0}
-
-            def why(s: int, k: int) -> None:
-                # _borrow's checks in its order, with the numbers of the moment it was skipped.
-                g = q[k].gpus
-                if keys[k] > held_for:
-                    key: tuple = ("held",)
-                elif use + g > limit:
-                    key = ("limit", g, used, cap, borrowed, bcap)
-                else:
-                    key = place.get(g) or ("slack", g, used, cap, spare)
-                out[q[k].job_id] = reason(key)
-
-            self.out.later.append((why, s, ks.part(k + 1, nxt)))
+            self.out.later.append((self._skipped_why(s, g, unplaced), s, ks.part(k + 1, nxt)))
         return nxt
+
+    def _skipped_why(self, s: int, g0: int, unplaced: bool) -> Callable[[int, int], None]:
+        """The reason writer for the jobs _skip_blocked skipped: _borrow's checks in its order, with
+        the numbers of this moment. (A function of its own: the closure's cells would otherwise be
+        made on every call of _skip_blocked, most of which skip nothing.)"""
+        q, keys, out, reason = self.q[s], self.qkey[s], self.out.waiting, self._reason
+        cap, held_for, bcap = self.cap[s], self.held_for[s], self.bcap[s]
+        use = self.held[s] + max(self.grace[s], self.pend[s])
+        limit = cap + bcap
+        used, borrowed = min(use, cap), max(0, use - cap)
+        spare = -self._deficit() - (max(0, cap - use) if self.lender[s] else 0)
+        # After an unplaced job, a bigger one that passes the cover check (it grows with the size)
+        # waits for a node: its sentence, per size, with the nodes as they are now.
+        place: dict[int, tuple] = {}
+        if unplaced:
+            deficit_if, place_key = self._deficit_if, self._place_key
+            place = {x: place_key(x) for x in self.by_size[s] if x >= g0 and deficit_if(s, x) <= 0}
+
+        def why(s: int, k: int) -> None:
+            g = q[k].gpus
+            if keys[k] > held_for:
+                key: tuple = ("held",)
+            elif use + g > limit:
+                key = ("limit", g, used, cap, borrowed, bcap)
+            else:
+                key = place.get(g) or ("slack", g, used, cap, spare)
+            out[q[k].job_id] = reason(key)
+
+        return why
 
     def _next_below(self, s: int, k: int, below: int) -> int:
         """The first queue index after k whose job needs fewer than `below` GPUs (the queue's length
