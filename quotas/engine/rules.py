@@ -854,7 +854,14 @@ class _TypePass:
             return self._own(s, k, self.held[s] + self.grace[s] + g <= c)
         # Rule 4 "may" pre-empt: not when the job can borrow right now, or its victim would only
         # borrow the same idle GPUs back in the next pass (pre-emption churn for nothing).
-        if self.in_share[s] and g <= c and not self._can_borrow_now(s, k) and self._in_share(s, k):
+        # (_in_share's memo first: when it already knows the try fails, whether it may is moot.)
+        if (
+            self.in_share[s]
+            and g <= c
+            and g < self._in_share_floor(s, job.priority)
+            and not self._can_borrow_now(s, k)
+            and self._in_share(s, k)
+        ):
             return _EARMARKED
         self.status[s][k] = _DEFER
         return _DEFER
