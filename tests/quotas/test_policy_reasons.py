@@ -59,3 +59,26 @@ def test_jobs_behind_others_of_a_reserve_share_count_them():
         queued=[job("p1", "prod", 2, submitted=1), job("p2", "prod", 1, submitted=2)],
     )
     assert plan(s).waiting["p2"] == "behind 1 job ahead of it in its share's queue"
+
+
+def test_bigger_borrowers_behind_one_that_finds_no_node_each_name_their_own_blocker():
+    # b lends 4 idle GPUs, in blocks of 2. a borrows: its 3-GPU job finds no node; the 4-GPU job behind
+    # it finds none either, the 8-GPU one would need more than is idle, and the 1-GPU one starts.
+    s = snap(
+        [node("n1", 4), node("n2", 4)],
+        [share("a", 0), share("b", 8, "LEND")],
+        runs=[running("b1", "b", on("n1", 0, 1)), running("b2", "b", on("n2", 0, 1))],
+        queued=[
+            job("a1", "a", 3, submitted=1),
+            job("a2", "a", 4, submitted=2),
+            job("a3", "a", 8, submitted=3),
+            job("a4", "a", 1, submitted=4),
+        ],
+    )
+    p = plan(s)
+    assert [a.job_id for a in p.admissions] == ["a4"]
+    assert dict(p.waiting) == {
+        "a1": "needs 3 h100 on one node; the largest free block is 2",
+        "a2": "needs 4 h100 on one node; the largest free block is 2",
+        "a3": "needs 8 h100: share at its own capacity (0 of 0); only 4 idle lendable h100 to borrow",
+    }
