@@ -179,6 +179,7 @@ class _TypePass:
 
         # -- victim orders: from the base, when first needed (_victims)
         self._vready = False
+        self._rec_nodes: set[int] | None = None  # nodes where rec > 0, once _reachable asks
         self.vptr = [0] * n_shares
         self.iptr = [0] * n_shares
         self.marked: list[_Att] = []  # attempts marked as victims at some point (reset after the pass)
@@ -296,15 +297,21 @@ class _TypePass:
         self.marked.append(a)
         self._chg(a.s, dh=-a.gpus, dg=a.gpus)
         if a.bnow:
+            rec, nodes = self.rec, self._rec_nodes
             for i, c in a.on:
-                self.rec[i] -= c
+                rec[i] -= c
+                if nodes is not None and not rec[i]:
+                    nodes.discard(i)
 
     def _unmark(self, a: _Att) -> None:
         a.victim = False
         self._chg(a.s, dh=a.gpus, dg=-a.gpus)
         if a.bnow:
+            rec, nodes = self.rec, self._rec_nodes
             for i, c in a.on:
-                self.rec[i] += c
+                rec[i] += c
+                if nodes is not None and rec[i]:
+                    nodes.add(i)
         st = self._taken.get(a.s)
         if st is not None and a in st[1]:
             st[1].remove(a)
@@ -509,7 +516,9 @@ class _TypePass:
         if fit.ok():
             return None
         fu, pu, rec, size, sched = self.free_u, self.pend_u, self.rec, self.size, self.sched
-        nodes = {i for i in range(len(rec)) if rec[i]} | ins.keys()
+        if self._rec_nodes is None:  # then kept by _mark and _unmark for the rest of the pass
+            self._rec_nodes = {i for i in range(len(rec)) if rec[i]}
+        nodes = self._rec_nodes | ins.keys()
         if g > self.M:
             return {
                 i
@@ -1153,6 +1162,11 @@ class _TypePass:
         n = len(suf)
         if k + 1 >= n or suf[k + 1] >= below:
             return n
+        # Most often it is a few jobs on: look there first, then bisect each size's keys.
+        q = self.q[s]
+        for j in range(k + 1, min(n, k + 9)):
+            if q[j].gpus < below:
+                return j
         key = self.qkey[s][k]
         first = None
         for g, keys in self.by_size[s].items():
