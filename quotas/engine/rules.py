@@ -863,7 +863,7 @@ class _TypePass:
             return self._own(s, k, self.held[s] + self.grace[s] + g <= c)
         # Rule 4 "may" pre-empt: not when the job can borrow right now, or its victim would only
         # borrow the same idle GPUs back in the next pass (pre-emption churn for nothing).
-        # (_in_share's memo first: when it already knows the try fails, whether it may is moot.)
+        # (Rule 4's failed-try memo first: when it already knows the try fails, whether it may is moot.)
         if (
             self.in_share[s]
             and g <= c
@@ -921,11 +921,9 @@ class _TypePass:
 
     def _in_share(self, s: int, k: int) -> bool:
         """Rule 4: pre-empt strictly lower-priority work of the share, only if that makes the job fit
-        (own capacity, cover, and a node)."""
+        (own capacity, cover, and a node). The caller has asked _in_share_floor already."""
         job = self.q[s][k]
         g, p = job.gpus, job.priority
-        if g >= self._in_share_floor(s, p):
-            return False
         self._victims()
         n = bisect_left(self.iprio[s], p)  # the victim order starts with the lowest priorities
         if not n:
@@ -1123,17 +1121,19 @@ class _TypePass:
             below = g
         nxt = self._next_below(s, k, below)
         if nxt > k + 1:
-            self.out.later.append((self._skipped_why(s, g, unplaced), s, ks.part(k + 1, nxt)))
+            why = self._skipped_why(s, g, unplaced, use, limit)
+            self.out.later.append((why, s, ks.part(k + 1, nxt)))
         return nxt
 
-    def _skipped_why(self, s: int, g0: int, unplaced: bool) -> Callable[[int, int], None]:
-        """The reason writer for the jobs _skip_blocked skipped: _borrow's checks in its order, with
-        the numbers of this moment. (A function of its own: the closure's cells would otherwise be
-        made on every call of _skip_blocked, most of which skip nothing.)"""
+    def _skipped_why(
+        self, s: int, g0: int, unplaced: bool, use: int, limit: int
+    ) -> Callable[[int, int], None]:
+        """The reason writer for the jobs _skip_blocked skipped (`use` and `limit` as it computed them):
+        _borrow's checks in its order, with the numbers of this moment. (A function of its own: the
+        closure's cells would otherwise be made on every call of _skip_blocked, most of which skip
+        nothing.)"""
         q, keys, out, reason = self.q[s], self.qkey[s], self.out.waiting, self._reason
         cap, held_for, bcap = self.cap[s], self.held_for[s], self.bcap[s]
-        use = self.held[s] + max(self.grace[s], self.pend[s])
-        limit = cap + bcap
         used, borrowed = min(use, cap), max(0, use - cap)
         spare = -self._deficit() - (max(0, cap - use) if self.lender[s] else 0)
         # After an unplaced job, a bigger one that passes the cover check (it grows with the size)

@@ -175,19 +175,17 @@ class Timeline:
 
     def __init__(self) -> None:
         self.series: dict[tuple[str, str, str], tuple[list[int], list[float]]] = {}
-        self._last: dict[tuple[str, str, str], float] = {}  # each series' value now
         self.end = 0
 
     def record(self, t: int, values: Mapping[tuple[str, str, str], float]) -> None:
-        last = self._last
-        for key, value in last.items():
-            if value and key not in values:
+        series = self.series
+        for key, (_, now) in series.items():
+            if now[-1] and key not in values:
                 self._set(key, t, 0)
-                last[key] = 0
         for key, value in values.items():
-            if last.get(key) != value:  # _set would keep the series as it is
+            held = series.get(key)
+            if held is None or held[1][-1] != value:  # else _set would keep the series as it is
                 self._set(key, t, value)
-                last[key] = value
         self.end = max(self.end, t)
 
     def _set(self, key: tuple[str, str, str], t: int, value: float) -> None:
