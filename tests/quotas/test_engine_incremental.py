@@ -218,3 +218,24 @@ def test_reasons_read_late_are_the_ones_written_at_once_along_a_generated_trace(
 
     simulate(scenario, planner=planner)
     assert compared > 10_000
+
+
+def test_a_pass_leaves_no_reference_cycle_so_an_unread_plan_is_freed_at_once():
+    """A plan nobody reads (most of the simulator's and the forecast's) must be freed by reference
+    counting: the cyclic collector spent ~15 % of a 100k-job simulation collecting passes."""
+    import gc
+
+    scenario = sc.parse(tracegen.generate(teams=4, gpus=64, jobs=300, seed=3))
+    gc.collect()
+    gc.disable()
+    try:
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        simulate(scenario)
+        gc.collect()
+        left = [type(o).__name__ for o in gc.garbage]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert left.count("_TypePass") == 0
+    assert left.count("_Out") == 0
