@@ -230,6 +230,22 @@ class Engine:
             base.remove_job(job)
         return job
 
+    def remove_queued_many(self, job_ids: Iterable[Hashable]) -> None:
+        """remove_queued for each (what a pass admitted), changing each GPU type's queues once."""
+        jobs: dict[str, list[QueuedView]] = {}
+        for job_id in job_ids:
+            job = self.queued.pop(job_id)
+            jobs.setdefault(job.gpu_type, []).append(job)
+        for gpu_type, of_type in jobs.items():
+            if self._sh is None:
+                return  # the next pass rebuilds from the views
+            base = self._bases.get(gpu_type)
+            known = self._sh.sidx
+            if base is None or any(job.share not in known for job in of_type):
+                self._sh = None
+                return
+            base.remove_jobs(of_type)
+
     def add_running(self, run: RunningView) -> None:
         """A new attempt, or a new view of one (pre-empting now): it keeps its place in the order."""
         old = self.running.get(run.attempt_id)

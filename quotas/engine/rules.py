@@ -902,6 +902,14 @@ class _TypePass:
             return self._blocked_on_placement(s, k, tol)
         self._taken = {}
         self._chg(s, dp=g)
+        if self._deficit() <= tol:
+            # Rule 9 with nothing to take: where the cover holds and a node fits (free or being-freed
+            # GPUs), the minimal set is empty; _minimal_victims would say so after building its walk.
+            placement = self._place(g, None, True, self.ben_nodes.get(job.job_id))
+            if placement is not None:
+                if can_now and all(self.free_u[i] >= c for i, c in placement):
+                    return self._admit(s, k, placement, False, [])
+                return self._earmark(s, k, placement, [])
         found = self._minimal_victims(
             s, g, tol, ((a, RECLAIM) for a in self._reclaim_candidates(s)), own_limit=False
         )

@@ -569,15 +569,51 @@ class _TypeBase:
         if self.waiting.pop(job.job_id, None) is not None:
             return
         s, key = self.qinfo.pop(job.job_id)
+        self.bens.discard(job.job_id)
+        self._remove_key(s, key, job.gpus)
+
+    def remove_jobs(self, jobs: Iterable[QueuedView]) -> None:
+        """remove_job for each, at once: what a pass admitted, most often the heads of their shares'
+        queues, which are sliced off together (the suffix minima of the rest do not change)."""
+        gone: dict[int, list[tuple[tuple, int]]] = {}
+        for job in jobs:
+            if self.waiting.pop(job.job_id, None) is not None:
+                continue
+            s, key = self.qinfo.pop(job.job_id)
+            self.bens.discard(job.job_id)
+            gone.setdefault(s, []).append((key, job.gpus))
+        for s, entries in gone.items():
+            entries.sort()
+            keys = self.keys[s]
+            m, n = 0, min(len(entries), len(keys))
+            while m < n and keys[m] == entries[m][0]:
+                m += 1
+            if m:
+                keys, q = self._own_lists(s)
+                del keys[:m]
+                del q[:m]
+                del self.suf[s][:m]
+                sizes: dict[int, int] = {}
+                for _, g in entries[:m]:
+                    sizes[g] = sizes.get(g, 0) + 1
+                by_size = self.by_size[s]
+                for g, c in sizes.items():
+                    same = by_size[g]
+                    del same[:c]  # the smallest keys of that size: a prefix of its list too
+                    if not same:
+                        del by_size[g]
+            for key, g in entries[m:]:
+                self._remove_key(s, key, g)
+
+    def _remove_key(self, s: int, key: tuple, g: int) -> None:
         pos = bisect_left(self.keys[s], key)
         keys, q = self._own_lists(s)
         del keys[pos]
         del q[pos]
-        same = self.by_size[s][job.gpus]
+        same = self.by_size[s][g]
         del same[bisect_left(same, key)]
         if not same:
-            del self.by_size[s][job.gpus]
-        self.bens.discard(job.job_id)
+            del self.by_size[s][g]
         suf = self.suf[s]
         del suf[pos]
         nxt = suf[pos] if pos < len(suf) else _NO_LIMIT

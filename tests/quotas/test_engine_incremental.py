@@ -24,7 +24,32 @@ from .test_policy_properties import SETTINGS, snapshots
 HERE = Path(__file__).resolve().parent
 
 
+def _queues(engine: Engine) -> dict:
+    """Each GPU type's queue structures per share as the engine keeps them (empty while it is to be
+    rebuilt); shares and types with nothing queued are left out (a rebuild may not know them)."""
+    if engine._sh is None:
+        return {}
+    out = {}
+    for t, base in engine._bases.items():
+        for s, name in enumerate(engine._sh.names):
+            if base.keys[s] or base.by_size[s]:
+                out[(t, name)] = (
+                    base.keys[s],
+                    [job.job_id for job in base.q[s]],
+                    base.suf[s],
+                    base.by_size[s],
+                )
+        if base.qinfo or base.bens or base.waiting:
+            out[t] = ({j: key for j, (_, key) in base.qinfo.items()}, base.bens, set(base.waiting))
+    return out
+
+
 def _check(engine: Engine, now: float, kept: list) -> policy.Plan:
+    kept_queues = _queues(engine)
+    if kept_queues:  # the queues kept through events are the ones a rebuild makes
+        rebuilt_engine = Engine.from_snapshot(engine.snapshot(now))
+        rebuilt_engine._state()
+        assert kept_queues == _queues(rebuilt_engine)
     incremental = engine.plan(now)
     rebuilt = plan(engine.snapshot(now))
     assert incremental.admissions == rebuilt.admissions
@@ -39,8 +64,13 @@ def _check(engine: Engine, now: float, kept: list) -> policy.Plan:
 def _apply(engine: Engine, decided: policy.Plan, now: float, rng: random.Random) -> None:
     """What the simulator and the control side do with a plan: admissions start, victims pre-empt
     (and now and then stop at once, their jobs re-queued), beneficiaries are flagged."""
+    # Admissions leave the queue one by one (the simulator) or all at once (the forecast's replay).
+    at_once = rng.random() < 0.5
+    jobs = {a.job_id: engine.queued[a.job_id] for a in decided.admissions}
+    if at_once:
+        engine.remove_queued_many(list(jobs))
     for a in decided.admissions:
-        job = engine.remove_queued(a.job_id)
+        job = jobs[a.job_id] if at_once else engine.remove_queued(a.job_id)
         engine.add_running(
             RunningView(
                 attempt_id=f"{a.job_id}@{now:g}",
@@ -71,7 +101,9 @@ def _apply(engine: Engine, decided: policy.Plan, now: float, rng: random.Random)
 
 
 def _event(engine: Engine, now: float, rng: random.Random, serial: int) -> None:
-    kind = rng.choice(("submit", "submit", "cancel", "end", "end", "priority", "node", "share", "collide"))
+    kind = rng.choice(
+        ("submit", "submit", "cancel", "cancel_many", "end", "end", "priority", "node", "share", "collide")
+    )
     queued, running = list(engine.queued.values()), list(engine.running.values())
     types = sorted({n.gpu_type for n in engine.nodes}) or ["a10g"]
     shares = [s.name for s in engine.shares]
@@ -89,6 +121,11 @@ def _event(engine: Engine, now: float, rng: random.Random, serial: int) -> None:
         )
     elif kind == "cancel":
         engine.remove_queued(rng.choice(queued).job_id)
+    elif kind == "cancel_many" and queued:
+        # Some queue's first jobs (what remove_jobs slices off) and a few others.
+        head = sorted(queued, key=policy.queue_key)[: rng.randint(1, len(queued))]
+        gone = {q.job_id for q in head if rng.random() < 0.8} | {rng.choice(queued).job_id}
+        engine.remove_queued_many(sorted(gone))
     elif kind == "priority":
         job = rng.choice(queued)
         engine.add_queued(dataclasses.replace(job, priority=rng.randint(0, 5)))
