@@ -25,7 +25,7 @@ from quotas.engine.views import (
     _borrowed_order_key,
     _lends,
     _neg_priority,
-    _over_capacity,
+    _take_over,
     _victim_key,
     never_fits,
 )
@@ -79,15 +79,6 @@ def _mask(idxs: tuple[int, ...]) -> int:
             _MASKS.clear()
         _MASKS[idxs] = m
     return m
-
-
-def _borrowed_atts(atts: list[_Att], over: int) -> list[_Att]:
-    """_borrowed_part() on the pass's attempts: `over` GPUs over capacity, taken in rule 8's order."""
-    return _over_capacity(atts, over, _att_borrowed_key)
-
-
-def _att_borrowed_key(a: _Att) -> tuple:
-    return _borrowed_order_key(a.view)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +137,7 @@ def _node_table(gpu_type: str, nodes: list[NodeView] | tuple[NodeView, ...]) -> 
 class _Att:
     """A running attempt as the pass sees it (mutable: it may become a victim)."""
 
-    __slots__ = ("view", "s", "gpus", "prio", "on", "victim", "bnow", "masks")
+    __slots__ = ("view", "s", "gpus", "prio", "on", "victim", "bnow", "masks", "vkey", "bkey")
 
     def __init__(self, view: RunningView, s: int, on: list[tuple[int, int]], gpus: int) -> None:
         self.view = view
@@ -157,6 +148,8 @@ class _Att:
         self.victim = False
         self.bnow = False  # in borrowed_attempts()
         self.masks: list[tuple[int, int]] = []  # [(node index, bit mask of the GPUs it holds there)]
+        self.vkey = _victim_key(view)  # rules 3 and 4's victim order (descending)
+        self.bkey = _borrowed_order_key(view)  # rule 8's order (descending)
 
 
 class _Out:
@@ -298,8 +291,25 @@ class _TypeBase:
         self.regular = True
         self.free: list[int] = []
         self.bk: list[list[int]] = []
+        # Each share's attempts (not pre-empting) kept sorted, keys ascending, in the victim order
+        # (with their priorities) and in rule 8's order: victim_orders reads them from the end instead
+        # of sorting every attempt of a share that changed, on every pass.
+        self.vkeys: list[list[tuple]] = [[] for _ in range(n)]
+        self.vatts: list[list[_Att]] = [[] for _ in range(n)]
+        self.vprio: list[list[int]] = [[] for _ in range(n)]
+        self.bkeys: list[list[tuple]] = [[] for _ in range(n)]
+        self.batts: list[list[_Att]] = [[] for _ in range(n)]
         for run in running:
             self.add_run(run, bulk=True)
+        for s in range(n):
+            if self.atts[s]:
+                order = sorted(self.atts[s].values(), key=attrgetter("vkey"))
+                self.vkeys[s] = [a.vkey for a in order]
+                self.vatts[s] = order
+                self.vprio[s] = [a.prio for a in order]
+                order = sorted(order, key=attrgetter("bkey"))
+                self.bkeys[s] = [a.bkey for a in order]
+                self.batts[s] = order
         self.free = [st.size[i] - self.used[i].bit_count() if st.sched[i] else 0 for i in range(n_nodes)]
         self._rebuild_buckets()
 
@@ -434,8 +444,17 @@ class _TypeBase:
         att.masks = masks
         self.held[s] += gpus
         self.atts[s][run.attempt_id] = att
-        if not bulk:
+        if not bulk:  # (in bulk, __init__ sorts the orders once)
             self.dirty.add(s)
+            keys = self.vkeys[s]
+            pos = bisect_left(keys, att.vkey)
+            keys.insert(pos, att.vkey)
+            self.vatts[s].insert(pos, att)
+            self.vprio[s].insert(pos, att.prio)
+            keys = self.bkeys[s]
+            pos = bisect_left(keys, att.bkey)
+            keys.insert(pos, att.bkey)
+            self.batts[s].insert(pos, att)
 
     def remove_run(self, run: RunningView) -> None:
         if run.preempting:
@@ -466,6 +485,12 @@ class _TypeBase:
             self.held[s] -= att.gpus
             masks = att.masks
             self.dirty.add(s)
+            keys = self.vkeys[s]
+            pos = bisect_left(keys, att.vkey)
+            del keys[pos], self.vatts[s][pos], self.vprio[s][pos]
+            keys = self.bkeys[s]
+            pos = bisect_left(keys, att.bkey)
+            del keys[pos], self.batts[s][pos]
         used, sched = self.used, self.sched
         for i, m in masks:
             used[i] &= ~m
@@ -483,21 +508,19 @@ class _TypeBase:
                 a.bnow = False
                 for i, c in a.on:
                     rec[i] -= c
-            atts = list(self.atts[s].values())
             vl: list[_Att] = []
             over = self.held[s] - self.cap[s]
             if over > 0:
-                vl = _borrowed_atts(atts, over)
+                vl = _take_over(reversed(self.batts[s]), over)
                 for a in vl:
                     a.bnow = True
                     for i, c in a.on:
                         rec[i] += c
-                vl.sort(key=_att_victim_key, reverse=True)
+                vl.sort(key=attrgetter("vkey"), reverse=True)
             self.vlist[s] = vl
             if self.in_share[s]:
-                il = sorted(atts, key=_att_victim_key, reverse=True)
-                self.ilist[s] = il
-                self.iprio[s] = [a.prio for a in il]
+                self.ilist[s] = self.vatts[s][::-1]
+                self.iprio[s] = self.vprio[s][::-1]
         self.dirty.clear()
         self.vshares = [s for s in range(len(self.vlist)) if self.vlist[s]]
 
@@ -635,10 +658,6 @@ class _TypeBase:
                 break
             suf[k] = v
             nxt = v
-
-
-def _att_victim_key(a: _Att) -> tuple:
-    return _victim_key(a.view)
 
 
 def _type_bases(

@@ -186,10 +186,15 @@ def _borrowed_part(runs: list[RunningView], capacity: int) -> list[RunningView]:
 def _over_capacity(items: Iterable[_T], over: int, key: Callable[[_T], tuple]) -> list[_T]:
     """The items (each with `.gpus`) that make up `over` GPUs over capacity, the last in rule 8's
     order (`key`, descending) first: the views' and the pass state's own attempts share it."""
-    out: list[_T] = []
     if over <= 0:
-        return out
-    for item in sorted(items, key=key, reverse=True):
+        return []
+    return _take_over(sorted(items, key=key, reverse=True), over)
+
+
+def _take_over(ordered: Iterable[_T], over: int) -> list[_T]:
+    """The first items of `ordered` (rule 8's order, descending) that make up `over` GPUs."""
+    out: list[_T] = []
+    for item in ordered:
         if over <= 0:
             break
         out.append(item)

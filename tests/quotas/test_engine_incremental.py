@@ -32,6 +32,12 @@ def _queues(engine: Engine) -> dict:
     out = {}
     for t, base in engine._bases.items():
         for s, name in enumerate(engine._sh.names):
+            if base.atts[s]:  # the attempts in the victim order and in rule 8's order
+                out[(t, name, "orders")] = (
+                    [a.view.attempt_id for a in base.vatts[s]],
+                    base.vprio[s],
+                    [a.view.attempt_id for a in base.batts[s]],
+                )
             if base.keys[s] or base.by_size[s]:
                 out[(t, name)] = (
                     base.keys[s],
