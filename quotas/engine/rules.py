@@ -99,8 +99,12 @@ class _Fit:
         self.hits = 0  # touched nodes that fit only thanks to the victims
         if self.gang:
             self.k = g // tp.M
-            fu, pu, M = tp.free_u, tp.pend_u, tp.M
-            self.base = sum(1 for i in tp.m_nodes if fu[i] + pu[i] == M)
+            # Nodes of size M with all GPUs free or being freed: the wholly free ones (counted per pass)
+            # and those with GPUs being freed (few) that are otherwise free.
+            fu, pu, M, size = tp.free_u, tp.pend_u, tp.M, tp.size
+            self.base = tp._whole_free() + sum(
+                1 for i in tp.pend_nodes if pu[i] and size[i] == M and fu[i] + pu[i] == M
+            )
         else:
             self.k = 1
             self.base = 1 if tp._place(g, None, True) is not None else 0
@@ -830,7 +834,9 @@ class _TypePass:
         g = job.gpus
         fu, pu = self.free_u, self.pend_u
         if g > self.M:
-            ranked = sorted(self.m_nodes, key=lambda i: (-(fu[i] + pu[i]), i))[: g // self.M]
+            m_nodes = self.m_nodes
+            avail = [-(fu[i] + pu[i]) for i in m_nodes]
+            ranked = [i for _, i in heapq.nsmallest(g // self.M, zip(avail, m_nodes, strict=True))]
             placement = [(i, self.M) for i in sorted(ranked)]
         else:
             best = None
