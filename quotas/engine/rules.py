@@ -184,6 +184,12 @@ class _TypePass:
         self._mf = -1  # cached largest free count; -1 = stale
         self._whole = -1  # nodes with all M GPUs free; -1 = not counted yet in this pass
         self._taken: dict[int, list] = {}  # reclaim victims of the current decision: share -> [b0, atts]
+        # Bumped by every change of the shares' numbers or of free GPUs (_chg, _set_free): what was
+        # learnt at one version holds while it stays the same.
+        self.version = 0
+        # share -> (GPUs, version): at that version a job of that many GPUs of the share could borrow
+        # right now (_can_borrow_now), so any job of as many or fewer could too (_borrows_now).
+        self.borrows_now: dict[int, tuple[int, int]] = {}
 
         # -- victim orders: from the base, when first needed (_victims)
         self._vready = False
@@ -256,6 +262,7 @@ class _TypePass:
             self.ridle += sign * (c - own)
 
     def _chg(self, s: int, dh: int = 0, dp: int = 0, dg: int = 0) -> None:
+        self.version += 1
         self._contrib(s, -1)
         self.held[s] += dh
         self.pend[s] += dp
@@ -349,6 +356,7 @@ class _TypePass:
         if v:
             heapq.heappush(self._bucket(v), i)
         self._mf = -1
+        self.version += 1
 
     def _bucket(self, v: int) -> list[int]:
         """Heap v of the free-count buckets, to change: this pass's own copy, made on first change
@@ -889,12 +897,26 @@ class _TypePass:
             self.in_share[s]
             and g <= c
             and g < self._in_share_floor(s, job.priority)
-            and not self._can_borrow_now(s, k)
+            and not self._borrows_now(s, k)
             and self._in_share(s, k)
         ):
             return _EARMARKED
         self.status[s][k] = _DEFER
         return _DEFER
+
+    def _borrows_now(self, s: int, k: int) -> bool:
+        """_can_borrow_now, answered at once for a job no bigger than one that could at this version:
+        each of its tests (the borrow limit, the cover, the largest free block, a node) passes for
+        fewer GPUs if it passed for more, and the share's held job key is checked here."""
+        g = self.q[s][k].gpus
+        memo = self.borrows_now.get(s)
+        if memo is not None and memo[1] == self.version and g <= memo[0]:
+            return self.qkey[s][k] <= self.held_for[s]
+        if self._can_borrow_now(s, k):
+            if memo is None or memo[1] != self.version or g > memo[0]:
+                self.borrows_now[s] = (g, self.version)
+            return True
+        return False
 
     def _can_borrow_now(self, s: int, k: int) -> bool:
         g = self.q[s][k].gpus
@@ -1217,7 +1239,37 @@ class _TypePass:
         if self.in_share[s]:
             # A failed try was for a job within capacity, so its floor is at most cap + 1.
             below = max(below, min(self._in_share_floor(s, self.q[s][k].priority), self.cap[s] + 1))
+            # Jobs of more than `room` and at most `upto` GPUs can borrow right now (_borrows_now), so
+            # rule 4 is not tried for them: deferred too, while nothing changes and no job of the share
+            # waits for held GPUs (a later job's key would then be past it).
+            memo = self.borrows_now.get(s)
+            if memo is not None and memo[1] == self.version and self.held_for[s] == _KEY_MAX:
+                upto = memo[0]
+                if upto + 1 < below:
+                    return self._next_sized(s, k, room, upto, below)
+                below = room + 1
         return self._next_below(s, k, below)
+
+    def _next_sized(self, s: int, k: int, room: int, lo: int, hi: int) -> int:
+        """The first queue index after k whose job needs at most `room` GPUs, or more than `lo` and
+        fewer than `hi` (the queue's length if none): _next_below with a gap."""
+        suf = self.sufmin[s]
+        n = len(suf)
+        if k + 1 >= n or (suf[k + 1] > room and suf[k + 1] >= hi):
+            return n
+        q = self.q[s]
+        for j in range(k + 1, min(n, k + 9)):
+            x = q[j].gpus
+            if x <= room or lo < x < hi:
+                return j
+        key = self.qkey[s][k]
+        first = None
+        for g, keys in self.by_size[s].items():
+            if g <= room or lo < g < hi:
+                i = bisect_right(keys, key)
+                if i < len(keys) and (first is None or keys[i] < first):
+                    first = keys[i]
+        return n if first is None else bisect_left(self.qkey[s], first, k + 1)
 
     def _own_ratio(self, s: int) -> float:
         u = self.held[s] + self.pend[s]
