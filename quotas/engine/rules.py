@@ -182,7 +182,7 @@ class _TypePass:
         self.bk = base.bk.copy()  # the base's heaps until this pass changes one (_bucket)
         self._bk_mine = 0  # bit v: bucket v is this pass's own copy
         self._mf = -1  # cached largest free count; -1 = stale
-        self._whole = -1  # nodes with all M GPUs free; -1 = not counted yet in this pass
+        self._whole = base.whole  # nodes with all M GPUs free, kept by _set_free
         self._taken: dict[int, list] = {}  # reclaim victims of the current decision: share -> [b0, atts]
         # Bumped by every change of the shares' numbers or of free GPUs (_chg, _set_free): what was
         # learnt at one version holds while it stays the same.
@@ -349,7 +349,7 @@ class _TypePass:
     # -- nodes -----------------------------------------------------------------------------------------
 
     def _set_free(self, i: int, v: int) -> None:
-        if self._whole >= 0 and self.M:
+        if self.M:
             M = self.M
             self._whole += (v == M) - (self.free_u[i] == M)
         self.free_u[i] = v
@@ -404,11 +404,8 @@ class _TypePass:
         return idx
 
     def _whole_free(self) -> int:
-        """How many nodes have all their GPUs free (only nodes of the largest size M can), counted once
-        per pass and then kept by _set_free: a blocked gang's reason asks for it, at 256 nodes."""
-        if self._whole < 0:
-            fu, M = self.free_u, self.M
-            self._whole = sum(1 for i in self.m_nodes if fu[i] == M)
+        """How many nodes have all their GPUs free (only nodes of the largest size M can): kept by the
+        base between passes and by _set_free within one (a blocked gang's reason asks, at 256 nodes)."""
         return self._whole
 
     def _max_free(self) -> int:

@@ -312,6 +312,9 @@ class _TypeBase:
                 self.batts[s] = order
         self.free = [st.size[i] - self.used[i].bit_count() if st.sched[i] else 0 for i in range(n_nodes)]
         self._rebuild_buckets()
+        # Nodes with all their GPUs free (only nodes of the largest size M can be): a blocked gang's
+        # reason and node test ask for it, so it is kept here, and by each pass from here on.
+        self.whole = sum(1 for i in st.m_nodes if self.free[i] == st.M) if st.M else 0
 
         # -- victim orders, refreshed for the shares in `dirty` when a pass first needs them
         self.dirty: set[int] = set(range(n))
@@ -385,6 +388,8 @@ class _TypeBase:
 
     def _free_changed(self, i: int, d: int) -> None:
         v = self.free[i] + d
+        if self.M:
+            self.whole += (v == self.M) - (self.free[i] == self.M)
         self.free[i] = v
         if v:
             heapq.heappush(self.bk[v], i)  # the old entry goes stale; passes skip stale entries
