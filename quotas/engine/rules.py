@@ -839,9 +839,11 @@ class _TypePass:
         g = job.gpus
         fu, pu = self.free_u, self.pend_u
         if g > self.M:
-            m_nodes = self.m_nodes
-            avail = [-(fu[i] + pu[i]) for i in m_nodes]
-            ranked = [i for _, i in heapq.nsmallest(g // self.M, zip(avail, m_nodes, strict=True))]
+            ranked = self._most_available(g // self.M)
+            if ranked is None:
+                m_nodes = self.m_nodes
+                avail = [-(fu[i] + pu[i]) for i in m_nodes]
+                ranked = [i for _, i in heapq.nsmallest(g // self.M, zip(avail, m_nodes, strict=True))]
             placement = [(i, self.M) for i in sorted(ranked)]
         else:
             best = None
@@ -865,6 +867,22 @@ class _TypePass:
         self.status[s][k] = _RESERVED
         self.held_for[s] = min(self.held_for[s], self.qkey[s][k])
         return _RESERVED
+
+    def _most_available(self, k: int) -> list[int] | None:
+        """The k nodes of the largest size with the most GPUs free or being freed (ties: name), read
+        level by level from the free-count buckets and the few nodes with GPUs being freed, instead of
+        ranking every node; None when fewer than k have any (the caller then ranks them all)."""
+        M, fu, pu, size, bk = self.M, self.free_u, self.pend_u, self.size, self.bk
+        pend = [i for i in self.pend_nodes if size[i] == M]
+        chosen: list[int] = []
+        for v in range(min(M, len(bk) - 1), 0, -1):
+            level = {i for i in bk[v] if fu[i] == v and size[i] == M and not pu[i]}
+            level.update(i for i in pend if fu[i] + pu[i] == v)
+            if level:
+                chosen.extend(sorted(level)[: k - len(chosen)])
+                if len(chosen) == k:
+                    return chosen
+        return None
 
     def _blocked_on_placement(self, s: int, k: int, tol: int) -> int:
         job = self.q[s][k]

@@ -284,3 +284,45 @@ def test_a_pass_leaves_no_reference_cycle_so_an_unread_plan_is_freed_at_once():
         gc.enable()
     assert left.count("_TypePass") == 0
     assert left.count("_Out") == 0
+
+
+def test_a_starving_gangs_nodes_read_from_the_buckets_are_the_best_ranked_of_all(monkeypatch):
+    """_most_available reads the nodes with the most GPUs free or being freed level by level; it must
+    pick what ranking every node of the largest size picks (most available, then name)."""
+    calls = []
+    most_available = rules._TypePass._most_available
+
+    def checked(tp, k):
+        got = most_available(tp, k)
+        ranked = sorted(tp.m_nodes, key=lambda i: (-(tp.free_u[i] + tp.pend_u[i]), i))[:k]
+        if got is not None:
+            assert got == ranked
+        elif len(ranked) == k:
+            assert tp.free_u[ranked[-1]] + tp.pend_u[ranked[-1]] == 0  # fewer than k with any
+        calls.append(got is not None)
+        return got
+
+    monkeypatch.setattr(rules._TypePass, "_most_available", checked)
+    for seed in (1, 2, 3):
+        simulate(sc.parse(tracegen.generate(teams=4, gpus=64, jobs=600, seed=seed)))
+    assert any(calls)  # the case was reached
+
+
+def test_a_node_with_gpus_being_freed_ranks_by_free_plus_freed_once():
+    # n1: 1 free + 2 being freed (3), n2: 2 free, n3: none. Ranked: n1, n2; a third has nothing.
+    nodes = tuple(NodeView(f"n{i}", "a10g", 4) for i in (1, 2, 3))
+    engine = Engine(nodes=nodes, shares=(ShareView(name="a", capacity={"a10g": 12}),))
+    runs = [
+        ("r1", (("n1", (0, 1)),), True),
+        ("r2", (("n1", (2,)),), False),
+        ("r3", (("n2", (0, 1)),), False),
+        ("r4", (("n3", (0, 1, 2, 3)),), False),
+    ]
+    for attempt, placement, preempting in runs:
+        engine.add_running(
+            RunningView(attempt, attempt, "a", "a10g", 0, 0.0, 0.0, placement, False, preempting=preempting)
+        )
+    _, bases = engine._state()
+    tp = rules._TypePass(bases["a10g"], 10.0, 3600, set(), rules._Out())
+    assert tp._most_available(2) == [0, 1]
+    assert tp._most_available(3) is None  # the caller ranks every node
