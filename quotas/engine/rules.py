@@ -176,9 +176,12 @@ class _TypePass:
         self.pend = [0] * n_shares
         self._used = base.used  # read-only: admissions take GPUs from the free-index lists
         self._free_idx: dict[int, list[int]] = {}  # free GPU indexes, built when a node is first used
-        self.free_u = base.free.copy()
-        self.pend_u = base.pend_u.copy()
-        self.pend_nodes = set(base.pend_nodes)
+        # The base's node arrays until this pass first changes them (_set_free, _own_pend): many passes
+        # change none, and at 256 nodes the copies were a pass's largest fixed cost.
+        self.free_u = base.free
+        self.pend_u = base.pend_u
+        self.pend_nodes = base.pend_nodes
+        self._free_mine = self._pend_mine = False
         self.bk = base.bk.copy()  # the base's heaps until this pass changes one (_bucket)
         self._bk_mine = 0  # bit v: bucket v is this pass's own copy
         self._mf = -1  # cached largest free count; -1 = stale
@@ -349,6 +352,9 @@ class _TypePass:
     # -- nodes -----------------------------------------------------------------------------------------
 
     def _set_free(self, i: int, v: int) -> None:
+        if not self._free_mine:
+            self.free_u = self.free_u.copy()
+            self._free_mine = True
         if self.M:
             M = self.M
             self._whole += (v == M) - (self.free_u[i] == M)
@@ -633,8 +639,16 @@ class _TypePass:
 
     # -- decisions -------------------------------------------------------------------------------------
 
+    def _own_pend(self) -> None:
+        """pend_u and pend_nodes, this pass's own copies from here on (see __init__)."""
+        if not self._pend_mine:
+            self.pend_u = self.pend_u.copy()
+            self.pend_nodes = set(self.pend_nodes)
+            self._pend_mine = True
+
     def _commit_victims(self, victims: list[tuple[_Att, str]], job: QueuedView) -> int:
         """Record the pre-emptions; their GPUs join the pool being freed. Returns GPUs added there."""
+        self._own_pend()
         added = 0
         for a, reason in victims:
             v = a.view
@@ -690,6 +704,7 @@ class _TypePass:
     def _hold(self, placement: list[tuple[int, int]]) -> tuple[tuple[tuple[str, int], ...], int]:
         """Reserve GPUs on these nodes for one waiting job: GPUs being freed first, then free ones.
         Returns what was held and how many of those GPUs were being freed."""
+        self._own_pend()
         held = []
         from_pend = 0
         for i, c in placement:
