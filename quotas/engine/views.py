@@ -185,7 +185,8 @@ def _borrowed_part(runs: list[RunningView], capacity: int) -> list[RunningView]:
 
 def _over_capacity(items: Iterable[_T], over: int, key: Callable[[_T], tuple]) -> list[_T]:
     """The items (each with `.gpus`) that make up `over` GPUs over capacity, the last in rule 8's
-    order (`key`, descending) first: the views' and the pass state's own attempts share it."""
+    order (`key`, descending) first. The pass state keeps its attempts in that order and takes them
+    with _take_over, as this does."""
     if over <= 0:
         return []
     return _take_over(sorted(items, key=key, reverse=True), over)
