@@ -1239,23 +1239,7 @@ class _TypePass:
     def _next_below(self, s: int, k: int, below: int) -> int:
         """The first queue index after k whose job needs fewer than `below` GPUs (the queue's length
         if none)."""
-        suf = self.sufmin[s]
-        n = len(suf)
-        if k + 1 >= n or suf[k + 1] >= below:
-            return n
-        # Most often it is a few jobs on: look there first, then bisect each size's keys.
-        q = self.q[s]
-        for j in range(k + 1, min(n, k + 9)):
-            if q[j].gpus < below:
-                return j
-        key = self.qkey[s][k]
-        first = None
-        for g, keys in self.by_size[s].items():
-            if g < below:
-                i = bisect_right(keys, key)
-                if i < len(keys) and (first is None or keys[i] < first):
-                    first = keys[i]
-        return n if first is None else bisect_left(self.qkey[s], first, k + 1)
+        return self._next_sized(s, k, below - 1, 0, 0)
 
     def _next_not_deferred(self, s: int, k: int) -> int:
         """After job k of share s was deferred by rules 2-4: the next queue index whose job _own_phase
@@ -1282,11 +1266,12 @@ class _TypePass:
 
     def _next_sized(self, s: int, k: int, room: int, lo: int, hi: int) -> int:
         """The first queue index after k whose job needs at most `room` GPUs, or more than `lo` and
-        fewer than `hi` (the queue's length if none): _next_below with a gap."""
+        fewer than `hi` (the queue's length if none)."""
         suf = self.sufmin[s]
         n = len(suf)
         if k + 1 >= n or (suf[k + 1] > room and suf[k + 1] >= hi):
             return n
+        # Most often it is a few jobs on: look there first, then bisect each size's keys.
         q = self.q[s]
         for j in range(k + 1, min(n, k + 9)):
             x = q[j].gpus
