@@ -934,17 +934,22 @@ class _TypePass:
         self.status[s][k] = _DEFER
         return _DEFER
 
+    def _borrows_upto(self, s: int) -> int:
+        """The most GPUs a job of share s was found able to borrow right now at this version (0: none
+        found since the last change)."""
+        memo = self.borrows_now.get(s)
+        return memo[0] if memo is not None and memo[1] == self.version else 0
+
     def _borrows_now(self, s: int, k: int) -> bool:
         """_can_borrow_now, answered at once for a job no bigger than one that could at this version:
         each of its tests (the borrow limit, the cover, the largest free block, a node) passes for
         fewer GPUs if it passed for more, and the share's held job key is checked here."""
         g = self.q[s][k].gpus
-        memo = self.borrows_now.get(s)
-        if memo is not None and memo[1] == self.version and g <= memo[0]:
+        upto = self._borrows_upto(s)
+        if g <= upto:
             return self.qkey[s][k] <= self.held_for[s]
         if self._can_borrow_now(s, k):
-            if memo is None or memo[1] != self.version or g > memo[0]:
-                self.borrows_now[s] = (g, self.version)
+            self.borrows_now[s] = (g, self.version)
             return True
         return False
 
@@ -1256,9 +1261,8 @@ class _TypePass:
             # Jobs of more than `room` and at most `upto` GPUs can borrow right now (_borrows_now), so
             # rule 4 is not tried for them: deferred too, while nothing changes and no job of the share
             # waits for held GPUs (a later job's key would then be past it).
-            memo = self.borrows_now.get(s)
-            if memo is not None and memo[1] == self.version and self.held_for[s] == _KEY_MAX:
-                upto = memo[0]
+            upto = self._borrows_upto(s)
+            if upto and self.held_for[s] == _KEY_MAX:
                 if upto + 1 < below:
                     return self._next_sized(s, k, room, upto, below)
                 below = room + 1
