@@ -247,6 +247,7 @@ class _TypePass:
         base = self.base
         base.victim_orders()
         self.vlist, self.ilist, self.iprio, self.vshares = base.vlist, base.ilist, base.iprio, base.vshares
+        self.icum = base.icum
         # GPUs per node of borrowed attempts not (yet) victims: a bound on what reclaim could free
         # there, so that rule 9's walk can tell at once when no node could ever fit a job.
         self.rec = base.rec.copy()
@@ -1040,13 +1041,17 @@ class _TypePass:
             return False
         job = self.q[s][k]
         g = job.gpus
+        over = self.held[s] + self.pend[s] + g - self.cap[s]
+        cum = self.icum[s]
+        if cum[n] - cum[self.iptr[s]] < over:
+            return False  # even all of them (victims taken this pass included) leave it over capacity
         d = self._deficit()
         tol = d if d > 0 else 0
         self._taken = {}
         self._chg(s, dp=g)
 
         mine = list(self._in_share_candidates(s, n))
-        if sum(a.gpus for a in mine) < self.held[s] + self.pend[s] - self.cap[s]:
+        if sum(a.gpus for a in mine) < over:
             self._chg(s, dp=-g)
             return False  # even all of them would not bring it within its capacity
         ins: dict[int, int] = {}

@@ -10,6 +10,7 @@ import weakref
 from bisect import bisect_left
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from itertools import accumulate
 from operator import attrgetter
 
 from quotas.engine.views import (
@@ -226,6 +227,7 @@ def _job_key(job: QueuedView) -> tuple:
 
 
 _KEY_MAX = (math.inf,)  # after every _job_key
+_GPUS = attrgetter("gpus")
 
 
 class _TypeBase:
@@ -321,6 +323,7 @@ class _TypeBase:
         self.vlist: list[list[_Att]] = [[] for _ in range(n)]
         self.ilist: list[list[_Att]] = [[] for _ in range(n)]
         self.iprio: list[list[int]] = [[] for _ in range(n)]
+        self.icum: list[list[int]] = [[0] for _ in range(n)]  # GPUs of ilist[s][:j] at j
         self.vshares: list[int] = []
         self.rec = [0] * n_nodes
 
@@ -526,6 +529,7 @@ class _TypeBase:
             if self.in_share[s]:
                 self.ilist[s] = self.vatts[s][::-1]
                 self.iprio[s] = self.vprio[s][::-1]
+                self.icum[s] = list(accumulate(map(_GPUS, self.ilist[s]), initial=0))
         self.dirty.clear()
         self.vshares = [s for s in range(len(self.vlist)) if self.vlist[s]]
 
