@@ -246,8 +246,9 @@ class _TypePass:
         self._vready = True
         base = self.base
         base.victim_orders()
-        self.vlist, self.ilist, self.iprio, self.vshares = base.vlist, base.ilist, base.iprio, base.vshares
-        self.icum = base.icum
+        self.vlist, self.vshares = base.vlist, base.vshares
+        # Rule 4's order is each share's attempts read from the end (lowest priority first).
+        self.vatts, self.vnprio, self.pgpus = base.vatts, base.vnprio, base.pgpus
         # GPUs per node of borrowed attempts not (yet) victims: a bound on what reclaim could free
         # there, so that rule 9's walk can tell at once when no node could ever fit a job.
         self.rec = base.rec.copy()
@@ -534,15 +535,18 @@ class _TypePass:
 
     def _in_share_candidates(self, s: int, n: int) -> Iterator[_Att]:
         """Rule 4's order: the share's first n attempts of its in-share victim order (those of strictly
-        lower priority: lowest first, then most recently started, then later in queue order)."""
-        lst = self.ilist[s]
+        lower priority: lowest first, then most recently started, then later in queue order), which is
+        `vatts` from the end."""
+        lst = self.vatts[s]
+        last = len(lst) - 1
         for idx in range(self.iptr[s], n):
-            if not lst[idx].victim:
-                yield lst[idx]
+            a = lst[last - idx]
+            if not a.victim:
+                yield a
 
     def _reachable(self, g: int, fit: _Fit, ins: dict[int, int]) -> set[int] | None:
         """The nodes that some set of candidates could make fit a job of g GPUs (free + being freed +
-        borrowed GPUs there + `ins`, the in-share candidates' GPUs there), when none fits without
+        borrowed GPUs there + `ins`, what rule 4's candidates add there), when none fits without
         victims; None when one does. An empty set (or too few whole nodes) means no victim can help."""
         if fit.ok():
             return None
@@ -662,11 +666,14 @@ class _TypePass:
                     self.pend_nodes.add(i)
                     added += c
         for s in {a.s for a, _ in victims}:
-            for lst, ptr in ((self.vlist[s], self.vptr), (self.ilist[s], self.iptr)):
-                p = ptr[s]
-                while p < len(lst) and lst[p].victim:
-                    p += 1
-                ptr[s] = p
+            lst, p = self.vlist[s], self.vptr[s]
+            while p < len(lst) and lst[p].victim:
+                p += 1
+            self.vptr[s] = p
+            lst, p = self.vatts[s], self.iptr[s]  # rule 4's order: from the end
+            while p < len(lst) and lst[-1 - p].victim:
+                p += 1
+            self.iptr[s] = p
         return added
 
     def _admit(
@@ -1012,7 +1019,7 @@ class _TypePass:
         job = self.q[s][k]
         g, p = job.gpus, job.priority
         self._victims()
-        n = bisect_left(self.iprio[s], p)  # the victim order starts with the lowest priorities
+        n = len(self.vnprio[s]) - bisect_right(self.vnprio[s], -p)  # attempts of lower priority
         if not n:
             # Nothing of lower priority runs in the share: no job of priority p or lower, of any size,
             # can pre-empt in it this pass (candidates only shrink), so the walk stops deferring them
@@ -1042,8 +1049,8 @@ class _TypePass:
         job = self.q[s][k]
         g = job.gpus
         over = self.held[s] + self.pend[s] + g - self.cap[s]
-        cum = self.icum[s]
-        if cum[n] - cum[self.iptr[s]] < over:
+        p = job.priority
+        if sum(gpus for prio, gpus in self.pgpus[s].items() if prio < p) < over:
             return False  # even all of them (victims taken this pass included) leave it over capacity
         d = self._deficit()
         tol = d if d > 0 else 0
@@ -1054,10 +1061,18 @@ class _TypePass:
         if sum(a.gpus for a in mine) < over:
             self._chg(s, dp=-g)
             return False  # even all of them would not bring it within its capacity
+        # What the candidates add to `rec` per node: the share's own candidates, less all of its borrowed
+        # attempts, which `rec` counts but which are candidates only when of lower priority (and then
+        # in `mine`). Counting them twice made a whole node look over-full to a gang's test (no node
+        # reachable: a possible pre-emption missed), and looser tests walked every candidate for none.
         ins: dict[int, int] = {}
         for a in mine:
             for i, c in a.on:
                 ins[i] = ins.get(i, 0) + c
+        for a in self.vlist[s]:
+            if not a.victim:
+                for i, c in a.on:
+                    ins[i] = ins.get(i, 0) - c
 
         def cands() -> Iterator[tuple[_Att, str]]:
             for a in mine:

@@ -10,7 +10,6 @@ import weakref
 from bisect import bisect_left
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from itertools import accumulate
 from operator import attrgetter
 
 from quotas.engine.views import (
@@ -227,7 +226,6 @@ def _job_key(job: QueuedView) -> tuple:
 
 
 _KEY_MAX = (math.inf,)  # after every _job_key
-_GPUS = attrgetter("gpus")
 
 
 class _TypeBase:
@@ -294,11 +292,13 @@ class _TypeBase:
         self.free: list[int] = []
         self.bk: list[list[int]] = []
         # Each share's attempts (not pre-empting) kept sorted, keys ascending, in the victim order
-        # (with their priorities) and in rule 8's order: victim_orders reads them from the end instead
-        # of sorting every attempt of a share that changed, on every pass.
+        # (with their priorities, negated: ascending too) and in rule 8's order: victim_orders and rule
+        # 4 read them from the end instead of sorting every attempt of a share that changed, on every
+        # pass. `pgpus`: per share, GPUs held per priority (rule 4's quick capacity test).
         self.vkeys: list[list[tuple]] = [[] for _ in range(n)]
         self.vatts: list[list[_Att]] = [[] for _ in range(n)]
-        self.vprio: list[list[int]] = [[] for _ in range(n)]
+        self.vnprio: list[list[int]] = [[] for _ in range(n)]
+        self.pgpus: list[dict[int, int]] = [{} for _ in range(n)]
         self.bkeys: list[list[tuple]] = [[] for _ in range(n)]
         self.batts: list[list[_Att]] = [[] for _ in range(n)]
         for run in running:
@@ -308,7 +308,7 @@ class _TypeBase:
                 order = sorted(self.atts[s].values(), key=attrgetter("vkey"))
                 self.vkeys[s] = [a.vkey for a in order]
                 self.vatts[s] = order
-                self.vprio[s] = [a.prio for a in order]
+                self.vnprio[s] = [-a.prio for a in order]
                 order = sorted(order, key=attrgetter("bkey"))
                 self.bkeys[s] = [a.bkey for a in order]
                 self.batts[s] = order
@@ -321,9 +321,6 @@ class _TypeBase:
         # -- victim orders, refreshed for the shares in `dirty` when a pass first needs them
         self.dirty: set[int] = set(range(n))
         self.vlist: list[list[_Att]] = [[] for _ in range(n)]
-        self.ilist: list[list[_Att]] = [[] for _ in range(n)]
-        self.iprio: list[list[int]] = [[] for _ in range(n)]
-        self.icum: list[list[int]] = [[0] for _ in range(n)]  # GPUs of ilist[s][:j] at j
         self.vshares: list[int] = []
         self.rec = [0] * n_nodes
 
@@ -452,13 +449,15 @@ class _TypeBase:
         att.masks = masks
         self.held[s] += gpus
         self.atts[s][run.attempt_id] = att
+        pg = self.pgpus[s]
+        pg[att.prio] = pg.get(att.prio, 0) + gpus
         if not bulk:  # (in bulk, __init__ sorts the orders once)
             self.dirty.add(s)
             keys = self.vkeys[s]
             pos = bisect_left(keys, att.vkey)
             keys.insert(pos, att.vkey)
             self.vatts[s].insert(pos, att)
-            self.vprio[s].insert(pos, att.prio)
+            self.vnprio[s].insert(pos, -att.prio)
             keys = self.bkeys[s]
             pos = bisect_left(keys, att.bkey)
             keys.insert(pos, att.bkey)
@@ -495,7 +494,13 @@ class _TypeBase:
             self.dirty.add(s)
             keys = self.vkeys[s]
             pos = bisect_left(keys, att.vkey)
-            del keys[pos], self.vatts[s][pos], self.vprio[s][pos]
+            del keys[pos], self.vatts[s][pos], self.vnprio[s][pos]
+            pg = self.pgpus[s]
+            left = pg[att.prio] - att.gpus
+            if left:
+                pg[att.prio] = left
+            else:
+                del pg[att.prio]
             keys = self.bkeys[s]
             pos = bisect_left(keys, att.bkey)
             del keys[pos], self.batts[s][pos]
@@ -506,8 +511,8 @@ class _TypeBase:
                 self._free_changed(i, m.bit_count())
 
     def victim_orders(self) -> None:
-        """Rule 8's borrowed part and the victim orders of rules 3 and 4, for the shares whose
-        attempts changed since they were last ordered."""
+        """Rule 8's borrowed part and rule 3's victim order, for the shares whose attempts changed
+        since they were last ordered (rule 4's order is `vatts` read from the end)."""
         if not self.dirty:
             return
         rec = self.rec
@@ -526,10 +531,6 @@ class _TypeBase:
                         rec[i] += c
                 vl.sort(key=attrgetter("vkey"), reverse=True)
             self.vlist[s] = vl
-            if self.in_share[s]:
-                self.ilist[s] = self.vatts[s][::-1]
-                self.iprio[s] = self.vprio[s][::-1]
-                self.icum[s] = list(accumulate(map(_GPUS, self.ilist[s]), initial=0))
         self.dirty.clear()
         self.vshares = [s for s in range(len(self.vlist)) if self.vlist[s]]
 

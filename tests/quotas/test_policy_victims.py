@@ -369,6 +369,28 @@ def test_a_job_that_can_borrow_right_now_borrows_and_preempts_nothing():
     assert admitted(p)["H"].borrowed
 
 
+def test_a_gang_frees_a_node_of_its_own_shares_borrowed_lower_priority_work():
+    # p (capacity 4) runs 5 GPUs of priority 1 and borrows 1 (q lends its idle GPU): L3, admitted
+    # borrowed, is its borrowed part. H (priority 9) needs two whole 2-GPU nodes and all 5 GPUs back
+    # for capacity. n2 and n3 are then free: H runs as own. (L3's GPUs were counted twice, as borrowed
+    # and as in-share, and n3 looked over-full: no pre-emption at all.)
+    s = snap(
+        [node("n1", 2), node("n2", 2), node("n3", 2)],
+        [share("p", 4, isp=True), share("o", 1, RESERVE), share("q", 1, LEND)],
+        runs=[
+            running("L1", "p", on("n1", 0), prio=1, started=1),
+            running("L2", "p", on("n2", 0, 1), prio=1, started=2),
+            running("L3", "p", on("n3", 0, 1), prio=1, started=3, borrowed=True),
+            running("o-own", "o", on("n1", 1)),
+        ],
+        queued=[job("H", "p", 4, prio=9, submitted=5)],
+        now=5,
+    )
+    p = plan(s)
+    assert sorted(victims(p)) == [("L1", PRIORITY), ("L2", PRIORITY), ("L3", PRIORITY)]
+    assert p.reserved["H"] == (("n2", 2), ("n3", 2))
+
+
 def test_in_share_preemption_that_cannot_make_the_job_run_preempts_nothing():
     # Shedding L would bring p within its capacity for H's 3 GPUs, but no node could then hold 3:
     # o's own work keeps 2 of n1's GPUs and all of n2's. L runs on.
