@@ -32,11 +32,12 @@ def _queues(engine: Engine) -> dict:
     out = {}
     for t, base in engine._bases.items():
         for s, name in enumerate(engine._sh.names):
-            if base.atts[s]:  # the attempts in the victim order and in rule 8's order
+            if base.atts[s] or base.pgpus[s]:  # the attempts in the victim order and rule 8's order
                 out[(t, name, "orders")] = (
                     [a.view.attempt_id for a in base.vatts[s]],
-                    base.vprio[s],
+                    base.vnprio[s],
                     [a.view.attempt_id for a in base.batts[s]],
+                    base.pgpus[s],  # GPUs held per priority
                 )
             if base.keys[s] or base.by_size[s]:
                 out[(t, name)] = (
