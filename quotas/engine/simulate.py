@@ -411,8 +411,17 @@ class _Simulator:
             self.push(node.ready_at, _READY, node.name)
             if node.lost_at is not None:
                 self.push(node.lost_at, _LOST, node.name)
+        # Submissions wait outside the heap, latest last-out, each pushed when the one before it is
+        # popped (with the sequence number it would have had): the heap then holds what runs and a
+        # single submission, not every job of the trace (heap operations were 2 % of a 100k run).
+        subs = []
         for job in scenario.jobs:
-            self.push(job.submit_at, _SUBMIT, job.id)
+            self.seq += 1
+            subs.append((job.submit_at, _SUBMIT, self.seq, job.id))
+        subs.sort(reverse=True)
+        self.subs = subs
+        if subs:
+            heapq.heappush(self.heap, subs.pop())
         for event in scenario.events:
             self.push(event.at, _EVENT, event)
 
@@ -446,12 +455,14 @@ class _Simulator:
                 handlers[kind] = self.profile.timed(name, handlers[kind])
             self.account = self.profile.timed("accounting", self.account)  # type: ignore[method-assign]
             self.forecast_submits = self.profile.timed("forecast", self.forecast_submits)  # type: ignore[method-assign]
-        heap = self.heap
+        heap, subs = self.heap, self.subs
         while heap and (until is None or heap[0][0] <= until):
             t = heap[0][0]
             self.now = t
             while heap and heap[0][0] == t:
                 _, kind, _, ref = heapq.heappop(heap)
+                if kind == _SUBMIT and subs:
+                    heapq.heappush(heap, subs.pop())
                 handlers[kind](ref)
             if self.to_forecast:
                 self.forecast_submits()
