@@ -70,9 +70,8 @@ def _simulate(quick: bool) -> list[dict]:
     rows = bench_simulate.run(sizes, differential=True)
     out = []
     for r in rows:
-        grow = None
-        if r is rows[-1] and len(rows) > 1:
-            grow = common.exponent(rows[0]["jobs"], rows[0]["seconds"], r["jobs"], r["seconds"])
+        grow = bench_simulate.growth(rows[0], r, "seconds")
+        work = bench_simulate.growth(rows[0], r, "attempts")
         out.append(
             {
                 "bench": "6 simulate",
@@ -86,7 +85,8 @@ def _simulate(quick: bool) -> list[dict]:
                 if r["target_s"]
                 else None,
                 "note": f"{r['passes']:,} passes, {r['plan_s'] / r['seconds']:.0%} in passes, "
-                f"CPU {r.get('cpu_s', 0):.1f} s, peak {r['peak_mb']:,} MB"
+                f"CPU {r.get('cpu_s', 0):.1f} s, peak {r['peak_mb']:,} MB, {r['attempts']:,} attempts"
+                + ("" if work is None else f" (n^{work:.2f}), utilisation {r['utilisation']:.3f}")
                 + (f", engine vs plan() at every pass: {r['differential']}" if "differential" in r else ""),
             }
         )
