@@ -91,7 +91,8 @@ class _Fit:
 
     __slots__ = ("tp", "g", "gang", "k", "base", "hits", "extra")
 
-    def __init__(self, tp: _TypePass, g: int) -> None:
+    def __init__(self, tp: _TypePass, g: int, fits: bool | None = None) -> None:
+        """`fits`: whether a single-node job fits a node without victims, when the caller knows."""
         self.tp = tp
         self.g = g
         self.gang = g > tp.M
@@ -107,7 +108,9 @@ class _Fit:
             )
         else:
             self.k = 1
-            self.base = 1 if tp._place(g, None, True) is not None else 0
+            if fits is None:
+                fits = tp._place(g, None, True) is not None
+            self.base = 1 if fits else 0
 
     def _fits(self, i: int) -> bool:
         e = self.extra.get(i, 0)
@@ -570,6 +573,7 @@ class _TypePass:
         cands: Iterator[tuple[_Att, str]],
         own_limit: bool,
         ins: dict[int, int] | None = None,
+        fits: bool | None = None,
     ) -> tuple[list[tuple[_Att, str]], _Fit] | str:
         """Rule 9. Take candidates in order until the job (g GPUs of share s, already in `pend[s]`)
         can run: the cover holds (deficit at most `tol`), some fitting node, or the needed whole nodes,
@@ -583,7 +587,7 @@ class _TypePass:
         over, since the backward walk would give it back; and in rule 4 the walk stops when the
         share's own candidates are used up without bringing it within its capacity."""
         self._victims()
-        fit = _Fit(self, g)
+        fit = _Fit(self, g, fits)
         reach = self._reachable(g, fit, ins or {})
         if reach is not None and (len(reach) + fit.base < fit.k if fit.gang else not reach):
             return "place"
@@ -984,6 +988,7 @@ class _TypePass:
             return self._blocked_on_placement(s, k, tol)
         self._taken = {}
         self._chg(s, dp=g)
+        fits = None
         if self._deficit() <= tol:
             # Rule 9 with nothing to take: where the cover holds and a node fits (free or being-freed
             # GPUs), the minimal set is empty; _minimal_victims would say so after building its walk.
@@ -992,8 +997,9 @@ class _TypePass:
                 if can_now and all(self.free_u[i] >= c for i, c in placement):
                     return self._admit(s, k, placement, False, [])
                 return self._earmark(s, k, placement, [])
+            fits = False if g <= self.M else None  # (a gang's node test counts its nodes itself)
         found = self._minimal_victims(
-            s, g, tol, ((a, RECLAIM) for a in self._reclaim_candidates(s)), own_limit=False
+            s, g, tol, ((a, RECLAIM) for a in self._reclaim_candidates(s)), own_limit=False, fits=fits
         )
         if isinstance(found, str):
             self._chg(s, dp=-g)
