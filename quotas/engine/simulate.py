@@ -655,8 +655,11 @@ class _Simulator:
     # -- applying decisions -------------------------------------------------------------------------
 
     def apply(self, decided: Plan) -> None:
+        started: dict[str, None] = {}  # (a dict: in order, and asked whether it holds a job)
         for admission in decided.admissions:
-            self.admit(admission)
+            self.admit(admission, started)
+        if started:  # out of the queue together, before the pre-emptions look at who is queued
+            self.engine.remove_queued_many(started)
         seen: set[Preemption] = set()
         for preemption in decided.preemptions:
             if preemption in seen:
@@ -670,10 +673,12 @@ class _Simulator:
         if len(self.warnings) < MAX_WARNINGS:
             self.warnings.append(message)
 
-    def admit(self, admission: Admission) -> None:
+    def admit(self, admission: Admission, started: dict[str, None]) -> None:
+        """Start an admitted job; its id joins `started`, the jobs for the caller to take out of the
+        queue."""
         t = self.now
         job_id = admission.job_id
-        if job_id not in self.qviews:
+        if job_id not in self.qviews or job_id in started:
             raise PolicyError(f"t={t}: admitted job {job_id!r}, which is not queued")
         job = self.jobs[job_id]
         spec = job.spec
@@ -730,7 +735,7 @@ class _Simulator:
         job.record.final = RUNNING
         if job.record.first_start is None:
             job.record.first_start = t
-        self.engine.remove_queued(job_id)
+        started[job_id] = None
         self.running[attempt_id] = run
         self.engine.add_running(view)
         finish = t + spec.duration_s - job.saved
