@@ -8,6 +8,7 @@ import heapq
 import weakref
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Hashable, Iterator, Mapping
+from itertools import compress
 
 from quotas.engine.state import (
     _ADMITTED,
@@ -555,7 +556,7 @@ class _TypePass:
             return None
         fu, pu, rec, size, sched = self.free_u, self.pend_u, self.rec, self.size, self.sched
         if self._rec_nodes is None:  # then kept by _mark and _unmark for the rest of the pass
-            self._rec_nodes = {i for i in range(len(rec)) if rec[i]}
+            self._rec_nodes = set(compress(range(len(rec)), rec))
         nodes = self._rec_nodes | ins.keys()
         if g > self.M:
             return {
