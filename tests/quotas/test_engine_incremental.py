@@ -296,17 +296,14 @@ def test_a_starving_gangs_nodes_read_from_the_buckets_are_the_best_ranked_of_all
     def checked(tp, k):
         got = most_available(tp, k)
         ranked = sorted(tp.m_nodes, key=lambda i: (-(tp.free_u[i] + tp.pend_u[i]), i))[:k]
-        if got is not None:
-            assert got == ranked
-        elif len(ranked) == k:
-            assert tp.free_u[ranked[-1]] + tp.pend_u[ranked[-1]] == 0  # fewer than k with any
-        calls.append(got is not None)
+        assert got == ranked
+        calls.append(k)
         return got
 
     monkeypatch.setattr(rules._TypePass, "_most_available", checked)
     for seed in (1, 2, 3):
         simulate(sc.parse(tracegen.generate(teams=4, gpus=64, jobs=600, seed=seed)))
-    assert any(calls)  # the case was reached
+    assert calls  # the case was reached (fewer than k nodes with any: the test below)
 
 
 def test_a_node_with_gpus_being_freed_ranks_by_free_plus_freed_once():
@@ -326,4 +323,4 @@ def test_a_node_with_gpus_being_freed_ranks_by_free_plus_freed_once():
     _, bases = engine._state()
     tp = rules._TypePass(bases["a10g"], 10.0, 3600, set(), rules._Out())
     assert tp._most_available(2) == [0, 1]
-    assert tp._most_available(3) is None  # the caller ranks every node
+    assert tp._most_available(3) == [0, 1, 2]  # n3 has nothing, and is next by name

@@ -82,3 +82,26 @@ def test_bigger_borrowers_behind_one_that_finds_no_node_each_name_their_own_bloc
         "a2": "needs 4 h100 on one node; the largest free block is 2",
         "a3": "needs 8 h100: share at its own capacity (0 of 0); only 4 idle lendable h100 to borrow",
     }
+
+
+def test_own_jobs_behind_one_that_finds_no_node_each_wait_for_a_node_and_a_smaller_one_starts():
+    # a has 2 of its 8 own left, and each node 1 free GPU. b1 (2 GPUs) finds no node; b2 and b3, as
+    # big or bigger and within a's room, are passed over at once with the same blocker (rules 2-3);
+    # c (3 GPUs) is beyond a's room; d (1 GPU) starts on n1.
+    s = snap(
+        [node("n1", 4), node("n2", 4)],
+        [share("a", 8, RESERVE)],
+        runs=[running("a1", "a", on("n1", 0, 1, 2)), running("a2", "a", on("n2", 0, 1, 2))],
+        queued=[
+            job("b1", "a", 2, submitted=1),
+            job("b2", "a", 2, submitted=2),
+            job("c", "a", 3, submitted=3),
+            job("b3", "a", 2, submitted=4),
+            job("d", "a", 1, submitted=5),
+        ],
+    )
+    p = plan(s)
+    assert [(x.job_id, x.placement) for x in p.admissions] == [("d", (("n1", (3,)),))]
+    no_node = "needs 2 h100 on one node; the largest free block is 1"
+    assert {j: p.waiting[j] for j in ("b1", "b2", "b3")} == dict.fromkeys(("b1", "b2", "b3"), no_node)
+    assert p.waiting["c"] != no_node
