@@ -283,7 +283,7 @@ class Profile:
     disjoint except "reasons", which is inside "passes" (the planner writing why each job waits).
 
     Without `detail` only the planner's passes are timed (one clock pair per pass): timing every event
-    and reason added 4 % to a 20k run and 6 % to a 100k one, which a benchmark should not report."""
+    and reason added 5-6 % to a run, which a benchmark should not report."""
 
     def __init__(self, detail: bool = True) -> None:
         self.detail = detail

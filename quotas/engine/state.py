@@ -449,8 +449,9 @@ class _TypeBase:
         att.masks = masks
         self.held[s] += gpus
         self.atts[s][run.attempt_id] = att
-        pg = self.pgpus[s]
-        pg[att.prio] = pg.get(att.prio, 0) + gpus
+        if gpus:  # (an attempt with no GPUs, from a hostile snapshot, has nothing to give)
+            pg = self.pgpus[s]
+            pg[att.prio] = pg.get(att.prio, 0) + gpus
         if not bulk:  # (in bulk, __init__ sorts the orders once)
             self.dirty.add(s)
             keys = self.vkeys[s]
@@ -495,12 +496,13 @@ class _TypeBase:
             keys = self.vkeys[s]
             pos = bisect_left(keys, att.vkey)
             del keys[pos], self.vatts[s][pos], self.vnprio[s][pos]
-            pg = self.pgpus[s]
-            left = pg[att.prio] - att.gpus
-            if left:
-                pg[att.prio] = left
-            else:
-                del pg[att.prio]
+            if att.gpus:
+                pg = self.pgpus[s]
+                left = pg[att.prio] - att.gpus
+                if left:
+                    pg[att.prio] = left
+                else:
+                    del pg[att.prio]
             keys = self.bkeys[s]
             pos = bisect_left(keys, att.bkey)
             del keys[pos], self.batts[s][pos]
