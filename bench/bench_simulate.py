@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import resource
 import sys
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import common  # noqa: E402
 from quotas.engine import policy, tracegen  # noqa: E402
 from quotas.engine import scenario as sc  # noqa: E402
 from quotas.engine.simulate import Profile, simulate  # noqa: E402
@@ -85,9 +85,7 @@ def run(
 
 def growth(first: dict, row: dict, field: str) -> float | None:
     """How `field` grows from the first size to this one, as the exponent of the job count."""
-    if row["jobs"] == first["jobs"] or first[field] <= 0 or row[field] <= 0:
-        return None
-    return math.log(row[field] / first[field]) / math.log(row["jobs"] / first["jobs"])
+    return common.exponent(first["jobs"], first[field], row["jobs"], row[field])
 
 
 def _table(rows: list[dict]) -> str:
