@@ -96,6 +96,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Login tries per client address on /login/ and /admin/login/ (config/logins.py).
+    "config.logins.LoginRateMiddleware",
     # Last, as django-axes asks: it turns a locked-out login into its lockout answer.
     "axes.middleware.AxesMiddleware",
 ]
@@ -299,20 +301,29 @@ REST_FRAMEWORK = {
     "NUM_PROXIES": env_int("NUM_PROXIES", 0),
 }
 
-# --- Logins -------------------------------------------------------------------------------------
-# django-axes: after LOGIN_FAILURE_LIMIT wrong passwords for one username, or from one client address
-# (config.auth.client_ip, NUM_PROXIES-aware), logins there are refused for LOGIN_COOLOFF_MINUTES, the
-# right password included: /login/, /admin/login/ and POST /api/v1/auth/token/ alike.
+# --- Logins ----------------------------------------------------------------------------------------
+# config/logins.py: django-axes locks out one username from one client address (config.auth.client_ip,
+# NUM_PROXIES-aware) after LOGIN_FAILURE_LIMIT wrong passwords, for LOGIN_COOLOFF_MINUTES, the right
+# password included; a success resets only that username's failures from that address. A username
+# guessed at from many addresses is slowed (1, 2, 4 ... LOGIN_DELAY_MAX_S seconds between tries), never
+# locked, and not at all from an address its user has logged in from; every login endpoint takes at most
+# LOGIN_RATE tries a minute per address. /login/, /admin/login/ and POST /api/v1/auth/token/ alike.
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
+AXES_HANDLER = "config.logins.LoginAttemptHandler"
 AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = env_int("LOGIN_COOLOFF_MINUTES", 15) / 60  # hours
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]  # each on its own
-AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]  # the combination, not each on its own
+AXES_RESET_ON_SUCCESS = True  # of the (username, address) that logged in, and nothing else
+# A try refused while locked out or delayed is not counted again (else a guesser keeps the owner out).
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_CLIENT_IP_CALLABLE = "config.auth.client_ip"
 AXES_HTTP_RESPONSE_CODE = 429
+AXES_LOCKOUT_CALLABLE = "config.logins.lockout_response"
+AXES_VERBOSE = False  # no "AXES: BEGIN" from every process
+LOGIN_DELAY_MAX_S = env_int("LOGIN_DELAY_MAX_S", 60)
 
 # Content-Security-Policy (django-csp): scripts only from our own static files, no inline script, no
 # eval (htmx runs with allowEval off; templates use data attributes handled in static/js). Styles may
@@ -379,6 +390,8 @@ LOGGING = {
         "celery.app.trace": {"level": "WARNING"},
         "celery.worker.strategy": {"level": "WARNING"},
         "celery.beat": {"level": "WARNING"},
+        # django-axes says four INFO lines per login; a failure and a lockout are still WARNINGs.
+        "axes": {"level": "WARNING"},
     },
 }
 
