@@ -44,11 +44,23 @@ class ObtainTokenView(ApiViewMixin, APIView):
 
     @extend_schema(
         request=LoginSerializer,
-        responses={200: inline_serializer("TokenKey", {"token": serializers.CharField()})},
+        responses={
+            200: inline_serializer(
+                "TokenKey",
+                {
+                    "token": serializers.CharField(),
+                    "limits": serializers.DictField(
+                        child=serializers.DictField(),
+                        help_text="What a job may ask for: {field: {min, max, message}} (jobs/limits.py), "
+                        "so that a client can refuse a bad submit in the server's words before sending it.",
+                    ),
+                },
+            )
+        },
         auth=[],
     )
     def post(self, request):
-        """Exchange a username and password for the user's API token."""
+        """Exchange a username and password for the user's API token (and the limits a job is held to)."""
         # The Django request, not DRF's wrapper: django-axes marks a lockout on it, and its middleware
         # then answers 429 (a locked-out login fails whatever the password).
         serializer = LoginSerializer(data=request.data, context={"request": request._request})
@@ -59,7 +71,9 @@ class ObtainTokenView(ApiViewMixin, APIView):
         user_logged_in.send(sender=user.__class__, request=request._request, user=user)
         AuthToken.objects.filter(user=user, expiry__lt=timezone.now()).delete()  # the user's expired ones
         _, key = AuthToken.objects.create(user=user)
-        return Response({"token": key})
+        from jobs.limits import job_limits
+
+        return Response({"token": key, "limits": job_limits()})
 
 
 class TokenViewSet(ApiViewMixin, mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):

@@ -252,10 +252,24 @@ FORECAST_MIN_INTERVAL_S = env_int("FORECAST_MIN_INTERVAL_S", 3)
 FORECAST_MAX_AGE_S = env_int("FORECAST_MAX_AGE_S", 30)
 FORECAST_BUDGET_S = env_int("FORECAST_BUDGET_S", 5)
 DEFAULT_PREEMPTION_GRACE_S = env_int("DEFAULT_PREEMPTION_GRACE_S", 30)
+# The longest grace a job may ask for (SEMANTICS.md "Jobs"): no job holds a reclaimed GPU, or a cancelled
+# job its GPUs, longer than this after its SIGTERM. The same limit in the form, the API and the CLI
+# (jobs/limits.py); a stop is never sent with more, whatever a job stored before asked for.
+MAX_PREEMPTION_GRACE_S = env_int("MAX_PREEMPTION_GRACE_S", 3600)
 # Job arrays: the most tasks one array may have, and the most jobs a share may hold queued once an array
 # is added (an array that would pass it is refused whole, with both numbers in the error).
 MAX_ARRAY_SIZE = env_int("MAX_ARRAY_SIZE", 10_000)
 MAX_QUEUED_PER_SHARE = env_int("MAX_QUEUED_PER_SHARE", 100_000)
+# The most jobs one user may have queued: single submits and arrays count alike (a submit past it is
+# refused with both numbers).
+MAX_QUEUED_PER_USER = env_int("MAX_QUEUED_PER_USER", 20_000)
+# A job whose last this-many attempts all ended with their host's agent (NODE_LOST: the agent died or
+# restarted, the node went silent) is HELD until an admin releases it, instead of run again for ever.
+# 0: never held.
+HOLD_AFTER_NODE_LOST = env_int("HOLD_AFTER_NODE_LOST", 3)
+# The output of a job (its log chunks on the control side) is removed this many days after the job
+# ended (a beat task, jobs.tasks.prune_job_output). 0: kept for ever.
+JOB_OUTPUT_KEEP_DAYS = env_int("JOB_OUTPUT_KEEP_DAYS", 30)
 JOB_LOG_DIR = Path(os.environ.get("JOB_LOG_DIR", VAR_DIR / "logs"))
 # Where jobs on an agent host get their private working directories (and, by default, checkpoints):
 # outside the checkout and the state directory, reachable by the jobs' uids. The default is per state

@@ -8,18 +8,26 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.conf import settings
+from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied, ValidationError
 from django.db import connections, router, transaction
 from django.db.models import Count
 from django.utils import timezone
 
 from gpunodes.models import Node
-from jobs.choices import JOB_ACTIVE_STATES, JOB_OPEN_STATES, JOB_TERMINAL_STATES, EventKind, JobState
-from jobs.models import MAX_PRIORITY, Job, JobArray, JobEvent
+from jobs import limits
+from jobs.choices import (
+    JOB_OPEN_STATES,
+    JOB_STOPPING_STATES,
+    JOB_TERMINAL_STATES,
+    EventKind,
+    JobState,
+)
+from jobs.models import Job, JobArray, JobEvent
 from quotas.choices import Role, Strategy
 from quotas.models import GPU_TYPE_RE, Membership, Share
 
-MAX_NAME = 200
+MAX_NAME = limits.MAX_NAME
 MAX_COMMAND_ARGS = 256
 MAX_COMMAND_BYTES = 16 * 1024
 MAX_ENV_VARS = 128
@@ -303,8 +311,6 @@ def _new_job(
 ) -> Job:
     """A validated, unsaved job: the rules every submit (single or array) goes through. `errors` are
     the caller's own, reported together with these."""
-    from django.conf import settings
-
     from jobs import submit_cache
 
     # Node shapes and the user's teams: one cache read instead of two queries.
@@ -321,16 +327,18 @@ def _new_job(
         errors["share"] = f'Share "{share.name}" is disabled and takes no new jobs.'
     if not isinstance(gpu_type, str) or not re.match(GPU_TYPE_RE, gpu_type):
         errors["gpu_type"] = "A GPU type is a lower-case name such as a10g or h100."
-    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus <= 0:
-        errors["gpus"] = "Ask for at least 1 GPU."
-    if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= MAX_PRIORITY:
-        errors["priority"] = f"Priority is an integer from 0 to {MAX_PRIORITY}."
-    if max_runtime_s is not None and (not isinstance(max_runtime_s, int) or max_runtime_s <= 0):
-        errors["max_runtime_s"] = "max_runtime_s must be a positive number of seconds."
-    if preemption_grace_s is not None and (not isinstance(preemption_grace_s, int) or preemption_grace_s < 0):
-        errors["preemption_grace_s"] = "preemption_grace_s must be 0 or more seconds."
-    if not isinstance(max_preemptions, int) or max_preemptions < -1:
-        errors["max_preemptions"] = "max_preemptions is -1 (unlimited) or 0 or more."
+    # The one set of limits (jobs.limits), in the words every interface uses.
+    for limit, value in (
+        (limits.GPUS, gpus),
+        (limits.PRIORITY, priority),
+        (limits.MAX_PREEMPTIONS, max_preemptions),
+        (limits.MAX_RUNTIME, max_runtime_s),
+        (limits.PREEMPTION_GRACE, preemption_grace_s),
+    ):
+        if value is not None or limit in (limits.GPUS, limits.PRIORITY, limits.MAX_PREEMPTIONS):
+            problem = limit.problem(value)
+            if problem:
+                errors[limit.field] = problem
     if len(name or "") > MAX_NAME:
         errors["name"] = f"A name may be at most {MAX_NAME} characters."
     if "gpus" not in errors and "gpu_type" not in errors:
@@ -364,7 +372,9 @@ def _new_job(
         env=env,
         max_runtime_s=max_runtime_s,
         preemption_grace_s=(
-            settings.DEFAULT_PREEMPTION_GRACE_S if preemption_grace_s is None else preemption_grace_s
+            limits.effective_grace(settings.DEFAULT_PREEMPTION_GRACE_S)
+            if preemption_grace_s is None
+            else preemption_grace_s
         ),
         max_preemptions=max_preemptions,
         submitted_at=submitted_at or timezone.now(),
@@ -382,13 +392,9 @@ def job_array_submit(*, user, share: Share, size: int, first_index: int = 0, **f
     from django.conf import settings
 
     errors = {}
-    limit = settings.MAX_ARRAY_SIZE
-    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-        errors["array"] = "An array has at least 1 task."
-    elif size > limit:
-        errors["array"] = (
-            f"An array may have at most {limit:,} tasks (MAX_ARRAY_SIZE); this one has {size:,}."
-        )
+    problem = limits.ARRAY_SIZE.problem(size)
+    if problem:
+        errors["array"] = problem
     elif not isinstance(first_index, int) or isinstance(first_index, bool) or first_index < 0:
         errors["array"] = "The first index of an array is 0 or more."
     elif first_index + size - 1 > MAX_INDEX:
@@ -524,8 +530,8 @@ def array_set_priority(*, user, array: JobArray, priority: int) -> int:
     """Set the priority of every task that has not ended. Returns how many changed."""
     if not can_manage_array(user, array):
         raise PermissionDenied("Only the array's owner, a team manager or an admin may change its priority.")
-    if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= MAX_PRIORITY:
-        raise ValidationError({"priority": f"Priority is an integer from 0 to {MAX_PRIORITY}."})
+    if problem := limits.PRIORITY.problem(priority):
+        raise ValidationError({"priority": problem})
     now = timezone.now()
     with transaction.atomic():
         rows = list(
@@ -560,21 +566,23 @@ def array_set_priority(*, user, array: JobArray, priority: int) -> int:
 
 
 def array_cancel(*, user, array: JobArray) -> int:
-    """Cancel every task that has not ended: the queued ones at once, in bulk; live ones through the
-    job's own cancel (their attempts are stopped with their grace). Returns how many were cancelled."""
+    """Cancel every task that has not ended: the queued and held ones at once, in bulk; live ones through
+    the job's own cancel (CANCELLING until their attempts are stopped, with their grace). Returns how
+    many were cancelled now; tasks already CANCELLING are not counted again, and are no conflict."""
     if not can_manage_array(user, array):
         raise PermissionDenied("Only the array's owner, a team manager or an admin may cancel it.")
     from jobs import lifecycle
 
     who = user.get_username()
     now = timezone.now()
+    waiting = [JobState.QUEUED, JobState.HELD]
     with transaction.atomic():
         queued = list(
             Job.objects.select_for_update()
-            .filter(array=array, state=JobState.QUEUED)
+            .filter(array=array, state__in=waiting)
             .values_list("pk", flat=True)
         )
-        Job.objects.filter(pk__in=queued, state=JobState.QUEUED).update(
+        Job.objects.filter(pk__in=queued, state__in=waiting).update(
             state=JobState.CANCELLED,
             state_reason=f"by {who} (array)"[:300],
             finished_at=now,
@@ -591,12 +599,12 @@ def array_cancel(*, user, array: JobArray) -> int:
         if queued:
             _after_commit_request_pass("cancel")
     live = list(
-        Job.objects.filter(
-            array=array, state__in=[s.value for s in JOB_ACTIVE_STATES] + [JobState.QUEUED]
-        ).values_list("pk", flat=True)
+        Job.objects.filter(array=array, state__in=[s.value for s in JOB_OPEN_STATES])
+        .exclude(state=JobState.CANCELLING)
+        .values_list("pk", flat=True)
     )
     cancelled = len(queued) + sum(1 for pk in live if lifecycle.cancel(pk, by=who))
-    if not cancelled:
+    if not cancelled and not Job.objects.filter(array=array, state=JobState.CANCELLING).exists():
         raise Conflict(f"Every task of array {array.pk} has already ended; there is nothing to cancel.")
     return cancelled
 
@@ -796,30 +804,67 @@ def _insert_columns(obj, conn, *, skip: frozenset[str] | set[str] = frozenset())
 
 
 def job_set_priority(*, user, job: Job, priority: int) -> Job:
+    return job_update(user=user, job=job, priority=priority)
+
+
+def job_update(*, user, job: Job, priority: int | None = None, preemption_grace_s: int | None = None) -> Job:
+    """Change the priority and/or the grace of a job that has not ended (owner, team manager, admin),
+    each change an event. A new priority counts from the next pass; a new grace from the job's next stop
+    (an attempt already stopping keeps the grace it was stopped with)."""
     if not can_manage_job(user, job):
         raise PermissionDenied("Only the job's owner, a team manager or an admin may change its priority.")
-    if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= MAX_PRIORITY:
-        raise ValidationError({"priority": f"Priority is an integer from 0 to {MAX_PRIORITY}."})
+    errors = {}
+    for limit, value in ((limits.PRIORITY, priority), (limits.PREEMPTION_GRACE, preemption_grace_s)):
+        if value is not None and (problem := limit.problem(value)):
+            errors[limit.field] = problem
+    if priority is None and preemption_grace_s is None and not errors:
+        errors[NON_FIELD_ERRORS] = "Give priority, preemption_grace_s or both."
+    if errors:
+        raise ValidationError(errors)
+    who = user.get_username()
     with transaction.atomic():
-        old = Job.objects.select_for_update().filter(pk=job.pk).values_list("priority", "state").get()
-        if old[1] in JOB_TERMINAL_STATES:
-            raise Conflict(f"Job {job.pk} has already ended ({old[1]}); its priority no longer matters.")
-        if old[0] != priority:
-            Job.objects.filter(pk=job.pk).update(priority=priority, updated_at=timezone.now())
+        old_priority, old_grace, state = (
+            Job.objects.select_for_update()
+            .filter(pk=job.pk)
+            .values_list("priority", "preemption_grace_s", "state")
+            .get()
+        )
+        if state in JOB_TERMINAL_STATES:
+            what = "its priority no longer matters" if priority is not None else "its grace no longer matters"
+            raise Conflict(f"Job {job.pk} has already ended ({state}); {what}.")
+        now = timezone.now()
+        if priority is not None and old_priority != priority:
+            Job.objects.filter(pk=job.pk).update(priority=priority, updated_at=now)
             record_event(
                 job.pk,
                 EventKind.PRIORITY_CHANGED,
-                f"{old[0]} → {priority} by {user.get_username()}",
-                detail={"from": old[0], "to": priority},
+                f"{old_priority} → {priority} by {who}",
+                detail={"from": old_priority, "to": priority},
+                at=now,
             )
             _after_commit_request_pass("priority")
+        if preemption_grace_s is not None and old_grace != preemption_grace_s:
+            Job.objects.filter(pk=job.pk).update(preemption_grace_s=preemption_grace_s, updated_at=now)
+            later = (
+                " (from its next stop: its attempt is already stopping)"
+                if state in JOB_STOPPING_STATES
+                else ""
+            )
+            record_event(
+                job.pk,
+                EventKind.GRACE_CHANGED,
+                f"grace {old_grace} s → {preemption_grace_s} s by {who}{later}",
+                detail={"from": old_grace, "to": preemption_grace_s},
+                at=now,
+            )
     job.refresh_from_db()
     return job
 
 
 def job_cancel(*, user, job: Job) -> Job:
-    """Cancel a queued job at once; a running one is stopped by its agent (its GPUs stay held until the
-    agent reports it stopped or its grace runs out)."""
+    """Cancel a job (jobs.lifecycle.cancel): a queued or held one at once; a live one is stopped as a
+    pre-emption stops it and shows CANCELLING, its GPUs held, until its host reports it stopped (or the
+    stop expires); then CANCELLED. Cancelling a job already CANCELLING changes nothing."""
     if not can_manage_job(user, job):
         raise PermissionDenied("Only the job's owner, a team manager or an admin may cancel it.")
     from jobs import lifecycle
@@ -827,6 +872,27 @@ def job_cancel(*, user, job: Job) -> Job:
     if not lifecycle.cancel(job.pk, by=user.get_username()):
         job.refresh_from_db()
         raise Conflict(f"Job {job.pk} has already ended ({job.state}); there is nothing to cancel.")
+    job.refresh_from_db()
+    return job
+
+
+def job_release(*, user, job: Job) -> Job:
+    """Release a HELD job (an admin only, as Slurm's `scontrol release` of an admin hold): it is queued
+    again with its original submit time, its count of attempts lost with their agent back to 0."""
+    if not (user.is_authenticated and user.is_superuser):
+        raise PermissionDenied("Only an admin may release a held job.")
+    with transaction.atomic():
+        if not transition(
+            job.pk,
+            from_states=[JobState.HELD],
+            to_state=JobState.QUEUED,
+            event=EventKind.RELEASED,
+            reason=f"released by {user.get_username()}; queued again with its original submit time",
+            node_lost_streak=0,
+        ):
+            job.refresh_from_db()
+            raise Conflict(f"Job {job.pk} is {job.state}, not HELD; there is nothing to release.")
+        _after_commit_request_pass("release")
     job.refresh_from_db()
     return job
 
