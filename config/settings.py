@@ -433,4 +433,5 @@ CELERY_BEAT_SCHEDULE = {
     # The dashboard's usage history: a sample a minute, thinned after a day, pruned after 90 days.
     "sample-usage": {"task": "quotas.tasks.sample_usage", "schedule": 60.0, "options": {"expires": 60.0}},
     "compact-usage": {"task": "quotas.tasks.compact_usage", "schedule": 3600.0},
+    "prune-job-output": {"task": "jobs.tasks.prune_job_output", "schedule": 3600.0},
 }

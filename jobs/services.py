@@ -966,6 +966,7 @@ def job_logs(
         "cursor": -1,
         "more": False,
         "finished": job.state in JOB_TERMINAL_STATES,
+        "removed": output_removed(job),
     }
     if attempt is None:
         if not attempts:
@@ -1014,6 +1015,39 @@ def job_logs(
         more=more,
     )
     return result
+
+
+def prune_job_output(*, now=None, batch: int = 2000) -> int:
+    """Remove the output (log chunks) of jobs that ended more than JOB_OUTPUT_KEEP_DAYS days ago, in
+    batches (each its own short transaction). Returns how many chunks went. 0 days: kept for ever."""
+    from datetime import timedelta
+
+    from jobs.models import LogChunk
+
+    days = settings.JOB_OUTPUT_KEEP_DAYS
+    if days <= 0:
+        return 0
+    cutoff = (now or timezone.now()) - timedelta(days=days)
+    old = LogChunk.objects.filter(
+        attempt__job__state__in=[s.value for s in JOB_TERMINAL_STATES], attempt__job__finished_at__lt=cutoff
+    )
+    removed = 0
+    while ids := list(old.values_list("pk", flat=True)[:batch]):
+        removed += LogChunk.objects.filter(pk__in=ids).delete()[0]
+    return removed
+
+
+def output_removed(job: Job, now=None) -> bool:
+    """Whether the job's output is gone by JOB_OUTPUT_KEEP_DAYS (it ended longer ago than that)."""
+    from datetime import timedelta
+
+    days = settings.JOB_OUTPUT_KEEP_DAYS
+    return bool(
+        days > 0
+        and job.state in JOB_TERMINAL_STATES
+        and job.finished_at
+        and job.finished_at < (now or timezone.now()) - timedelta(days=days)
+    )
 
 
 def manage_checker(user):

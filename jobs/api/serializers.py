@@ -354,3 +354,6 @@ class LogSerializer(serializers.Serializer):
     cursor = serializers.IntegerField(help_text="Pass as ?after= to read only what came since.")
     more = serializers.BooleanField(help_text="More text follows: read again with ?after=cursor.")
     finished = serializers.BooleanField(help_text="The attempt has ended: no more text will come.")
+    removed = serializers.BooleanField(
+        help_text="The job ended more than JOB_OUTPUT_KEEP_DAYS days ago: its output has been removed."
+    )
