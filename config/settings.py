@@ -294,6 +294,9 @@ METRICS_ALLOWED_IPS = env_list("METRICS_ALLOWED_IPS")
 NODE_JOIN_TOKEN = os.environ.get("NODE_JOIN_TOKEN", "")
 NODE_AUTO_ACCEPT = env_bool("NODE_AUTO_ACCEPT", not REDIS_URL)
 
+# The most items one page of an API list may hold (?limit=).
+API_MAX_PAGE_SIZE = env_int("API_MAX_PAGE_SIZE", 1000)
+
 # --- REST framework -----------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -303,7 +306,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    # ?limit=&offset= on every list, at most API_MAX_PAGE_SIZE a page; a bad value is a 400 (config/pagination.py).
+    "DEFAULT_PAGINATION_CLASS": "config.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 100,
     # Submits per user and login attempts per client address; a throttled call gets 429 + Retry-After.
     "DEFAULT_THROTTLE_RATES": {

@@ -284,11 +284,39 @@ def job_submit(
         detail={"gpus": gpus, "gpu_type": gpu_type, "priority": priority},
         at=job.submitted_at,
     )
-    if not insert_job_with_event(job, event, check=known and _share_facts(job.share, known, gpu_type)):
+    cap = settings.MAX_QUEUED_PER_USER
+    if known is None:
+        check_user_queue(user, 1)
+    if not insert_job_with_event(
+        job,
+        event,
+        check=known and {**_share_facts(job.share, known, gpu_type), "user_id": user.pk, "cap": cap},
+    ):
         return None
     _after_commit_request_pass("submit", coalesce=True)
     job.submitted_event = event  # for an answer built without reading the job back (known_related)
     return job
+
+
+def check_user_queue(user, adding: int) -> None:
+    """Refuse a submit that would take the user past MAX_QUEUED_PER_USER queued jobs, with both numbers.
+    Counts at most the cap (an index range scan: job_user_state_idx), so a user far below it pays little.
+    Concurrent submits of one user may pass it by the number in flight at once."""
+    cap = settings.MAX_QUEUED_PER_USER
+    queued = Job.objects.filter(submitted_by_id=user.pk, state=JobState.QUEUED)[: cap + 1].count()
+    if queued + adding <= cap:
+        return
+    have = f"{queued:,}" if queued <= cap else f"more than {cap:,}"
+    what = "1 more job" if adding == 1 else f"{adding:,} more"
+    raise ValidationError(
+        {
+            "array" if adding > 1 else NON_FIELD_ERRORS: (
+                f"You have {have} jobs queued; {what} would pass the limit of {cap:,} queued jobs per user "
+                f"(MAX_QUEUED_PER_USER). Submit at most {max(0, cap - queued):,} now, or wait for your queue "
+                "to drain."
+            )
+        }
+    )
 
 
 def _new_job(
@@ -388,9 +416,8 @@ MAX_INDEX = 2**31 - 1
 def job_array_submit(*, user, share: Share, size: int, first_index: int = 0, **fields: Any) -> JobArray:
     """Validate and queue an array: `size` jobs alike but for their index (first_index, first_index+1,
     ...), each with GPUQUOTA_ARRAY_INDEX in its env, all created in one transaction. Refused whole when
-    it is larger than MAX_ARRAY_SIZE or would take the share's queue past MAX_QUEUED_PER_SHARE."""
-    from django.conf import settings
-
+    it is larger than MAX_ARRAY_SIZE or would take the share's queue past MAX_QUEUED_PER_SHARE or the
+    user's past MAX_QUEUED_PER_USER."""
     errors = {}
     problem = limits.ARRAY_SIZE.problem(size)
     if problem:
@@ -404,6 +431,7 @@ def job_array_submit(*, user, share: Share, size: int, first_index: int = 0, **f
     with transaction.atomic():
         # The share's row lock serialises arrays into one share, so two cannot both pass the cap.
         Share.objects.select_for_update().filter(pk=share.pk).values_list("pk").first()
+        check_user_queue(user, size)
         queued = Job.objects.filter(share=share, state=JobState.QUEUED).count()
         if queued + size > cap:
             raise ValidationError(
@@ -661,8 +689,9 @@ def insert_job_with_event(job: Job, event: JobEvent, *, check: dict | None = Non
     on its own, one round trip instead of BEGIN, two INSERTs and COMMIT); elsewhere two inserts in a
     transaction. Sets the primary keys of both.
 
-    `check` (PostgreSQL only; _share_facts): the share as the job was decided on. The statement inserts
-    only if the share's row still says so, and returns False when it does not (nothing written)."""
+    `check` (PostgreSQL only; _share_facts, with the user's id and MAX_QUEUED_PER_USER as "cap"): the
+    share as the job was decided on. The statement inserts only if the share's row still says so and the
+    user has fewer than "cap" jobs queued, and returns False when not (nothing written)."""
     conn = connections[router.db_for_write(Job)]
     if conn.vendor != "postgresql":
         if check is not None:
@@ -725,15 +754,21 @@ _SHARE_CHECK_KEYS = (
     "team_slug",
     "gpu_type",
     "capacity",
+    "user_id",
+    "state_queued",
+    "cap",
+    "cap",
 )
 _share_check_text: dict[str, str] = {}  # per connection alias: built once, not on every submit
 
 
 def _share_check_sql(conn, check: dict) -> tuple[str, list]:
-    """A SELECT that yields one row exactly when the share's row and its capacity match `check`."""
+    """A SELECT that yields one row exactly when the share's row and its capacity match `check` and the
+    submitting user has fewer than `cap` jobs queued (MAX_QUEUED_PER_USER: counted up to the cap only)."""
     sql = _share_check_text.get(conn.alias)
     if sql is None:
         sql = _share_check_text[conn.alias] = _build_share_check(conn)
+    check = {**check, "state_queued": JobState.QUEUED.value}
     return sql, [check[k] for k in _SHARE_CHECK_KEYS]
 
 
@@ -753,7 +788,9 @@ def _build_share_check(conn) -> str:
         f"AND s.{col(Share, 'borrow_limit')} = %s AND t.{col(Team, 'slug')} = %s "
         f"AND COALESCE((SELECT c.{col(ShareCapacity, 'max_gpus')} FROM {qn(ShareCapacity._meta.db_table)} c "
         f"WHERE c.{col(ShareCapacity, 'share')} = s.{col(Share, 'id')} "
-        f"AND c.{col(ShareCapacity, 'gpu_type')} = %s), 0) = %s"
+        f"AND c.{col(ShareCapacity, 'gpu_type')} = %s), 0) = %s "
+        f"AND (SELECT COUNT(*) FROM (SELECT 1 FROM {qn(Job._meta.db_table)} j "
+        f"WHERE j.{col(Job, 'submitted_by')} = %s AND j.{col(Job, 'state')} = %s LIMIT %s) q) < %s"
     )
 
 

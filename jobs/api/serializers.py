@@ -326,6 +326,9 @@ class QueueEntrySerializer(serializers.Serializer):
 
 
 class QueueSerializer(serializers.Serializer):
+    count = serializers.IntegerField(help_text="Jobs queued (in the share, if one was asked for).")
+    next = serializers.URLField(allow_null=True, help_text="The next page, or null.")
+    previous = serializers.URLField(allow_null=True, help_text="The previous page, or null.")
     share = serializers.CharField(allow_null=True)
     planned = serializers.BooleanField(help_text="False until a forecast has been stored: plain queue order.")
     forecast_at = serializers.DateTimeField(

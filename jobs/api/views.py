@@ -16,6 +16,7 @@ from rest_framework.throttling import UserRateThrottle
 from rest_framework.views import APIView
 
 from config.api import ApiSchema, ApiViewMixin
+from config.pagination import BoundedLimitOffsetPagination
 from jobs import services
 from jobs.api.serializers import (
     FRESH,
@@ -350,13 +351,20 @@ def submitted_data(job: Job) -> dict:
 
 
 class QueueView(ApiViewMixin, APIView):
-    """The queue in the order the policy would admit it, with positions and ETAs. Every share's queue
-    is visible (so teams see where capacity goes); other teams' jobs show no name and no owner."""
+    """The queue in the order the policy would admit it, with positions and ETAs, a page at a time
+    (?limit=&offset=). Every share's queue is visible (so teams see where capacity goes); other teams'
+    jobs show no name and no owner."""
 
     schema = ApiSchema()
 
+    pagination_class = BoundedLimitOffsetPagination
+
     @extend_schema(
-        parameters=[OpenApiParameter("share", str, description="Share name; every share if left out.")],
+        parameters=[
+            OpenApiParameter("share", str, description="Share name; every share if left out."),
+            OpenApiParameter("limit", int, description="Jobs per page (at most API_MAX_PAGE_SIZE)."),
+            OpenApiParameter("offset", int, description="Jobs to skip."),
+        ],
         responses={200: QueueSerializer},
     )
     def get(self, request):
@@ -393,6 +401,8 @@ class QueueView(ApiViewMixin, APIView):
                 "forecast__computed_at",
             )
         )
+        paginator = self.pagination_class()
+        rows = paginator.paginate_queryset(rows, request, view=self)
         user = request.user
         mine = None if user.is_superuser else set(services.team_ids_of(user))
         entries = []
@@ -426,6 +436,9 @@ class QueueView(ApiViewMixin, APIView):
                 }
             )
         data = {
+            "count": paginator.count,
+            "next": paginator.get_next_link(),
+            "previous": paginator.get_previous_link(),
             "share": name,
             "planned": oldest is not None or not entries,
             "forecast_at": oldest,

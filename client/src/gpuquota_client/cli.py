@@ -451,6 +451,8 @@ def cmd_queue(args, out) -> int:
             ["#", "OVERALL", "ID", "NAME", "SHARE", "GPUS", "PRIO", "EXPECTED START", "KIND", "WAITING FOR"],
         )
     )
+    if data.get("count", 0) > len(data["jobs"]):
+        out(f"(the first {len(data['jobs'])} of {data['count']} queued jobs)")
     if data.get("forecast_at"):
         out(
             f"(forecast at {when(data['forecast_at'])}; bound = only enforced max runtimes, estimate = a guess)"
