@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 
 from django.conf import settings
+from django.core.exceptions import NON_FIELD_ERRORS, RequestDataTooBig
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
 from drf_spectacular.openapi import AutoSchema
@@ -37,7 +37,11 @@ class ConflictError(exceptions.APIException):
 
 def _validation_detail(exc: DjangoValidationError):
     if hasattr(exc, "error_dict"):
-        return exc.message_dict
+        # Django's key for errors of no one field ("__all__") is DRF's "non_field_errors" in an answer.
+        return {
+            ("non_field_errors" if field == NON_FIELD_ERRORS else field): messages
+            for field, messages in exc.message_dict.items()
+        }
     return {"non_field_errors": exc.messages}
 
 

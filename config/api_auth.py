@@ -1,9 +1,10 @@
 """API tokens: log in with a username and password for a token; list and revoke tokens (their owner
 and admins). Tokens are django-rest-knox's: only a digest is stored, each expires (API_TOKEN_TTL_HOURS),
 and changing the password revokes them (config/auth.py). Each login gives a new token; revoking logs
-that user out everywhere. Wrong passwords count towards django-axes' lockout (per username and per
-client address) like dashboard logins. Session auth works beside it for the browser."""
+that user out everywhere. Wrong passwords count towards the lockout and delays of config/logins.py like
+dashboard logins. Session auth works beside it for the browser."""
 
+from django.contrib.auth.signals import user_logged_in
 from django.http import Http404
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
@@ -12,16 +13,10 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
-from rest_framework.throttling import AnonRateThrottle
 from rest_framework.views import APIView
 
 from config.api import ApiSchema, ApiViewMixin, StrictSerializer
-
-
-class LoginThrottle(AnonRateThrottle):
-    """Password guesses per client address (REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]["login"])."""
-
-    scope = "login"
+from config.logins import LoginThrottle
 
 
 class LoginSerializer(StrictSerializer, AuthTokenSerializer):
@@ -49,19 +44,36 @@ class ObtainTokenView(ApiViewMixin, APIView):
 
     @extend_schema(
         request=LoginSerializer,
-        responses={200: inline_serializer("TokenKey", {"token": serializers.CharField()})},
+        responses={
+            200: inline_serializer(
+                "TokenKey",
+                {
+                    "token": serializers.CharField(),
+                    "limits": serializers.DictField(
+                        child=serializers.DictField(),
+                        help_text="What a job may ask for: {field: {min, max, message}} (jobs/limits.py), "
+                        "so that a client can refuse a bad submit in the server's words before sending it.",
+                    ),
+                },
+            )
+        },
         auth=[],
     )
     def post(self, request):
-        """Exchange a username and password for the user's API token."""
+        """Exchange a username and password for the user's API token (and the limits a job is held to)."""
         # The Django request, not DRF's wrapper: django-axes marks a lockout on it, and its middleware
         # then answers 429 (a locked-out login fails whatever the password).
         serializer = LoginSerializer(data=request.data, context={"request": request._request})
         serializer.is_valid(raise_exception=True)
         user = serializer.validated_data["user"]
+        # A login like the dashboard's: django-axes resets this username's failures from this address
+        # and notes the address as one the user logs in from; last_login is set.
+        user_logged_in.send(sender=user.__class__, request=request._request, user=user)
         AuthToken.objects.filter(user=user, expiry__lt=timezone.now()).delete()  # the user's expired ones
         _, key = AuthToken.objects.create(user=user)
-        return Response({"token": key})
+        from jobs.limits import job_limits
+
+        return Response({"token": key, "limits": job_limits()})
 
 
 class TokenViewSet(ApiViewMixin, mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):

@@ -96,6 +96,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Login tries per client address on /login/ and /admin/login/ (config/logins.py).
+    "config.logins.LoginRateMiddleware",
     # Last, as django-axes asks: it turns a locked-out login into its lockout answer.
     "axes.middleware.AxesMiddleware",
 ]
@@ -250,10 +252,24 @@ FORECAST_MIN_INTERVAL_S = env_int("FORECAST_MIN_INTERVAL_S", 3)
 FORECAST_MAX_AGE_S = env_int("FORECAST_MAX_AGE_S", 30)
 FORECAST_BUDGET_S = env_int("FORECAST_BUDGET_S", 5)
 DEFAULT_PREEMPTION_GRACE_S = env_int("DEFAULT_PREEMPTION_GRACE_S", 30)
+# The longest grace a job may ask for (SEMANTICS.md "Jobs"): no job holds a reclaimed GPU, or a cancelled
+# job its GPUs, longer than this after its SIGTERM. The same limit in the form, the API and the CLI
+# (jobs/limits.py); a stop is never sent with more, whatever a job stored before asked for.
+MAX_PREEMPTION_GRACE_S = env_int("MAX_PREEMPTION_GRACE_S", 3600)
 # Job arrays: the most tasks one array may have, and the most jobs a share may hold queued once an array
 # is added (an array that would pass it is refused whole, with both numbers in the error).
 MAX_ARRAY_SIZE = env_int("MAX_ARRAY_SIZE", 10_000)
 MAX_QUEUED_PER_SHARE = env_int("MAX_QUEUED_PER_SHARE", 100_000)
+# The most jobs one user may have queued: single submits and arrays count alike (a submit past it is
+# refused with both numbers).
+MAX_QUEUED_PER_USER = env_int("MAX_QUEUED_PER_USER", 20_000)
+# A job whose last this-many attempts all ended with their host's agent (NODE_LOST: the agent died or
+# restarted, the node went silent) is HELD until an admin releases it, instead of run again for ever.
+# 0: never held.
+HOLD_AFTER_NODE_LOST = env_int("HOLD_AFTER_NODE_LOST", 3)
+# The output of a job (its log chunks on the control side) is removed this many days after the job
+# ended (a beat task, jobs.tasks.prune_job_output). 0: kept for ever.
+JOB_OUTPUT_KEEP_DAYS = env_int("JOB_OUTPUT_KEEP_DAYS", 30)
 JOB_LOG_DIR = Path(os.environ.get("JOB_LOG_DIR", VAR_DIR / "logs"))
 # Where jobs on an agent host get their private working directories (and, by default, checkpoints):
 # outside the checkout and the state directory, reachable by the jobs' uids. The default is per state
@@ -278,6 +294,9 @@ METRICS_ALLOWED_IPS = env_list("METRICS_ALLOWED_IPS")
 NODE_JOIN_TOKEN = os.environ.get("NODE_JOIN_TOKEN", "")
 NODE_AUTO_ACCEPT = env_bool("NODE_AUTO_ACCEPT", not REDIS_URL)
 
+# The most items one page of an API list may hold (?limit=).
+API_MAX_PAGE_SIZE = env_int("API_MAX_PAGE_SIZE", 1000)
+
 # --- REST framework -----------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -287,7 +306,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    # ?limit=&offset= on every list, at most API_MAX_PAGE_SIZE a page; a bad value is a 400 (config/pagination.py).
+    "DEFAULT_PAGINATION_CLASS": "config.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 100,
     # Submits per user and login attempts per client address; a throttled call gets 429 + Retry-After.
     "DEFAULT_THROTTLE_RATES": {
@@ -299,20 +319,29 @@ REST_FRAMEWORK = {
     "NUM_PROXIES": env_int("NUM_PROXIES", 0),
 }
 
-# --- Logins -------------------------------------------------------------------------------------
-# django-axes: after LOGIN_FAILURE_LIMIT wrong passwords for one username, or from one client address
-# (config.auth.client_ip, NUM_PROXIES-aware), logins there are refused for LOGIN_COOLOFF_MINUTES, the
-# right password included: /login/, /admin/login/ and POST /api/v1/auth/token/ alike.
+# --- Logins ----------------------------------------------------------------------------------------
+# config/logins.py: django-axes locks out one username from one client address (config.auth.client_ip,
+# NUM_PROXIES-aware) after LOGIN_FAILURE_LIMIT wrong passwords, for LOGIN_COOLOFF_MINUTES, the right
+# password included; a success resets only that username's failures from that address. A username
+# guessed at from many addresses is slowed (1, 2, 4 ... LOGIN_DELAY_MAX_S seconds between tries), never
+# locked, and not at all from an address its user has logged in from; every login endpoint takes at most
+# LOGIN_RATE tries a minute per address. /login/, /admin/login/ and POST /api/v1/auth/token/ alike.
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
+AXES_HANDLER = "config.logins.LoginAttemptHandler"
 AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = env_int("LOGIN_COOLOFF_MINUTES", 15) / 60  # hours
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]  # each on its own
-AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]  # the combination, not each on its own
+AXES_RESET_ON_SUCCESS = True  # of the (username, address) that logged in, and nothing else
+# A try refused while locked out or delayed is not counted again (else a guesser keeps the owner out).
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_CLIENT_IP_CALLABLE = "config.auth.client_ip"
 AXES_HTTP_RESPONSE_CODE = 429
+AXES_LOCKOUT_CALLABLE = "config.logins.lockout_response"
+AXES_VERBOSE = False  # no "AXES: BEGIN" from every process
+LOGIN_DELAY_MAX_S = env_int("LOGIN_DELAY_MAX_S", 60)
 
 # Content-Security-Policy (django-csp): scripts only from our own static files, no inline script, no
 # eval (htmx runs with allowEval off; templates use data attributes handled in static/js). Styles may
@@ -379,6 +408,8 @@ LOGGING = {
         "celery.app.trace": {"level": "WARNING"},
         "celery.worker.strategy": {"level": "WARNING"},
         "celery.beat": {"level": "WARNING"},
+        # django-axes says four INFO lines per login; a failure and a lockout are still WARNINGs.
+        "axes": {"level": "WARNING"},
     },
 }
 
@@ -406,4 +437,5 @@ CELERY_BEAT_SCHEDULE = {
     # The dashboard's usage history: a sample a minute, thinned after a day, pruned after 90 days.
     "sample-usage": {"task": "quotas.tasks.sample_usage", "schedule": 60.0, "options": {"expires": 60.0}},
     "compact-usage": {"task": "quotas.tasks.compact_usage", "schedule": 3600.0},
+    "prune-job-output": {"task": "jobs.tasks.prune_job_output", "schedule": 3600.0},
 }

@@ -59,6 +59,7 @@ def start_payloads(
 
 def start_messages(attempt_ids, only_node: str | None = None) -> list[dict]:
     """The start messages of live attempts, read from the database (one query)."""
+    from jobs.limits import effective_grace
     from jobs.models import Attempt
 
     messages = []
@@ -83,7 +84,7 @@ def start_messages(attempt_ids, only_node: str | None = None) -> list[dict]:
             env=env,
             use_shell=use_shell,
             max_runtime_s=max_runtime,
-            grace_s=grace,
+            grace_s=effective_grace(grace),
         ):
             if only_node is None or message["node"] == only_node:
                 messages.append(message)

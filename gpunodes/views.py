@@ -29,14 +29,28 @@ BUTTONS = {
 }
 
 
-def _gpu_cell(g: dict) -> dict:
+# A node whose GPUs nobody can use now, whatever its last claims say: its GPUs read so, never "free".
+OUT_OF_SERVICE = {
+    NodeState.LOST: ("lost", "node lost: not usable until its agent is heard again"),
+    NodeState.PENDING: ("pending", "node not accepted yet: not usable"),
+}
+
+
+def _gpu_cell(g: dict, node_state: str, may_see) -> dict:
     """A GPU of the grid ready to print: its classes, its title and who holds it (a page shows 64 nodes
-    of 8 GPUs: the template places these instead of deciding each GPU's words)."""
+    of 8 GPUs: the template places these instead of deciding each GPU's words). The job's id and name
+    are shown only to those who may see the job (`may_see(share name)`: its team's members, admins), as
+    its page is; others see the share that uses the GPU."""
     if not g["share"]:
+        if node_state in OUT_OF_SERVICE:
+            css, words = OUT_OF_SERVICE[node_state]
+            return {**g, "css": f"free {css}", "title": f"GPU {g['index']}: {words}", "who": css}
         return {**g, "css": "free", "title": f"GPU {g['index']}: free", "who": "free"}
-    title = f"GPU {g['index']}: share {g['share']}, job {g['job_id']}"
-    if g["job_name"]:
-        title += f" {g['job_name']}"
+    title = f"GPU {g['index']}: share {g['share']}"
+    if may_see(g["share"]):
+        title += f", job {g['job_id']}"
+        if g["job_name"]:
+            title += f" {g['job_name']}"
     if g["borrowed"]:
         title += " (borrowed GPU)"
     elif g["job_borrowed"]:
@@ -49,14 +63,26 @@ def _gpu_cell(g: dict) -> dict:
     }
 
 
+def _share_visibility(user):
+    """A predicate share name -> whether `user` may see that share's jobs (jobs.services.visible_jobs'
+    rule: an admin every share's, anyone else their teams'). One query."""
+    if user.is_superuser:
+        return lambda share: True
+    from quotas.models import Share
+
+    names = set(Share.objects.filter(team__memberships__user=user).values_list("name", flat=True))
+    return names.__contains__
+
+
 def grid_context(request) -> dict:
     # Page the node names first, then read only that page's nodes, GPUs and claims.
     names = Node.objects.order_by("name").values_list("name", flat=True)
     page = Paginator(names, NODES_PER_PAGE).get_page(request.GET.get("page"))
     grid = services.node_grid(now=timezone.now(), names=list(page.object_list))
     admin = request.user.is_superuser
+    may_see = _share_visibility(request.user)
     for row in grid:
-        row["gpus"] = [_gpu_cell(g) for g in row["gpus"]]
+        row["gpus"] = [_gpu_cell(g, row["node"].state, may_see) for g in row["gpus"]]
         row["buttons"] = [
             {"label": label, "url": reverse("node_action", args=[row["node"].name, action])}
             for action, label in (BUTTONS.get(row["node"].state, ()) if admin else ())

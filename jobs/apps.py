@@ -9,3 +9,7 @@ class JobsConfig(AppConfig):
         from jobs import submit_cache
 
         submit_cache.connect()
+        # The token revocation signals (a token deleted, a user changed: every process's cached tokens go
+        # stale at once) must be connected in every process that can delete a token, not only in those
+        # that happened to import the token cache.
+        import config.auth  # noqa: F401

@@ -8,15 +8,24 @@ class JobState(models.TextChoices):
     ADMITTED = "ADMITTED", "Admitted"
     RUNNING = "RUNNING", "Running"
     PREEMPTING = "PREEMPTING", "Pre-empting"
+    # Cancelled while it ran: stopping (SIGTERM, SIGKILL at the end of its grace), its GPUs still held
+    # until its host reports the processes gone; then CANCELLED.
+    CANCELLING = "CANCELLING", "Cancelling"
+    # Not run again until an admin releases it (Slurm's `scontrol hold`/`release`): its last attempts all
+    # ended with their host's agent (HOLD_AFTER_NODE_LOST). Holds no GPUs; can be cancelled.
+    HELD = "HELD", "Held"
     SUCCEEDED = "SUCCEEDED", "Succeeded"
     FAILED = "FAILED", "Failed"
     CANCELLED = "CANCELLED", "Cancelled"
 
 
 # Holding GPUs through a live attempt.
-JOB_ACTIVE_STATES = frozenset({JobState.ADMITTED, JobState.RUNNING, JobState.PREEMPTING})
+JOB_ACTIVE_STATES = frozenset({JobState.ADMITTED, JobState.RUNNING, JobState.PREEMPTING, JobState.CANCELLING})
+# Live attempts in their grace: stopping, their GPUs counted as being freed.
+JOB_STOPPING_STATES = frozenset({JobState.PREEMPTING, JobState.CANCELLING})
 JOB_TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
-JOB_OPEN_STATES = frozenset({JobState.QUEUED}) | JOB_ACTIVE_STATES
+# Not ended: a cancel, a priority change still applies.
+JOB_OPEN_STATES = frozenset({JobState.QUEUED, JobState.HELD}) | JOB_ACTIVE_STATES
 
 
 class AttemptState(models.TextChoices):
@@ -56,3 +65,6 @@ class EventKind(models.TextChoices):
     CANCEL_REQUESTED = "CANCEL_REQUESTED", "Cancel requested"
     CANCELLED = "CANCELLED", "Cancelled"
     PRIORITY_CHANGED = "PRIORITY_CHANGED", "Priority changed"
+    GRACE_CHANGED = "GRACE_CHANGED", "Grace changed"
+    HELD = "HELD", "Held"
+    RELEASED = "RELEASED", "Released"

@@ -17,12 +17,12 @@ from django.utils import timezone
 from jobs.choices import (
     ATTEMPT_ACTIVE_STATES,
     JOB_ACTIVE_STATES,
-    JOB_OPEN_STATES,
     AttemptState,
     EventKind,
     JobState,
     Outcome,
 )
+from jobs.limits import effective_grace
 from jobs.models import Attempt, GpuClaim, Job
 from jobs.services import record_event, transition
 
@@ -85,11 +85,12 @@ def end_attempt(
 ) -> bool:
     """End a live attempt, free its GPUs, and move its job on:
 
-    - a stopping attempt (pre-empted or cancelled) → the job is re-queued (or FAILED past
-      max_preemptions); a cancelled job stays CANCELLED; a pre-empted one whose process still exited 0
-      within its grace has finished its work: SUCCEEDED;
+    - a cancelled job (CANCELLING) → CANCELLED, now that its processes are gone and its GPUs free;
+    - a stopping attempt (pre-empted) → the job is re-queued (or FAILED past max_preemptions); a
+      pre-empted one whose process still exited 0 within its grace has finished its work: SUCCEEDED;
     - a running attempt that exited → SUCCEEDED / FAILED (TIMED_OUT is a failure);
-    - NODE_LOST → the job is re-queued with its original submit time.
+    - NODE_LOST → the job is re-queued with its original submit time, or HELD when its last
+      HOLD_AFTER_NODE_LOST attempts all ended so (hold_or_requeue).
     Returns whether this call ended it (False for a duplicate or an old attempt)."""
     now = at or timezone.now()
     attempt = (
@@ -101,25 +102,30 @@ def end_attempt(
     if attempt is None:
         return False
     job = attempt.job
-    was_stopping = attempt.state == AttemptState.STOPPING
-    if was_stopping and outcome != Outcome.NODE_LOST:
-        if job.state == JobState.CANCELLED:
-            outcome = Outcome.CANCELLED
-        elif outcome != Outcome.SUCCEEDED:  # one that finished within its grace succeeded: not run again
-            outcome = Outcome.PREEMPTED
+    cancelling = job.state in (JobState.CANCELLING, JobState.CANCELLED)
+    how = outcome
+    if cancelling:
+        outcome = Outcome.CANCELLED
+    elif attempt.state == AttemptState.STOPPING and outcome not in (Outcome.NODE_LOST, Outcome.SUCCEEDED):
+        outcome = Outcome.PREEMPTED  # one that finished within its grace (exit 0) succeeded: not run again
     Attempt.objects.filter(pk=attempt.pk).update(
         state=AttemptState.ENDED, outcome=outcome, exit_code=exit_code, ended_at=now, end_reason=reason[:300]
     )
     _release(attempt.pk)
     _request_pass("attempt ended")
-    if job.state == JobState.CANCELLED:
-        record_event(
+    if cancelling:
+        ended = "its host lost it" if how == Outcome.NODE_LOST else (reason or "stopped")
+        who = job.state_reason.split(";")[0] if job.state_reason.startswith("cancelled by ") else "cancelled"
+        transition(
             job.pk,
-            EventKind.CANCELLED,
-            reason or "stopped",
+            from_states=[JobState.CANCELLING, JobState.CANCELLED],  # CANCELLED: a row from before CANCELLING
+            to_state=JobState.CANCELLED,
+            event=EventKind.CANCELLED,
+            reason=f"{who}: attempt {number} ended ({ended}); its GPUs are free",
             attempt_number=number,
-            at=now,
-            detail={"outcome": outcome},
+            exit_code=exit_code,
+            finished_at=now,
+            detail={"outcome": how, "exit_code": exit_code},
         )
         return True
 
@@ -175,17 +181,49 @@ def end_attempt(
                 event=EventKind.REQUEUED,
                 reason="re-queued with its original submit time",
                 attempt_number=number,
+                node_lost_streak=0,
             )
     elif outcome == Outcome.NODE_LOST:
+        hold_or_requeue(job, number, reason or "node lost", now)
+    return True
+
+
+def hold_or_requeue(job: Job, number: int, reason: str, now: datetime) -> None:
+    """An attempt ended with its host's agent (NODE_LOST). The job goes back to the queue with its
+    original submit time, unless its last HOLD_AFTER_NODE_LOST attempts all ended so: a job that keeps
+    taking its host's agent down (or losing it) is HELD instead of run again for ever, until an admin
+    releases it (job_release) or its owner cancels it."""
+    from django.conf import settings
+
+    active = [s.value for s in JOB_ACTIVE_STATES]
+    streak = job.node_lost_streak + 1
+    limit = settings.HOLD_AFTER_NODE_LOST
+    if not limit or streak < limit:
         transition(
             job.pk,
             from_states=active,
             to_state=JobState.QUEUED,
             event=EventKind.NODE_LOST,
-            reason=reason or "node lost; re-queued with its original submit time",
+            reason=f"{reason}; re-queued with its original submit time",
             attempt_number=number,
+            node_lost_streak=streak,
+            detail={"node_lost_in_a_row": streak},
         )
-    return True
+        return
+    record_event(job.pk, EventKind.NODE_LOST, reason, attempt_number=number, at=now)
+    transition(
+        job.pk,
+        from_states=active,
+        to_state=JobState.HELD,
+        event=EventKind.HELD,
+        reason=(
+            f"its last {streak} attempts ended with their host's agent (HOLD_AFTER_NODE_LOST={limit}): held, "
+            "not run again until an admin releases it; or cancel it and resubmit"
+        ),
+        attempt_number=number,
+        node_lost_streak=streak,
+        detail={"node_lost_in_a_row": streak},
+    )
 
 
 @transaction.atomic
@@ -230,39 +268,60 @@ def _live_attempt(job_id: int) -> Attempt | None:
 
 @transaction.atomic
 def cancel(job_id: int, *, by: str) -> bool:
-    """Cancel a job in any open state (queued, admitted, running, pre-empting) with one compare-and-set.
-    Queued: done at once. Live: the job is CANCELLED now and its attempt is stopped with the job's grace;
-    the GPUs are freed when the host confirms. False only if the job had already ended.
+    """Cancel a job that has not ended. Queued or held: CANCELLED at once. Live (admitted, running,
+    pre-empting): CANCELLING now, its attempt stopped as a pre-emption stops it (SIGTERM, SIGKILL when
+    the job's grace ends); it becomes CANCELLED only when its host reports the processes gone (or the
+    stop expires, expire_stops), its GPUs held until then (end_attempt). True also for a job already
+    CANCELLING (nothing more to do); False only if the job had already ended.
 
-    The state is not read first and then acted on: a pre-empted attempt being re-queued between the read
-    and the write used to make a cancel answer "already ended (QUEUED)" and leave the job queued."""
+    Each write is a compare-and-set: a pre-empted attempt re-queued between the look-up and the write
+    used to make a cancel answer "already ended (QUEUED)" and leave the job queued."""
     attempt = _live_attempt(job_id)
     now = timezone.now()
-    changed = Job.objects.filter(pk=job_id, state__in=[s.value for s in JOB_OPEN_STATES]).update(
+    if attempt is None:
+        if _cancel_at_once(job_id, by, now):
+            return True
+        attempt = _live_attempt(job_id)  # one admitted since the first look, while the row was free
+        if attempt is None:
+            return _cancel_at_once(job_id, by, now) or _is_cancelling(job_id)
+    grace = effective_grace(attempt.job.preemption_grace_s)
+    if attempt.state == AttemptState.STOPPING:  # pre-empted: already stopping, with its grace
+        how = f"attempt {attempt.number} is already stopping (pre-empted); the job ends CANCELLED, not re-queued"
+    else:
+        how = f"stopping attempt {attempt.number}: SIGTERM now, SIGKILL after {grace} s if still running"
+    if not transition(
+        job_id,
+        from_states=[JobState.ADMITTED, JobState.RUNNING, JobState.PREEMPTING],
+        to_state=JobState.CANCELLING,
+        event=EventKind.CANCEL_REQUESTED,
+        reason=f"cancelled by {by}; {how}; its GPUs stay held until its host reports it stopped",
+        attempt_number=attempt.number,
+        detail={"by": by, "grace_s": grace},
+        beneficiary=False,
+    ):
+        return _is_cancelling(job_id)
+    if attempt.state != AttemptState.STOPPING:
+        request_stop(attempt, grace_s=grace, reason=f"cancelled by {by}")
+    return True
+
+
+def _cancel_at_once(job_id: int, by: str, now: datetime) -> bool:
+    """A queued or held job (no live attempt): CANCELLED now, with its event."""
+    changed = Job.objects.filter(pk=job_id, state__in=[JobState.QUEUED, JobState.HELD]).update(
         state=JobState.CANCELLED,
         state_reason=f"by {by}"[:300],
         finished_at=now,
         updated_at=now,
         beneficiary=False,
     )
-    if not changed:
-        return False
-    if attempt is None:  # one admitted since the lock above was looked for, while the row was free
-        attempt = _live_attempt(job_id)
-    if attempt is None:
+    if changed:
         record_event(job_id, EventKind.CANCELLED, f"by {by}", at=now)
         _request_pass("cancel")
-        return True
-    record_event(
-        job_id,
-        EventKind.CANCEL_REQUESTED,
-        f"by {by}; stopping the running attempt",
-        attempt_number=attempt.number,
-        at=now,
-    )
-    if attempt.state != AttemptState.STOPPING:
-        request_stop(attempt, grace_s=attempt.job.preemption_grace_s, reason=f"cancelled by {by}")
-    return True
+    return bool(changed)
+
+
+def _is_cancelling(job_id: int) -> bool:
+    return Job.objects.filter(pk=job_id, state=JobState.CANCELLING).exists()
 
 
 def bump_preemptions(job_ids: list[int]) -> None:

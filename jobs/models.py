@@ -13,9 +13,10 @@ from jobs.choices import (
     Outcome,
     PreemptionReason,
 )
+from jobs.limits import MAX_PRIORITY
 from quotas.models import gpu_type_validator
 
-MAX_PRIORITY = 9999
+__all__ = ["MAX_PRIORITY", "Attempt", "GpuClaim", "Job", "JobArray", "JobEvent", "LogChunk"]
 
 
 class JobArray(models.Model):
@@ -63,6 +64,9 @@ class Job(models.Model):
     submitted_at = models.DateTimeField(default=timezone.now)
     attempt_count = models.PositiveIntegerField(default=0)
     preemption_count = models.PositiveIntegerField(default=0)
+    # Attempts in a row that ended with their host's agent (NODE_LOST); HOLD_AFTER_NODE_LOST of them hold
+    # the job (jobs.lifecycle.hold_or_requeue). Back to 0 when an attempt ends otherwise or on release.
+    node_lost_streak = models.PositiveIntegerField(default=0)
     # Pre-emptions were decided for this job and it has not been admitted since (rule 7).
     beneficiary = models.BooleanField(default=False)
     exit_code = models.IntegerField(null=True, blank=True)

@@ -8,18 +8,26 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.conf import settings
+from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied, ValidationError
 from django.db import connections, router, transaction
 from django.db.models import Count
 from django.utils import timezone
 
 from gpunodes.models import Node
-from jobs.choices import JOB_ACTIVE_STATES, JOB_OPEN_STATES, JOB_TERMINAL_STATES, EventKind, JobState
-from jobs.models import MAX_PRIORITY, Job, JobArray, JobEvent
+from jobs import limits
+from jobs.choices import (
+    JOB_OPEN_STATES,
+    JOB_STOPPING_STATES,
+    JOB_TERMINAL_STATES,
+    EventKind,
+    JobState,
+)
+from jobs.models import Job, JobArray, JobEvent
 from quotas.choices import Role, Strategy
 from quotas.models import GPU_TYPE_RE, Membership, Share
 
-MAX_NAME = 200
+MAX_NAME = limits.MAX_NAME
 MAX_COMMAND_ARGS = 256
 MAX_COMMAND_BYTES = 16 * 1024
 MAX_ENV_VARS = 128
@@ -276,11 +284,39 @@ def job_submit(
         detail={"gpus": gpus, "gpu_type": gpu_type, "priority": priority},
         at=job.submitted_at,
     )
-    if not insert_job_with_event(job, event, check=known and _share_facts(job.share, known, gpu_type)):
+    cap = settings.MAX_QUEUED_PER_USER
+    if known is None:
+        check_user_queue(user, 1)
+    if not insert_job_with_event(
+        job,
+        event,
+        check=known and {**_share_facts(job.share, known, gpu_type), "user_id": user.pk, "cap": cap},
+    ):
         return None
     _after_commit_request_pass("submit", coalesce=True)
     job.submitted_event = event  # for an answer built without reading the job back (known_related)
     return job
+
+
+def check_user_queue(user, adding: int) -> None:
+    """Refuse a submit that would take the user past MAX_QUEUED_PER_USER queued jobs, with both numbers.
+    Counts at most the cap (an index range scan: job_user_state_idx), so a user far below it pays little.
+    Concurrent submits of one user may pass it by the number in flight at once."""
+    cap = settings.MAX_QUEUED_PER_USER
+    queued = Job.objects.filter(submitted_by_id=user.pk, state=JobState.QUEUED)[: cap + 1].count()
+    if queued + adding <= cap:
+        return
+    have = f"{queued:,}" if queued <= cap else f"more than {cap:,}"
+    what = "1 more job" if adding == 1 else f"{adding:,} more"
+    raise ValidationError(
+        {
+            "array" if adding > 1 else NON_FIELD_ERRORS: (
+                f"You have {have} jobs queued; {what} would pass the limit of {cap:,} queued jobs per user "
+                f"(MAX_QUEUED_PER_USER). Submit at most {max(0, cap - queued):,} now, or wait for your queue "
+                "to drain."
+            )
+        }
+    )
 
 
 def _new_job(
@@ -303,8 +339,6 @@ def _new_job(
 ) -> Job:
     """A validated, unsaved job: the rules every submit (single or array) goes through. `errors` are
     the caller's own, reported together with these."""
-    from django.conf import settings
-
     from jobs import submit_cache
 
     # Node shapes and the user's teams: one cache read instead of two queries.
@@ -321,16 +355,18 @@ def _new_job(
         errors["share"] = f'Share "{share.name}" is disabled and takes no new jobs.'
     if not isinstance(gpu_type, str) or not re.match(GPU_TYPE_RE, gpu_type):
         errors["gpu_type"] = "A GPU type is a lower-case name such as a10g or h100."
-    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus <= 0:
-        errors["gpus"] = "Ask for at least 1 GPU."
-    if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= MAX_PRIORITY:
-        errors["priority"] = f"Priority is an integer from 0 to {MAX_PRIORITY}."
-    if max_runtime_s is not None and (not isinstance(max_runtime_s, int) or max_runtime_s <= 0):
-        errors["max_runtime_s"] = "max_runtime_s must be a positive number of seconds."
-    if preemption_grace_s is not None and (not isinstance(preemption_grace_s, int) or preemption_grace_s < 0):
-        errors["preemption_grace_s"] = "preemption_grace_s must be 0 or more seconds."
-    if not isinstance(max_preemptions, int) or max_preemptions < -1:
-        errors["max_preemptions"] = "max_preemptions is -1 (unlimited) or 0 or more."
+    # The one set of limits (jobs.limits), in the words every interface uses.
+    for limit, value in (
+        (limits.GPUS, gpus),
+        (limits.PRIORITY, priority),
+        (limits.MAX_PREEMPTIONS, max_preemptions),
+        (limits.MAX_RUNTIME, max_runtime_s),
+        (limits.PREEMPTION_GRACE, preemption_grace_s),
+    ):
+        if value is not None or limit in (limits.GPUS, limits.PRIORITY, limits.MAX_PREEMPTIONS):
+            problem = limit.problem(value)
+            if problem:
+                errors[limit.field] = problem
     if len(name or "") > MAX_NAME:
         errors["name"] = f"A name may be at most {MAX_NAME} characters."
     if "gpus" not in errors and "gpu_type" not in errors:
@@ -364,7 +400,9 @@ def _new_job(
         env=env,
         max_runtime_s=max_runtime_s,
         preemption_grace_s=(
-            settings.DEFAULT_PREEMPTION_GRACE_S if preemption_grace_s is None else preemption_grace_s
+            limits.effective_grace(settings.DEFAULT_PREEMPTION_GRACE_S)
+            if preemption_grace_s is None
+            else preemption_grace_s
         ),
         max_preemptions=max_preemptions,
         submitted_at=submitted_at or timezone.now(),
@@ -378,17 +416,12 @@ MAX_INDEX = 2**31 - 1
 def job_array_submit(*, user, share: Share, size: int, first_index: int = 0, **fields: Any) -> JobArray:
     """Validate and queue an array: `size` jobs alike but for their index (first_index, first_index+1,
     ...), each with GPUQUOTA_ARRAY_INDEX in its env, all created in one transaction. Refused whole when
-    it is larger than MAX_ARRAY_SIZE or would take the share's queue past MAX_QUEUED_PER_SHARE."""
-    from django.conf import settings
-
+    it is larger than MAX_ARRAY_SIZE or would take the share's queue past MAX_QUEUED_PER_SHARE or the
+    user's past MAX_QUEUED_PER_USER."""
     errors = {}
-    limit = settings.MAX_ARRAY_SIZE
-    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-        errors["array"] = "An array has at least 1 task."
-    elif size > limit:
-        errors["array"] = (
-            f"An array may have at most {limit:,} tasks (MAX_ARRAY_SIZE); this one has {size:,}."
-        )
+    problem = limits.ARRAY_SIZE.problem(size)
+    if problem:
+        errors["array"] = problem
     elif not isinstance(first_index, int) or isinstance(first_index, bool) or first_index < 0:
         errors["array"] = "The first index of an array is 0 or more."
     elif first_index + size - 1 > MAX_INDEX:
@@ -398,6 +431,7 @@ def job_array_submit(*, user, share: Share, size: int, first_index: int = 0, **f
     with transaction.atomic():
         # The share's row lock serialises arrays into one share, so two cannot both pass the cap.
         Share.objects.select_for_update().filter(pk=share.pk).values_list("pk").first()
+        check_user_queue(user, size)
         queued = Job.objects.filter(share=share, state=JobState.QUEUED).count()
         if queued + size > cap:
             raise ValidationError(
@@ -524,8 +558,8 @@ def array_set_priority(*, user, array: JobArray, priority: int) -> int:
     """Set the priority of every task that has not ended. Returns how many changed."""
     if not can_manage_array(user, array):
         raise PermissionDenied("Only the array's owner, a team manager or an admin may change its priority.")
-    if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= MAX_PRIORITY:
-        raise ValidationError({"priority": f"Priority is an integer from 0 to {MAX_PRIORITY}."})
+    if problem := limits.PRIORITY.problem(priority):
+        raise ValidationError({"priority": problem})
     now = timezone.now()
     with transaction.atomic():
         rows = list(
@@ -560,21 +594,23 @@ def array_set_priority(*, user, array: JobArray, priority: int) -> int:
 
 
 def array_cancel(*, user, array: JobArray) -> int:
-    """Cancel every task that has not ended: the queued ones at once, in bulk; live ones through the
-    job's own cancel (their attempts are stopped with their grace). Returns how many were cancelled."""
+    """Cancel every task that has not ended: the queued and held ones at once, in bulk; live ones through
+    the job's own cancel (CANCELLING until their attempts are stopped, with their grace). Returns how
+    many were cancelled now; tasks already CANCELLING are not counted again, and are no conflict."""
     if not can_manage_array(user, array):
         raise PermissionDenied("Only the array's owner, a team manager or an admin may cancel it.")
     from jobs import lifecycle
 
     who = user.get_username()
     now = timezone.now()
+    waiting = [JobState.QUEUED, JobState.HELD]
     with transaction.atomic():
         queued = list(
             Job.objects.select_for_update()
-            .filter(array=array, state=JobState.QUEUED)
+            .filter(array=array, state__in=waiting)
             .values_list("pk", flat=True)
         )
-        Job.objects.filter(pk__in=queued, state=JobState.QUEUED).update(
+        Job.objects.filter(pk__in=queued, state__in=waiting).update(
             state=JobState.CANCELLED,
             state_reason=f"by {who} (array)"[:300],
             finished_at=now,
@@ -591,12 +627,12 @@ def array_cancel(*, user, array: JobArray) -> int:
         if queued:
             _after_commit_request_pass("cancel")
     live = list(
-        Job.objects.filter(
-            array=array, state__in=[s.value for s in JOB_ACTIVE_STATES] + [JobState.QUEUED]
-        ).values_list("pk", flat=True)
+        Job.objects.filter(array=array, state__in=[s.value for s in JOB_OPEN_STATES])
+        .exclude(state=JobState.CANCELLING)
+        .values_list("pk", flat=True)
     )
     cancelled = len(queued) + sum(1 for pk in live if lifecycle.cancel(pk, by=who))
-    if not cancelled:
+    if not cancelled and not Job.objects.filter(array=array, state=JobState.CANCELLING).exists():
         raise Conflict(f"Every task of array {array.pk} has already ended; there is nothing to cancel.")
     return cancelled
 
@@ -653,8 +689,9 @@ def insert_job_with_event(job: Job, event: JobEvent, *, check: dict | None = Non
     on its own, one round trip instead of BEGIN, two INSERTs and COMMIT); elsewhere two inserts in a
     transaction. Sets the primary keys of both.
 
-    `check` (PostgreSQL only; _share_facts): the share as the job was decided on. The statement inserts
-    only if the share's row still says so, and returns False when it does not (nothing written)."""
+    `check` (PostgreSQL only; _share_facts, with the user's id and MAX_QUEUED_PER_USER as "cap"): the
+    share as the job was decided on. The statement inserts only if the share's row still says so and the
+    user has fewer than "cap" jobs queued, and returns False when not (nothing written)."""
     conn = connections[router.db_for_write(Job)]
     if conn.vendor != "postgresql":
         if check is not None:
@@ -717,15 +754,21 @@ _SHARE_CHECK_KEYS = (
     "team_slug",
     "gpu_type",
     "capacity",
+    "user_id",
+    "state_queued",
+    "cap",
+    "cap",
 )
 _share_check_text: dict[str, str] = {}  # per connection alias: built once, not on every submit
 
 
 def _share_check_sql(conn, check: dict) -> tuple[str, list]:
-    """A SELECT that yields one row exactly when the share's row and its capacity match `check`."""
+    """A SELECT that yields one row exactly when the share's row and its capacity match `check` and the
+    submitting user has fewer than `cap` jobs queued (MAX_QUEUED_PER_USER: counted up to the cap only)."""
     sql = _share_check_text.get(conn.alias)
     if sql is None:
         sql = _share_check_text[conn.alias] = _build_share_check(conn)
+    check = {**check, "state_queued": JobState.QUEUED.value}
     return sql, [check[k] for k in _SHARE_CHECK_KEYS]
 
 
@@ -745,7 +788,9 @@ def _build_share_check(conn) -> str:
         f"AND s.{col(Share, 'borrow_limit')} = %s AND t.{col(Team, 'slug')} = %s "
         f"AND COALESCE((SELECT c.{col(ShareCapacity, 'max_gpus')} FROM {qn(ShareCapacity._meta.db_table)} c "
         f"WHERE c.{col(ShareCapacity, 'share')} = s.{col(Share, 'id')} "
-        f"AND c.{col(ShareCapacity, 'gpu_type')} = %s), 0) = %s"
+        f"AND c.{col(ShareCapacity, 'gpu_type')} = %s), 0) = %s "
+        f"AND (SELECT COUNT(*) FROM (SELECT 1 FROM {qn(Job._meta.db_table)} j "
+        f"WHERE j.{col(Job, 'submitted_by')} = %s AND j.{col(Job, 'state')} = %s LIMIT %s) q) < %s"
     )
 
 
@@ -796,30 +841,67 @@ def _insert_columns(obj, conn, *, skip: frozenset[str] | set[str] = frozenset())
 
 
 def job_set_priority(*, user, job: Job, priority: int) -> Job:
+    return job_update(user=user, job=job, priority=priority)
+
+
+def job_update(*, user, job: Job, priority: int | None = None, preemption_grace_s: int | None = None) -> Job:
+    """Change the priority and/or the grace of a job that has not ended (owner, team manager, admin),
+    each change an event. A new priority counts from the next pass; a new grace from the job's next stop
+    (an attempt already stopping keeps the grace it was stopped with)."""
     if not can_manage_job(user, job):
         raise PermissionDenied("Only the job's owner, a team manager or an admin may change its priority.")
-    if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= MAX_PRIORITY:
-        raise ValidationError({"priority": f"Priority is an integer from 0 to {MAX_PRIORITY}."})
+    errors = {}
+    for limit, value in ((limits.PRIORITY, priority), (limits.PREEMPTION_GRACE, preemption_grace_s)):
+        if value is not None and (problem := limit.problem(value)):
+            errors[limit.field] = problem
+    if priority is None and preemption_grace_s is None and not errors:
+        errors[NON_FIELD_ERRORS] = "Give priority, preemption_grace_s or both."
+    if errors:
+        raise ValidationError(errors)
+    who = user.get_username()
     with transaction.atomic():
-        old = Job.objects.select_for_update().filter(pk=job.pk).values_list("priority", "state").get()
-        if old[1] in JOB_TERMINAL_STATES:
-            raise Conflict(f"Job {job.pk} has already ended ({old[1]}); its priority no longer matters.")
-        if old[0] != priority:
-            Job.objects.filter(pk=job.pk).update(priority=priority, updated_at=timezone.now())
+        old_priority, old_grace, state = (
+            Job.objects.select_for_update()
+            .filter(pk=job.pk)
+            .values_list("priority", "preemption_grace_s", "state")
+            .get()
+        )
+        if state in JOB_TERMINAL_STATES:
+            what = "its priority no longer matters" if priority is not None else "its grace no longer matters"
+            raise Conflict(f"Job {job.pk} has already ended ({state}); {what}.")
+        now = timezone.now()
+        if priority is not None and old_priority != priority:
+            Job.objects.filter(pk=job.pk).update(priority=priority, updated_at=now)
             record_event(
                 job.pk,
                 EventKind.PRIORITY_CHANGED,
-                f"{old[0]} → {priority} by {user.get_username()}",
-                detail={"from": old[0], "to": priority},
+                f"{old_priority} → {priority} by {who}",
+                detail={"from": old_priority, "to": priority},
+                at=now,
             )
             _after_commit_request_pass("priority")
+        if preemption_grace_s is not None and old_grace != preemption_grace_s:
+            Job.objects.filter(pk=job.pk).update(preemption_grace_s=preemption_grace_s, updated_at=now)
+            later = (
+                " (from its next stop: its attempt is already stopping)"
+                if state in JOB_STOPPING_STATES
+                else ""
+            )
+            record_event(
+                job.pk,
+                EventKind.GRACE_CHANGED,
+                f"grace {old_grace} s → {preemption_grace_s} s by {who}{later}",
+                detail={"from": old_grace, "to": preemption_grace_s},
+                at=now,
+            )
     job.refresh_from_db()
     return job
 
 
 def job_cancel(*, user, job: Job) -> Job:
-    """Cancel a queued job at once; a running one is stopped by its agent (its GPUs stay held until the
-    agent reports it stopped or its grace runs out)."""
+    """Cancel a job (jobs.lifecycle.cancel): a queued or held one at once; a live one is stopped as a
+    pre-emption stops it and shows CANCELLING, its GPUs held, until its host reports it stopped (or the
+    stop expires); then CANCELLED. Cancelling a job already CANCELLING changes nothing."""
     if not can_manage_job(user, job):
         raise PermissionDenied("Only the job's owner, a team manager or an admin may cancel it.")
     from jobs import lifecycle
@@ -827,6 +909,27 @@ def job_cancel(*, user, job: Job) -> Job:
     if not lifecycle.cancel(job.pk, by=user.get_username()):
         job.refresh_from_db()
         raise Conflict(f"Job {job.pk} has already ended ({job.state}); there is nothing to cancel.")
+    job.refresh_from_db()
+    return job
+
+
+def job_release(*, user, job: Job) -> Job:
+    """Release a HELD job (an admin only, as Slurm's `scontrol release` of an admin hold): it is queued
+    again with its original submit time, its count of attempts lost with their agent back to 0."""
+    if not (user.is_authenticated and user.is_superuser):
+        raise PermissionDenied("Only an admin may release a held job.")
+    with transaction.atomic():
+        if not transition(
+            job.pk,
+            from_states=[JobState.HELD],
+            to_state=JobState.QUEUED,
+            event=EventKind.RELEASED,
+            reason=f"released by {user.get_username()}; queued again with its original submit time",
+            node_lost_streak=0,
+        ):
+            job.refresh_from_db()
+            raise Conflict(f"Job {job.pk} is {job.state}, not HELD; there is nothing to release.")
+        _after_commit_request_pass("release")
     job.refresh_from_db()
     return job
 
@@ -900,6 +1003,7 @@ def job_logs(
         "cursor": -1,
         "more": False,
         "finished": job.state in JOB_TERMINAL_STATES,
+        "removed": output_removed(job),
     }
     if attempt is None:
         if not attempts:
@@ -948,6 +1052,39 @@ def job_logs(
         more=more,
     )
     return result
+
+
+def prune_job_output(*, now=None, batch: int = 2000) -> int:
+    """Remove the output (log chunks) of jobs that ended more than JOB_OUTPUT_KEEP_DAYS days ago, in
+    batches (each its own short transaction). Returns how many chunks went. 0 days: kept for ever."""
+    from datetime import timedelta
+
+    from jobs.models import LogChunk
+
+    days = settings.JOB_OUTPUT_KEEP_DAYS
+    if days <= 0:
+        return 0
+    cutoff = (now or timezone.now()) - timedelta(days=days)
+    old = LogChunk.objects.filter(
+        attempt__job__state__in=[s.value for s in JOB_TERMINAL_STATES], attempt__job__finished_at__lt=cutoff
+    )
+    removed = 0
+    while ids := list(old.values_list("pk", flat=True)[:batch]):
+        removed += LogChunk.objects.filter(pk__in=ids).delete()[0]
+    return removed
+
+
+def output_removed(job: Job, now=None) -> bool:
+    """Whether the job's output is gone by JOB_OUTPUT_KEEP_DAYS (it ended longer ago than that)."""
+    from datetime import timedelta
+
+    days = settings.JOB_OUTPUT_KEEP_DAYS
+    return bool(
+        days > 0
+        and job.state in JOB_TERMINAL_STATES
+        and job.finished_at
+        and job.finished_at < (now or timezone.now()) - timedelta(days=days)
+    )
 
 
 def manage_checker(user):

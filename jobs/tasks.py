@@ -97,3 +97,20 @@ def attempt_log(attempt_id: int, number: int, node: str, offset: int, text: str)
         attempt_id=attempt_id, node=node, offset=offset, defaults={"text": text}
     )
     return created
+
+
+@shared_task(name="jobs.tasks.prune_job_output", ignore_result=True)
+def prune_job_output() -> int:
+    """Beat, hourly: the output of jobs ended more than JOB_OUTPUT_KEEP_DAYS ago is removed."""
+    from django.conf import settings
+
+    from jobs.services import prune_job_output as prune
+
+    removed = prune()
+    if removed:
+        log.info(
+            "removed %d log chunks of jobs ended more than %d days ago (JOB_OUTPUT_KEEP_DAYS)",
+            removed,
+            settings.JOB_OUTPUT_KEEP_DAYS,
+        )
+    return removed

@@ -12,7 +12,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from jobs import services
-from jobs.choices import JOB_TERMINAL_STATES
+from jobs.choices import JOB_TERMINAL_STATES, AttemptState
 from jobs.forms import PriorityForm
 from jobs.models import Job, JobArray, JobEvent
 from quotas import services as quota_services
@@ -70,6 +70,7 @@ def _label_borrowed_now(attempts) -> None:
 def _job_context(request, job: Job) -> dict:
     attempts = list(job.attempts.order_by("number"))
     _label_borrowed_now(attempts)
+    stopping = next((a for a in attempts if a.state == AttemptState.STOPPING), None)
     events = list(JobEvent.objects.filter(job=job).order_by("-at", "-id")[:EVENTS_SHOWN])
     forecast = quota_services.forecast_fields(job)  # the stored forecast: no replay in a request
     return {
@@ -78,6 +79,8 @@ def _job_context(request, job: Job) -> dict:
         "events": events,
         "timeline": _timeline(attempts, timezone.now()),
         "can_manage": services.can_manage_job(request.user, job),
+        # A cancelled job still stopping: when its SIGKILL is due (its GPUs are held until then at most).
+        "stopping": stopping,
         "position": forecast["position"],
         "e": forecast,  # eta, kind, basis, computed_at (templates/jobs/partials/_eta.html)
         "waiting": forecast["waiting"],
@@ -221,6 +224,17 @@ def job_cancel(request, pk):
     job = _visible_job(request.user, pk)
     try:
         job = services.job_cancel(user=request.user, job=job)
+    except services.Conflict as e:
+        return _after_action(request, job, str(e), status=409)
+    return _after_action(request, job)
+
+
+@require_POST
+@login_required
+def job_release(request, pk):
+    job = _visible_job(request.user, pk)
+    try:
+        job = services.job_release(user=request.user, job=job)
     except services.Conflict as e:
         return _after_action(request, job, str(e), status=409)
     return _after_action(request, job)

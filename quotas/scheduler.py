@@ -23,6 +23,7 @@ from gpunodes.dispatch import start_attempt, start_payloads
 from gpunodes.models import Gpu, Node
 from jobs import lifecycle
 from jobs.choices import ATTEMPT_ACTIVE_STATES, AttemptState, EventKind, JobState, Outcome
+from jobs.limits import effective_grace
 from jobs.models import Attempt, GpuClaim, Job, JobEvent
 from jobs.services import transition
 from quotas import hearing
@@ -166,7 +167,8 @@ class Loaded:
     snapshot: policy.Snapshot
     gpu_ids: dict[tuple[str, int], int]  # (node name, index) -> Gpu pk
     node_ids: dict[str, int]
-    attempt_numbers: dict[int, tuple[int, int]]  # attempt id -> (number, job's preemption grace)
+    # attempt id -> (number, the job's preemption grace, capped at MAX_PREEMPTION_GRACE_S)
+    attempt_numbers: dict[int, tuple[int, int]]
     # (share, gpu type) -> (queued jobs, queued GPUs); filled also when the queue itself was not loaded
     queued_totals: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
 
@@ -253,7 +255,7 @@ def load_snapshot(now: datetime | None = None, *, queued: bool = True) -> Loaded
             beneficiary,
             grace,
         ) = row
-        attempt_numbers[pk] = (number, grace)
+        attempt_numbers[pk] = (number, effective_grace(grace))
         running.append(
             policy.RunningView(
                 attempt_id=pk,
@@ -385,7 +387,7 @@ def apply_admissions(loaded: Loaded, admissions: tuple[policy.Admission, ...], n
             env=env,
             use_shell=use_shell,
             max_runtime_s=max_runtime,
-            grace_s=grace,
+            grace_s=effective_grace(grace),
         )
         events.append(
             JobEvent(

@@ -247,7 +247,8 @@ def team_queue_context(user, team: Team, live: usage.LivePicture | None = None) 
                 "size": f"{job.gpus} × {job.gpu_type}",
                 "borrowed": r.attempt_id in borrowed_now,
                 "started": ago(datetime.fromtimestamp(r.started_at, tz=dt_utc), now),
-                "can_manage": can_manage(job),
+                # A job already CANCELLING is stopping: nothing left to cancel or re-prioritise.
+                "can_manage": can_manage(job) and job.state != JobState.CANCELLING,
             }
         )
     return {

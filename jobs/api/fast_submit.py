@@ -12,11 +12,14 @@ so errors stay exactly DRF's and the service's. Nothing is written before the se
 job (one statement inserts job and event). The throttle is counted once: a request the quick way counted
 is not counted again by the DRF view it falls back to.
 
-Tokens are looked up through config.auth.cached_token (an in-process cache of API_TOKEN_CACHE_S seconds).
-On Redis and PostgreSQL a warm submit is one Redis round trip (the throttle's count with the submit
-cache's node shapes, the user's teams and the share: _count_and_read) and one statement, which inserts
-only if the cached share still has the facts the job was decided on (jobs.services.insert_job_with_event);
-when it does not, nothing is written and the full stack decides from the database.
+Tokens are looked up through config.auth.cached_token (an in-process cache of API_TOKEN_CACHE_S seconds,
+trusted only while the shared cache's token revocation generation is the one it was filled under: a
+revoked token stops at once in every process). On Redis and PostgreSQL a warm submit is one Redis round
+trip (the throttle's count with the revocation generation, the submit cache's node shapes, the user's
+teams and the share: _count_and_read) and one statement, which inserts only if the cached share still has
+the facts the job was decided on and the user has fewer than MAX_QUEUED_PER_USER jobs queued
+(jobs.services.insert_job_with_event); when not, nothing is written and the full stack decides from the
+database (and answers a 400 with both numbers for a full queue).
 FAST_SUBMIT=0 turns the quick way off."""
 
 from __future__ import annotations
@@ -125,14 +128,20 @@ class _ThrottleRequest:
         self._request, self.user, self.META = request, user, request.META
 
 
-def _count_and_read(throttle_request, user, name: str):
-    """The throttle's count and the submit cache's values (node shapes, the user's teams, the share) in
-    one Redis round trip: (allowed, share or None, Known). None when that cannot be done here (the
-    cache is not Redis, the database is not PostgreSQL, Redis failed): the caller asks as before."""
+REVOKED = "revoked"  # _count_and_read's answer when the token cache may be stale
+
+
+def _count_and_read(throttle_request, user, name: str, generation: int | None):
+    """The throttle's count, the token revocation generation and the submit cache's values (node shapes,
+    the user's teams, the share) in one Redis round trip: (allowed, share or None, Known), or REVOKED
+    when tokens were revoked since the user's token was cached (config.auth.cached_token). None when
+    that cannot be done here (the cache is not Redis, the database is not PostgreSQL, Redis failed): the
+    caller asks as before."""
     import re
 
     from django.db import connections, router
 
+    from config.auth import REVOCATIONS_KEY, revoked_since
     from jobs import services, submit_cache
     from jobs.api.views import SubmitThrottle
     from jobs.models import Job
@@ -140,7 +149,12 @@ def _count_and_read(throttle_request, user, name: str):
 
     if connections[router.db_for_write(Job)].vendor != "postgresql" or not re.match(SHARE_NAME_RE, name):
         return None  # the checked insert is PostgreSQL's; a name no share can have is DRF's 400
-    keys = [submit_cache.shapes_key(), submit_cache.teams_key(user.pk), submit_cache.share_key(name)]
+    keys = [
+        REVOCATIONS_KEY,
+        submit_cache.shapes_key(),
+        submit_cache.teams_key(user.pk),
+        submit_cache.share_key(name),
+    ]
     try:
         got = SubmitThrottle().count_and_read(throttle_request, keys)
     except Exception:  # noqa: BLE001 - Redis is a shortcut here; the caller goes the long way
@@ -150,6 +164,9 @@ def _count_and_read(throttle_request, user, name: str):
     allowed, raw = got
     if not allowed:
         return False, None, None
+    revocations, raw = raw[0], raw[1:]
+    if revoked_since(generation, None if revocations is None else int(revocations)):
+        return REVOKED
     shapes, team_ids, share_value = (None if v is None else submit_cache.loads(v) for v in raw)
     if shapes is None or team_ids is None:
         shapes, team_ids = submit_cache.lookup(user.pk)
@@ -162,7 +179,7 @@ def _count_and_read(throttle_request, user, name: str):
 
 def fast_submit(request) -> HttpResponse | None:
     """The 201 for a plain, valid single-job submit; None to let the full stack answer."""
-    from config.auth import cached_token
+    from config.auth import cached_token, revocation_generation, revoked_since
     from jobs import services, submit_cache
     from jobs.api.views import SubmitThrottle, submitted_data
 
@@ -184,7 +201,7 @@ def fast_submit(request) -> HttpResponse | None:
     found = cached_token(meta.get("HTTP_AUTHORIZATION", ""))
     if found is None:
         return None
-    user, auth_token = found
+    user, auth_token, generation = found
     try:
         data = json.loads(request.body.decode("utf-8"), parse_constant=_refuse_constant)
     except (ValueError, RecursionError):
@@ -194,8 +211,13 @@ def fast_submit(request) -> HttpResponse | None:
         return None
     name = fields.pop("share")
     throttle_request = _ThrottleRequest(request, user)
-    quick = _count_and_read(throttle_request, user, name)
-    if quick is None:  # the cache is not Redis, or it failed: the throttle and the share as before
+    quick = _count_and_read(throttle_request, user, name, generation)
+    if quick is REVOKED:
+        setattr(request, COUNTED, True)  # the script counted it: the DRF view does not again
+        return None  # the full stack asks the database about the token (401 if it is gone)
+    if quick is None:  # the cache is not Redis, or it failed: the same, a question at a time
+        if revoked_since(generation, revocation_generation()):
+            return None
         share, known = services.share_by_name(name), None
         if share is None or not SubmitThrottle().allow_request(throttle_request, None):
             return None

@@ -7,17 +7,31 @@ from rest_framework import serializers
 
 from config.api import StrictSerializer
 from config.validators import printable
+from jobs import limits
 from jobs.api.redaction import EnvRedactionMixin
+from jobs.choices import JOB_OPEN_STATES
 from jobs.limits import MAX_INT
 from jobs.models import Attempt, Job, JobArray, JobEvent
 from quotas.models import Share
 
 
 class ShareByName(serializers.SlugRelatedField):
-    """A share by name; an unknown name is answered with the shares the user may submit to."""
+    """A share by name; an unknown (or empty) name is answered with the shares the user may submit to."""
 
     def __init__(self, **kwargs):
         super().__init__(slug_field="name", queryset=Share.objects.select_related("team"), **kwargs)
+
+    def run_validation(self, data=serializers.empty):
+        if data == "":  # DRF's related fields take "" for null: "This field may not be null." said nothing
+            raise serializers.ValidationError(f"Give the name of a share. {self._yours()}")
+        return super().run_validation(data)
+
+    def _yours(self) -> str:
+        request = self.context.get("request")
+        qs = Share.objects.order_by("name")
+        if request is not None and not request.user.is_superuser:
+            qs = qs.filter(team__memberships__user=request.user)
+        return f"Shares you can submit to: {', '.join(qs.values_list('name', flat=True)) or 'none'}."
 
     def to_internal_value(self, data):
         if not isinstance(data, str):
@@ -26,19 +40,26 @@ class ShareByName(serializers.SlugRelatedField):
 
         share = share_by_name(data) if len(data) <= 63 else None  # the longest a share name can be
         if share is None:
-            request = self.context.get("request")
-            qs = Share.objects.order_by("name")
-            if request is not None and not request.user.is_superuser:
-                qs = qs.filter(team__memberships__user=request.user)
-            names = ", ".join(qs.values_list("name", flat=True)) or "none"
-            raise serializers.ValidationError(f'No share named "{data}". Shares you can submit to: {names}.')
+            raise serializers.ValidationError(f'No share named "{data}". {self._yours()}')
         return share
 
 
+class LimitedIntegerField(serializers.IntegerField):
+    """An integer field held to a limit of jobs.limits. Only parsed here: the service the view calls
+    refuses it in the limit's own words (what the form and the CLI say too), together with every other
+    bad field of the request, before anything is written; a huge one is that message too, not DRF's,
+    and never reaches the database. The bounds are shown in the schema."""
+
+    def __init__(self, limit: limits.IntLimit, **kwargs):
+        self.limit = limit
+        kwargs.setdefault("help_text", limit.text())
+        super().__init__(**kwargs)
+        # For the schema only (no validators: the limit may be a setting, read at each check).
+        self.min_value, self.max_value = limit.low, limit.top
+
+
 class ArraySpecSerializer(StrictSerializer):
-    size = serializers.IntegerField(
-        min_value=1, max_value=MAX_INT, help_text="Number of tasks (at most MAX_ARRAY_SIZE)."
-    )
+    size = LimitedIntegerField(limits.ARRAY_SIZE, help_text="Number of tasks (at most MAX_ARRAY_SIZE).")
     start = serializers.IntegerField(
         required=False, default=0, min_value=0, max_value=MAX_INT, help_text="Index of the first task."
     )
@@ -50,9 +71,9 @@ class JobSubmitSerializer(StrictSerializer):
         max_length=200, allow_blank=True, required=False, default="", validators=[printable]
     )
     gpu_type = serializers.CharField(max_length=32, help_text="e.g. a10g")
-    gpus = serializers.IntegerField(max_value=MAX_INT, min_value=-MAX_INT)
-    priority = serializers.IntegerField(
-        required=False, default=0, max_value=MAX_INT, min_value=-MAX_INT, help_text="0..9999, higher first."
+    gpus = LimitedIntegerField(limits.GPUS)
+    priority = LimitedIntegerField(
+        limits.PRIORITY, required=False, default=0, help_text="0..9999, higher first."
     )
     command = serializers.ListField(
         child=serializers.CharField(allow_blank=True, trim_whitespace=False),
@@ -62,15 +83,11 @@ class JobSubmitSerializer(StrictSerializer):
     env = serializers.DictField(
         child=serializers.CharField(allow_blank=True, trim_whitespace=False), required=False, default=dict
     )
-    max_runtime_s = serializers.IntegerField(
-        required=False, allow_null=True, default=None, max_value=MAX_INT, min_value=-MAX_INT
+    max_runtime_s = LimitedIntegerField(limits.MAX_RUNTIME, required=False, allow_null=True, default=None)
+    preemption_grace_s = LimitedIntegerField(
+        limits.PREEMPTION_GRACE, required=False, allow_null=True, default=None
     )
-    preemption_grace_s = serializers.IntegerField(
-        required=False, allow_null=True, default=None, max_value=MAX_INT, min_value=-MAX_INT
-    )
-    max_preemptions = serializers.IntegerField(
-        required=False, default=-1, max_value=MAX_INT, min_value=-MAX_INT
-    )
+    max_preemptions = LimitedIntegerField(limits.MAX_PREEMPTIONS, required=False, default=-1)
     use_shell = serializers.BooleanField(
         required=False, default=False, help_text="Run command[0] through /bin/sh -c (one string)."
     )
@@ -121,11 +138,18 @@ class JobArraySerializer(serializers.ModelSerializer):
     @extend_schema_field(serializers.BooleanField())
     def get_done(self, array) -> bool:
         counts = self._counts(array)
-        return not any(counts.get(s, 0) for s in ("QUEUED", "ADMITTED", "RUNNING", "PREEMPTING"))
+        return not any(counts.get(s, 0) for s in JOB_OPEN_STATES)
 
 
 class JobPrioritySerializer(StrictSerializer):
-    priority = serializers.IntegerField(max_value=MAX_INT, min_value=-MAX_INT, help_text="0..9999")
+    priority = LimitedIntegerField(limits.PRIORITY, help_text="0..9999")
+
+
+class JobUpdateSerializer(StrictSerializer):
+    """PATCH of a job: its priority, its grace, or both (the same limits as a submit: jobs.services.job_update)."""
+
+    priority = LimitedIntegerField(limits.PRIORITY, required=False, help_text="0..9999")
+    preemption_grace_s = LimitedIntegerField(limits.PREEMPTION_GRACE, required=False)
 
 
 class QueuePositionSerializer(serializers.Serializer):
@@ -302,6 +326,9 @@ class QueueEntrySerializer(serializers.Serializer):
 
 
 class QueueSerializer(serializers.Serializer):
+    count = serializers.IntegerField(help_text="Jobs queued (in the share, if one was asked for).")
+    next = serializers.URLField(allow_null=True, help_text="The next page, or null.")
+    previous = serializers.URLField(allow_null=True, help_text="The previous page, or null.")
     share = serializers.CharField(allow_null=True)
     planned = serializers.BooleanField(help_text="False until a forecast has been stored: plain queue order.")
     forecast_at = serializers.DateTimeField(
@@ -330,3 +357,6 @@ class LogSerializer(serializers.Serializer):
     cursor = serializers.IntegerField(help_text="Pass as ?after= to read only what came since.")
     more = serializers.BooleanField(help_text="More text follows: read again with ?after=cursor.")
     finished = serializers.BooleanField(help_text="The attempt has ended: no more text will come.")
+    removed = serializers.BooleanField(
+        help_text="The job ended more than JOB_OUTPUT_KEEP_DAYS days ago: its output has been removed."
+    )

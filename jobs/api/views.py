@@ -16,6 +16,7 @@ from rest_framework.throttling import UserRateThrottle
 from rest_framework.views import APIView
 
 from config.api import ApiSchema, ApiViewMixin
+from config.pagination import BoundedLimitOffsetPagination
 from jobs import services
 from jobs.api.serializers import (
     FRESH,
@@ -24,6 +25,7 @@ from jobs.api.serializers import (
     JobPrioritySerializer,
     JobSerializer,
     JobSubmitSerializer,
+    JobUpdateSerializer,
     LogQuerySerializer,
     LogSerializer,
     QueueQuerySerializer,
@@ -250,22 +252,31 @@ class JobViewSet(ApiViewMixin, viewsets.ModelViewSet):
         """A job with its queue position, ETA, attempts and events."""
         return self._detail(self.get_object())
 
-    @extend_schema(request=JobPrioritySerializer, responses={200: JobDetailSerializer})
+    @extend_schema(request=JobUpdateSerializer, responses={200: JobDetailSerializer})
     def partial_update(self, request, *args, **kwargs):
-        """Change the priority of a queued or running job (owner, team manager, admin)."""
+        """Change the priority and/or the grace (preemption_grace_s) of a job that has not ended (owner,
+        team manager, admin). A new grace applies from the job's next stop."""
         job = self.get_object()
-        serializer = JobPrioritySerializer(data=request.data)
+        serializer = JobUpdateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        job = services.job_set_priority(
-            user=request.user, job=job, priority=serializer.validated_data["priority"]
-        )
+        job = services.job_update(user=request.user, job=job, **serializer.validated_data)
         return self._detail(job)
 
     @extend_schema(request=None, responses={200: JobDetailSerializer})
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
-        """Cancel a job (owner, team manager, admin). A finished job answers 409."""
+        """Cancel a job (owner, team manager, admin). Queued or held: CANCELLED at once. Running: it is
+        stopped as a pre-emption stops it (SIGTERM, SIGKILL when its grace ends) and answers CANCELLING,
+        its GPUs held, until its host reports it stopped; then CANCELLED. A finished job answers 409."""
         job = services.job_cancel(user=request.user, job=self.get_object())
+        return self._detail(job)
+
+    @extend_schema(request=None, responses={200: JobDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def release(self, request, pk=None):
+        """Release a HELD job (admins): it is queued again with its original submit time. A job is held
+        when its last HOLD_AFTER_NODE_LOST attempts all ended with their host's agent. 409 if not held."""
+        job = services.job_release(user=request.user, job=self.get_object())
         return self._detail(job)
 
     @extend_schema(parameters=[LogQuerySerializer], responses={200: LogSerializer})
@@ -340,13 +351,20 @@ def submitted_data(job: Job) -> dict:
 
 
 class QueueView(ApiViewMixin, APIView):
-    """The queue in the order the policy would admit it, with positions and ETAs. Every share's queue
-    is visible (so teams see where capacity goes); other teams' jobs show no name and no owner."""
+    """The queue in the order the policy would admit it, with positions and ETAs, a page at a time
+    (?limit=&offset=). Every share's queue is visible (so teams see where capacity goes); other teams'
+    jobs show no name and no owner."""
 
     schema = ApiSchema()
 
+    pagination_class = BoundedLimitOffsetPagination
+
     @extend_schema(
-        parameters=[OpenApiParameter("share", str, description="Share name; every share if left out.")],
+        parameters=[
+            OpenApiParameter("share", str, description="Share name; every share if left out."),
+            OpenApiParameter("limit", int, description="Jobs per page (at most API_MAX_PAGE_SIZE)."),
+            OpenApiParameter("offset", int, description="Jobs to skip."),
+        ],
         responses={200: QueueSerializer},
     )
     def get(self, request):
@@ -383,6 +401,8 @@ class QueueView(ApiViewMixin, APIView):
                 "forecast__computed_at",
             )
         )
+        paginator = self.pagination_class()
+        rows = paginator.paginate_queryset(rows, request, view=self)
         user = request.user
         mine = None if user.is_superuser else set(services.team_ids_of(user))
         entries = []
@@ -416,6 +436,9 @@ class QueueView(ApiViewMixin, APIView):
                 }
             )
         data = {
+            "count": paginator.count,
+            "next": paginator.get_next_link(),
+            "previous": paginator.get_previous_link(),
             "share": name,
             "planned": oldest is not None or not entries,
             "forecast_at": oldest,

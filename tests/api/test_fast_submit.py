@@ -210,8 +210,8 @@ def test_a_deactivated_user_or_an_expired_token_stops_at_once(bob, vision_share,
 
 def test_each_request_gets_its_own_user(bob):
     _, key = AuthToken.objects.create(user=bob)
-    first, _ = auth.cached_token(f"Token {key}")
-    second, _ = auth.cached_token(f"Token {key}")
+    first, _, _ = auth.cached_token(f"Token {key}")
+    second, _, _ = auth.cached_token(f"Token {key}")
     assert first == second == bob and first is not second
     assert auth.cached_token("Token") is None and auth.cached_token(f"Token {key} x") is None
     assert auth.cached_token("Token " + "0" * 40) is None

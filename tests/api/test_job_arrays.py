@@ -4,7 +4,8 @@ listed, counted, re-prioritised and cancelled as one; limits with clear errors."
 import pytest
 
 from gpunodes.dispatch import start_messages
-from jobs.choices import EventKind, JobState
+from jobs import lifecycle
+from jobs.choices import EventKind, JobState, Outcome
 from jobs.models import Job, JobArray, JobEvent
 from quotas.scheduler import run_pass
 from tests.api.conftest import run
@@ -80,8 +81,14 @@ def test_it_cancels_queued_and_running_tasks_as_one(as_bob, vision_share, nodes,
     run(running, nodes[0], [0])
     r = as_bob.post(f"/api/v1/arrays/{array['id']}/cancel/")
     assert r.status_code == 200, r.json()
+    # The running task is stopping: CANCELLING, its GPUs held, until its host confirms.
+    assert r.json()["counts"] == {"CANCELLED": 3, "CANCELLING": 1} and r.json()["done"] is False
+    attempt = running.attempts.get()
+    assert attempt.state == "STOPPING"
+    assert as_bob.post(f"/api/v1/arrays/{array['id']}/cancel/").status_code == 200  # still stopping
+    lifecycle.end_attempt(attempt.pk, attempt.number, outcome=Outcome.PREEMPTED, exit_code=143)
+    r = as_bob.get(f"/api/v1/arrays/{array['id']}/")
     assert r.json()["counts"] == {"CANCELLED": 4} and r.json()["done"] is True
-    assert running.attempts.get().state == "STOPPING"  # its GPUs are freed when the host confirms
     assert as_bob.post(f"/api/v1/arrays/{array['id']}/cancel/").status_code == 409
 
 
@@ -95,7 +102,7 @@ def test_an_array_larger_than_the_limit_is_refused_whole(as_bob, vision_share, n
     settings.MAX_ARRAY_SIZE = 10
     r = as_bob.post(URL, body(array={"size": 11}), format="json")
     assert r.status_code == 400
-    assert r.json()["array"] == ["An array may have at most 10 tasks (MAX_ARRAY_SIZE); this one has 11."]
+    assert r.json()["array"] == ["An array has 1 to 10 tasks (MAX_ARRAY_SIZE); this one has 11."]
     assert not Job.objects.exists() and not JobArray.objects.exists()
 
 

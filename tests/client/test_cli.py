@@ -231,11 +231,11 @@ def test_the_command_runs_as_a_process(live_server, bob, vision_share, nodes, co
     )
     assert login.returncode == 0, login.stderr
     refused = subprocess.run(
-        [*cmd, "submit", "--share", "vision-main", "--gpus", "0", "--gpu-type", "a10g", "--", "true"],
+        [*cmd, "submit", "--share", "vision-main", "--gpus", "6", "--gpu-type", "a10g", "--", "true"],
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert refused.returncode == 2
-    assert "gpus: Ask for at least 1 GPU." in refused.stderr
+    assert refused.returncode == 2  # refused by the server
+    assert "gpus: 6 GPUs do not fit on one a10g node" in refused.stderr

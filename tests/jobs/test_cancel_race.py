@@ -30,11 +30,17 @@ def preempting_job(user, share, node) -> tuple[Job, Attempt]:
     return job, attempt
 
 
-@pytest.mark.parametrize("state", [JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING, JobState.PREEMPTING])
+@pytest.mark.parametrize(
+    "state",
+    [JobState.QUEUED, JobState.HELD, JobState.ADMITTED, JobState.RUNNING, JobState.PREEMPTING],
+)
 def test_it_cancels_a_job_in_any_open_state(state, bob, vision_share, nodes):
+    """Waiting (queued, held): CANCELLED at once. Live: CANCELLING, its attempt stopping, until its host
+    reports it gone (SEMANTICS "Jobs")."""
     job = job_submit(user=bob, share=vision_share, gpus=1, gpu_type="a10g", command=["true"])
-    if state != JobState.QUEUED:
-        Job.objects.filter(pk=job.pk).update(state=state, attempt_count=1)
+    live = state not in (JobState.QUEUED, JobState.HELD)
+    Job.objects.filter(pk=job.pk).update(state=state, attempt_count=1 if live else 0)
+    if live:
         Attempt.objects.create(
             job=job,
             number=1,
@@ -43,9 +49,11 @@ def test_it_cancels_a_job_in_any_open_state(state, bob, vision_share, nodes):
         )
     assert lifecycle.cancel(job.pk, by="bob") is True
     job.refresh_from_db()
-    assert job.state == JobState.CANCELLED and job.finished_at is not None
-    if state != JobState.QUEUED:
+    if live:
+        assert job.state == JobState.CANCELLING and job.finished_at is None
         assert Attempt.objects.get(job=job).state == AttemptState.STOPPING
+    else:
+        assert job.state == JobState.CANCELLED and job.finished_at is not None
 
 
 def test_it_refuses_a_job_that_has_ended(bob, vision_share, nodes):

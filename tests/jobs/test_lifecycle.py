@@ -139,7 +139,7 @@ def test_cancel_of_a_running_job_stops_it_and_frees_gpus_on_confirmation(job, bo
     a = admit(job, nodes[0], state=AttemptState.RUNNING)
     job_cancel(user=bob, job=job)
     a.refresh_from_db()
-    assert job.state == JobState.CANCELLED and a.state == AttemptState.STOPPING
+    assert job.state == JobState.CANCELLING and a.state == AttemptState.STOPPING  # CANCELLED once stopped
     assert GpuClaim.objects.filter(attempt=a).count() == 2  # held until the host confirms
     attempt_finished(a.pk, 1, "node-1", "stopped", 143)
     a.refresh_from_db()

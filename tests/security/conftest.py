@@ -9,7 +9,7 @@ from rest_framework.test import APIClient
 from jobs.services import job_array_submit
 from quotas.choices import Role, ShareState
 from quotas.models import Membership, Team
-from tests.api.conftest import client_for, submit  # noqa: F401
+from tests.api.conftest import as_alice, as_bob, client_for, submit, taken  # noqa: F401 - fixtures too
 from tests.conftest import make_share
 from tests.security.agent_helpers import reports, root_dir, root_runner  # noqa: F401 - host-side fixtures
 

@@ -1,6 +1,7 @@
-"""Logins hold against guessing (issue 18): the dashboard, admin and API token logins lock out after
-LOGIN_FAILURE_LIMIT wrong passwords, per username and per client address, whatever X-Forwarded-For
-says; API tokens are stored as digests, expire, and die with a password change."""
+"""Logins hold against guessing (issue 18, issue 30): the dashboard, admin and API token logins lock out
+after LOGIN_FAILURE_LIMIT wrong passwords for one username from one client address, slow a username
+guessed at from many, and take LOGIN_RATE tries per address, whatever X-Forwarded-For says; API tokens
+are stored as digests, expire, and die with a password change."""
 
 from datetime import timedelta
 
@@ -51,17 +52,24 @@ def test_wrong_passwords_lock_the_login_out_whatever_x_forwarded_for_says(url, a
 
 
 @pytest.mark.parametrize("url", URLS)
-def test_a_username_is_locked_out_from_every_address(url, alice):
+def test_a_username_guessed_at_from_every_address_is_slowed(url, alice):
+    """Not locked out (tests/security/test_login_lockout.py: its owner still gets in), but a new
+    address's try right after the guesses waits."""
     for i in range(LIMIT):
         post_login(url, "alice", f"guess-{i}", addr=f"10.0.1.{i}")
-    assert not logged_in(url, post_login(url, "alice", "alice-pw-123", addr="10.0.2.1"))
+    r = post_login(url, "alice", "alice-pw-123", addr="10.0.2.1")
+    assert not logged_in(url, r) and r.status_code == 429 and int(r["Retry-After"]) >= 1
 
 
 @pytest.mark.parametrize("url", URLS)
-def test_an_address_is_locked_out_for_every_username(url, alice):
+def test_an_address_is_rate_limited_for_every_username(url, alice, monkeypatch):
+    from config.logins import LoginThrottle
+
+    monkeypatch.setattr(LoginThrottle, "rate", f"{LIMIT}/min", raising=False)
     for i in range(LIMIT):
         post_login(url, f"user{i}", "guess", addr="10.0.3.1")
-    assert not logged_in(url, post_login(url, "alice", "alice-pw-123", addr="10.0.3.1"))
+    r = post_login(url, "alice", "alice-pw-123", addr="10.0.3.1")
+    assert not logged_in(url, r) and r.status_code == 429
     assert logged_in(url, post_login(url, "alice", "alice-pw-123", addr="10.0.3.2"))  # not alice herself
 
 
@@ -75,18 +83,16 @@ def test_behind_a_proxy_the_client_is_the_address_the_proxy_saw(settings):
     assert client_ip(Req) == "192.0.2.7"  # one proxy: what it appended, not what the client sent
 
 
-def test_the_api_throttle_is_keyed_on_the_real_address(settings):
-    from rest_framework.throttling import AnonRateThrottle
-
-    from config.api_auth import LoginThrottle
-
-    assert settings.REST_FRAMEWORK["NUM_PROXIES"] == 0
-    throttle = LoginThrottle()
-
+def test_the_login_throttle_is_keyed_on_the_real_address(settings):
     from rest_framework.test import APIRequestFactory
 
+    from config.api_auth import ObtainTokenView
+    from config.logins import LoginThrottle
+
+    assert settings.REST_FRAMEWORK["NUM_PROXIES"] == 0
+    assert ObtainTokenView.throttle_classes == [LoginThrottle]
     request = APIRequestFactory().post(TOKEN_URL, REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR="1.2.3.4")
-    assert isinstance(throttle, AnonRateThrottle) and throttle.get_ident(request) == "10.0.0.1"
+    assert LoginThrottle().get_cache_key(request, None) == "throttle_login_10.0.0.1"
 
 
 # --- API tokens ------------------------------------------------------------------------------------

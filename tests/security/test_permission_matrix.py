@@ -67,6 +67,10 @@ MATRIX = [
     ("jobs-priority-peer", "patch", "/jobs/{peer_job}/", {"priority": 5}, expect(200, 200, 403, 404)),
     ("jobs-cancel", "post", "/jobs/{job}/cancel/", None, expect(200, 200, 200, 404)),
     ("jobs-cancel-peer", "post", "/jobs/{peer_job}/cancel/", None, expect(200, 200, 403, 404)),
+    ("jobs-grace", "patch", "/jobs/{job}/", {"preemption_grace_s": 60}, expect(200, 200, 200, 404)),
+    ("jobs-grace-peer", "patch", "/jobs/{peer_job}/", {"preemption_grace_s": 60}, expect(200, 200, 403, 404)),
+    # releasing a held job is an admin's (Slurm's admin hold); this one is not held: 409 for the admin
+    ("jobs-release", "post", "/jobs/{job}/release/", None, expect(409, 403, 403, 404)),
     ("jobs-logs", "get", "/jobs/{job}/logs/", None, expect(200, 200, 200, 404)),
     ("jobs-logs-other-team", "get", "/jobs/{other_job}/logs/", None, expect(200, 404, 404, 200)),
     # jobs cannot be deleted or replaced through the API, by anyone

@@ -28,7 +28,10 @@ def test_an_array_over_the_limit_is_refused_beside_the_field(as_bob, vision_shar
     response = as_bob.post("/teams/vision/submit/", {**FORM, "array_size": "11"}, HTTP_HX_REQUEST="true")
     assert response.status_code == 400
     body = response.content.decode()
-    assert 'id="id_array_size-error"' in body and "at most 10 tasks (MAX_ARRAY_SIZE)" in body
+    assert (
+        'id="id_array_size-error"' in body
+        and "An array has 1 to 10 tasks (MAX_ARRAY_SIZE); this one has 11." in body
+    )
     assert not Job.objects.exists()
 
 

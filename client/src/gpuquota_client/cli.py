@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 # submit` is a Python start plus one request, `make bench` times it): argparse, re, json, datetime,
 # getpass, the config file and the HTTP client are imported where they are used, and the parser is
 # built for the one command given (build_parser).
-OPEN_STATES = ("QUEUED", "ADMITTED", "RUNNING", "PREEMPTING")
+OPEN_STATES = ("QUEUED", "HELD", "ADMITTED", "RUNNING", "PREEMPTING", "CANCELLING")
 
 DURATION_RE = r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?$"
 
@@ -162,6 +162,9 @@ def queued_text(share: dict) -> str:
 
 def job_line(job: dict) -> str:
     text = clean(f"job {job['id']} {job['name'] or ''}".rstrip()) + f": {job['state']}"
+    if job["state"] in ("CANCELLING", "HELD") and job.get("state_reason"):
+        # Stopping (its GPUs still held) or held: the reason says what happens next.
+        return f"{text} ({clean(job['state_reason'])})"
     if job["state"] == "FAILED" and job.get("exit_code") is not None:
         text += f", exit code {job['exit_code']}"
     position = job.get("queue_position")
@@ -193,7 +196,17 @@ def eta_text(job: dict) -> str:
 
 def array_line(array: dict) -> str:
     counts = array.get("counts") or {}
-    order = ["QUEUED", "ADMITTED", "RUNNING", "PREEMPTING", "SUCCEEDED", "FAILED", "CANCELLED"]
+    order = [
+        "QUEUED",
+        "HELD",
+        "ADMITTED",
+        "RUNNING",
+        "PREEMPTING",
+        "CANCELLING",
+        "SUCCEEDED",
+        "FAILED",
+        "CANCELLED",
+    ]
     parts = [f"{counts[s]} {s.lower()}" for s in order if counts.get(s)]
     name = clean(f"array A{array['id']} {array['name'] or ''}".rstrip())
     return (
@@ -217,7 +230,10 @@ def cmd_login(args, out) -> int:
     token = client.login(username, password)
     from gpuquota_client import config
 
-    path = config.save({"url": client.url, "token": token}, args.config_path)
+    saved = {"url": client.url, "token": token}
+    if client.limits:
+        saved["limits"] = client.limits  # what a job may ask for: `submit` checks before sending
+    path = config.save(saved, args.config_path)
     if args.json:
         out({"url": client.url, "config": str(path)})
     else:
@@ -269,12 +285,33 @@ def cmd_nodes(args, out) -> int:
     return 0
 
 
+def check_submit(args) -> None:
+    """Refuse, before any request, what the server would refuse for its limits (the ones it told at
+    login: gpuquota_client.limits), in its own words: a UsageError, exit code 2."""
+    from gpuquota_client import limits
+
+    if not args.share.strip():
+        raise UsageError("--share: give the name of a share (`gpuquota shares` lists them)")
+    known = args.settings().get("limits")
+    for flag, field, value in (
+        ("--gpus", "gpus", args.gpus),
+        ("--priority", "priority", args.priority),
+        ("--max-runtime", "max_runtime_s", args.max_runtime),
+        ("--grace", "preemption_grace_s", args.grace),
+        ("--array", "array", args.array["size"] if args.array else None),
+    ):
+        problem = limits.problem(known, field, value)
+        if problem:
+            raise UsageError(f"{flag}: {problem}")
+
+
 def cmd_submit(args, out) -> int:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
         raise UsageError("give the command after --, e.g. gpuquota submit ... -- python train.py")
+    check_submit(args)
     extra: dict[str, Any] = {}
     if args.grace is not None:
         extra["preemption_grace_s"] = args.grace
@@ -414,6 +451,8 @@ def cmd_queue(args, out) -> int:
             ["#", "OVERALL", "ID", "NAME", "SHARE", "GPUS", "PRIO", "EXPECTED START", "KIND", "WAITING FOR"],
         )
     )
+    if data.get("count", 0) > len(data["jobs"]):
+        out(f"(the first {len(data['jobs'])} of {data['count']} queued jobs)")
     if data.get("forecast_at"):
         out(
             f"(forecast at {when(data['forecast_at'])}; bound = only enforced max runtimes, estimate = a guess)"
@@ -427,10 +466,24 @@ def cmd_cancel(args, out) -> int:
     kind, ident = args.job
     if kind == "array":
         array = args.client().cancel_array(ident)
-        out(array if args.json else f"Cancelled {array_line(array)}")
+        stopping = (array.get("counts") or {}).get("CANCELLING")
+        note = f" ({stopping} still stopping; `gpuquota wait A{ident}` waits for them)" if stopping else ""
+        out(array if args.json else f"Cancelled {array_line(array)}{note}")
         return 0
     job = args.client().cancel(ident)
-    out(job if args.json else f"Cancelled {job_line(job)}")
+    if args.json:
+        out(job)
+    elif job["state"] == "CANCELLING":
+        # Not CANCELLED yet: its processes are being stopped, its GPUs held until its host confirms.
+        out(f"Cancelling {job_line(job)}. `gpuquota wait {ident}` waits until it is CANCELLED.")
+    else:
+        out(f"Cancelled {job_line(job)}")
+    return 0
+
+
+def cmd_release(args, out) -> int:
+    job = args.client().release(args.job)
+    out(job if args.json else f"Released {job_line(job)}")
     return 0
 
 
@@ -528,6 +581,10 @@ def _one_target(p) -> None:
     p.add_argument("job", type=parse_target, metavar="JOB|ARRAY")
 
 
+def _one_job(p) -> None:
+    p.add_argument("job", type=int)
+
+
 def _queue(p) -> None:
     p.add_argument("share", nargs="?")
 
@@ -577,7 +634,13 @@ COMMANDS = {
         "cmd_status",
     ),
     "queue": ("the queue as the scheduler would admit it", _queue, "cmd_queue"),
-    "cancel": ("cancel a job, or every open task of an array (A12)", _one_target, "cmd_cancel"),
+    "cancel": (
+        "cancel a job (a running one is CANCELLING until its processes are gone), or every open task of an "
+        "array (A12)",
+        _one_target,
+        "cmd_cancel",
+    ),
+    "release": ("release a HELD job: queue it again (admins)", _one_job, "cmd_release"),
     "priority": (
         "change the priority of a job, or of every open task of an array",
         _priority,
@@ -761,12 +824,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from gpuquota_client.client import ApiError, Client, ClientError
 
+    loaded: list[dict] = []
+
+    def settings() -> dict:
+        """The config file's contents, read once."""
+        if not loaded:
+            loaded.append(config.load(args.config_path))
+        return loaded[0]
+
     def client() -> Client:
-        settings = config.load(args.config_path)
-        url = args.url or settings.get("url")
+        url = args.url or settings().get("url")
         if not url:
             raise UsageError("not logged in: run `gpuquota login URL` first (or set GPUQUOTA_URL)")
-        return Client(url, settings.get("token"))
+        return Client(url, settings().get("token"))
 
     def out(value: Any) -> None:
         if isinstance(value, str):
@@ -777,6 +847,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps(value, indent=2))
 
     args.client = client
+    args.settings = settings
     try:
         try:
             return args.func(args, out)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence
     from typing import Any
 
-OPEN_STATES = ("QUEUED", "ADMITTED", "RUNNING", "PREEMPTING")
+OPEN_STATES = ("QUEUED", "HELD", "ADMITTED", "RUNNING", "PREEMPTING", "CANCELLING")
 TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
@@ -261,6 +261,7 @@ class Client:
     ):
         self.url = url.rstrip("/")
         self.token = token
+        self.limits: dict | None = None  # what a job may ask for, as the server told at login
         self.timeout = timeout
         self.session = session or StdlibSession()
         self.session.headers.setdefault("User-Agent", "gpuquota-client/0.1")
@@ -309,6 +310,7 @@ class Client:
             "POST", "auth/token/", json={"username": username, "password": password}, auth=False
         )
         self.token = data["token"]
+        self.limits = data.get("limits")
         return self.token
 
     def logout(self) -> None:
@@ -458,7 +460,13 @@ class Client:
             time.sleep(poll_s)
 
     def cancel(self, job_id: int) -> dict:
+        """Cancel a job. A running one answers CANCELLING (stopping, its GPUs still held); wait() for
+        CANCELLED."""
         return self.request("POST", f"jobs/{int(job_id)}/cancel/")
+
+    def release(self, job_id: int) -> dict:
+        """Queue a HELD job again (admins)."""
+        return self.request("POST", f"jobs/{int(job_id)}/release/")
 
     def set_priority(self, job_id: int, priority: int) -> dict:
         return self.request("PATCH", f"jobs/{int(job_id)}/", json={"priority": priority})
