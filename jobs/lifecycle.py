@@ -14,6 +14,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from jobs import signals
 from jobs.choices import (
     ATTEMPT_ACTIVE_STATES,
     JOB_ACTIVE_STATES,
@@ -24,7 +25,7 @@ from jobs.choices import (
 )
 from jobs.limits import effective_grace
 from jobs.models import Attempt, GpuClaim, Job
-from jobs.services import record_event, transition
+from jobs.transitions import record_event, transition
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +35,7 @@ def _nodes_of(placement: list[dict]) -> list[str]:
 
 
 def _request_pass(why: str) -> None:
-    from quotas.triggers import request_pass
-
-    transaction.on_commit(lambda: request_pass(why))
+    signals.announce(why)
 
 
 def send_stop(attempt: Attempt, grace_s: int) -> None:

@@ -1,10 +1,10 @@
-"""Job verbs: submit, cancel, change priority, and the one compare-and-set transition every state
-change goes through (it checks the old state and the attempt number and writes the event)."""
+"""Job verbs: submit, cancel, change priority, release; who may do what; read-outs of jobs and logs.
+Every state change goes through jobs.transitions (one compare-and-set that writes its event)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,8 +14,7 @@ from django.db import connections, router, transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from gpunodes.models import Node
-from jobs import limits
+from jobs import limits, signals
 from jobs.choices import (
     JOB_OPEN_STATES,
     JOB_STOPPING_STATES,
@@ -24,6 +23,7 @@ from jobs.choices import (
     JobState,
 )
 from jobs.models import Job, JobArray, JobEvent
+from jobs.transitions import record_event, transition
 from quotas.choices import Role, Strategy
 from quotas.models import GPU_TYPE_RE, Membership, Share
 
@@ -42,49 +42,6 @@ RESERVED_ENV_PREFIX = "GPUQUOTA_"
 
 class Conflict(Exception):
     """The request is valid but the job's state does not allow it (HTTP 409)."""
-
-
-def record_event(
-    job_id: int,
-    kind: str,
-    reason: str = "",
-    *,
-    attempt_number: int | None = None,
-    detail: Mapping[str, Any] | None = None,
-    at=None,
-) -> JobEvent:
-    return JobEvent.objects.create(
-        job_id=job_id,
-        kind=kind,
-        reason=reason[:300],
-        attempt_number=attempt_number,
-        detail=dict(detail or {}),
-        at=at or timezone.now(),
-    )
-
-
-def transition(
-    job_id: int,
-    *,
-    from_states: Iterable[str],
-    to_state: str,
-    event: str,
-    reason: str = "",
-    attempt_number: int | None = None,
-    detail: Mapping[str, Any] | None = None,
-    **fields: Any,
-) -> bool:
-    """Move a job from one of `from_states` to `to_state` if (and only if) it is still there and, when
-    given, still on `attempt_number`. Returns whether this call made the change; the loser of a race
-    (or a late, duplicated message) gets False and changes nothing."""
-    now = timezone.now()
-    qs = Job.objects.filter(pk=job_id, state__in=list(from_states))
-    if attempt_number is not None:
-        qs = qs.filter(attempt_count=attempt_number)
-    changed = qs.update(state=to_state, state_reason=reason[:300], updated_at=now, **fields)
-    if changed:
-        record_event(job_id, event, reason, attempt_number=attempt_number, detail=detail, at=now)
-    return bool(changed)
 
 
 # --- permissions ----------------------------------------------------------------------------------
@@ -110,21 +67,6 @@ def can_manage_job(user, job: Job) -> bool:
 
 
 # --- validation -------------------------------------------------------------------------------------
-
-
-def load_node_shapes() -> dict[str, dict[int, int]]:
-    """Known node shapes from the database: {gpu_type: {gpus per node: number of nodes}}, over every
-    registered node (READY or not): a request none of them could ever hold is refused at submit time."""
-    shapes: dict[str, dict[int, int]] = {}
-    qs = Node.objects.annotate(n=Count("gpus")).filter(n__gt=0)
-    for t, n in qs.values_list("gpu_type", "n"):
-        shapes.setdefault(t, {})
-        shapes[t][n] = shapes[t].get(n, 0) + 1
-    return shapes
-
-
-def load_team_ids(user_id: int) -> list[int]:
-    return list(Membership.objects.filter(user_id=user_id).values_list("team_id", flat=True))
 
 
 def node_shapes(gpu_type: str | None = None) -> dict[str, dict[int, int]]:
@@ -794,43 +736,6 @@ def _build_share_check(conn) -> str:
     )
 
 
-def share_by_name(name: str) -> Share | None:
-    """The share named so, with its team, by one hand-written join: building the same query through
-    the ORM costs more CPU than the rest of a submit's database work (the submit path asks this for
-    every job)."""
-    from quotas.models import Team
-
-    conn = connections[router.db_for_read(Share)]
-    qn = conn.ops.quote_name
-    share_fields, team_fields = list(Share._meta.concrete_fields), list(Team._meta.concrete_fields)
-    sql = (
-        f"SELECT {', '.join('s.' + qn(f.column) for f in share_fields)}, "
-        f"{', '.join('t.' + qn(f.column) for f in team_fields)} "
-        f"FROM {qn(Share._meta.db_table)} s JOIN {qn(Team._meta.db_table)} t "
-        f"ON t.{qn(Team._meta.pk.column)} = s.{qn(Share._meta.get_field('team').column)} "
-        f"WHERE s.{qn(Share._meta.get_field('name').column)} = %s"
-    )
-    with conn.cursor() as cursor:
-        cursor.execute(sql, [name])
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    share = Share.from_db(conn.alias, None, _from_db(share_fields, row[: len(share_fields)], conn))
-    share.team = Team.from_db(conn.alias, None, _from_db(team_fields, row[len(share_fields) :], conn))
-    return share
-
-
-def _from_db(fields, values, conn) -> list:
-    """Column values as the ORM would hand them to a model (its database converters applied)."""
-    out = []
-    for field, value in zip(fields, values, strict=True):
-        col = field.get_col(field.model._meta.db_table)
-        for convert in [*conn.ops.get_db_converters(col), *field.get_db_converters(conn)]:
-            value = convert(value, col, conn)
-        out.append(value)
-    return out
-
-
 def _insert_columns(obj, conn, *, skip: frozenset[str] | set[str] = frozenset()) -> tuple[list[str], list]:
     """Column names and database values of a new row, as Django's own INSERT computes them."""
     fields = [f for f in type(obj)._meta.concrete_fields if not f.primary_key and f.attname not in skip]
@@ -935,13 +840,7 @@ def job_release(*, user, job: Job) -> Job:
 
 
 def _after_commit_request_pass(why: str, *, coalesce: bool = False) -> None:
-    # Imported late: the trigger lives with the scheduler, which depends on this module.
-    try:
-        from quotas import triggers
-    except ImportError:  # pragma: no cover - the scheduler is optional in the foundation
-        return
-    ask = triggers.request_pass_soon if coalesce else triggers.request_pass
-    transaction.on_commit(lambda: ask(why))
+    signals.announce(why, coalesce=coalesce)
 
 
 # --- read-outs: who sees which jobs, and their logs -------------------------------------------------

@@ -68,7 +68,7 @@ def _delete(keys: list[str]) -> None:
 def lookup(user_id: int | None) -> tuple[dict[str, dict[int, int]], list[int] | None]:
     """(node shapes, the user's team ids) from the cache, loading and storing what is missing.
     Team ids are None for an anonymous user."""
-    from jobs.services import load_node_shapes, load_team_ids
+    from jobs.queries import load_node_shapes, load_team_ids
 
     keys = [shapes_key()] + ([teams_key(user_id)] if user_id is not None else [])
     got = _get_many(keys)
@@ -96,7 +96,7 @@ def loads(raw: bytes) -> Any:
 def load_share(name: str):
     """(share with its team, {gpu type: capacity}) from the database, stored for the quick path; None
     when no share has that name."""
-    from jobs.services import share_by_name
+    from jobs.queries import share_by_name
 
     share = share_by_name(name)
     if share is None:

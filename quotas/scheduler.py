@@ -25,7 +25,7 @@ from jobs import lifecycle
 from jobs.choices import ATTEMPT_ACTIVE_STATES, AttemptState, EventKind, JobState, Outcome
 from jobs.limits import effective_grace
 from jobs.models import Attempt, GpuClaim, Job, JobEvent
-from jobs.services import transition
+from jobs.transitions import transition
 from quotas import hearing
 from quotas.engine import policy
 from quotas.models import SchedulerPass, Share, ShareCapacity

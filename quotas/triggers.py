@@ -23,14 +23,19 @@ COALESCE_S = 0.25
 log = logging.getLogger(__name__)
 
 
+PASS_TASK = "quotas.tasks.scheduling_pass"
+
+
 def request_pass(why: str = "") -> bool:
     """Ask for a pass soon. Returns whether a new pass was enqueued."""
-    from quotas.tasks import scheduling_pass
+    from config.celery import app
 
     try:
         if not cache.add(PENDING_KEY, why or "1", timeout=PENDING_TTL_S):
             return False
-        scheduling_pass.apply_async(kwargs={"trigger": why})
+        # By name from the app's registry (eager in tests, like the task object): the tasks module is the
+        # top of the scheduling side and nothing below it imports it.
+        app.tasks[PASS_TASK].apply_async(kwargs={"trigger": why})
     except Exception:  # the beat runs a pass every SCHEDULER_INTERVAL_S anyway
         log.warning("could not enqueue a scheduling pass (%s)", why, exc_info=True)
         return False
@@ -82,3 +87,9 @@ _coalescer = _Coalescer()
 def request_pass_soon(why: str = "") -> None:
     """Ask for a pass soon, coalesced in this process first (for the submit path)."""
     _coalescer.request(why)
+
+
+def on_queue_changed(sender, *, why: str = "", coalesce: bool = False, **kwargs) -> None:
+    """Receiver of jobs.signals.queue_changed (connected in quotas.apps): a submit is coalesced in this
+    process first, anything else asks at once. The names are looked up when called (tests replace them)."""
+    (request_pass_soon if coalesce else request_pass)(why)

@@ -43,6 +43,7 @@ MAX_JOBS = 100_000  # the most recent submissions of the window; older ones are 
 BUDGET_S = 600.0  # one replay's wall-clock budget; past it the part fails and the page says so
 DEFAULT_RUNTIME_S = 3600
 TAIL_S = 24 * 3600  # simulated time after the last submission before the replay is cut
+REPLAY_TASK = "quotas.tasks.whatif_replay"  # by name: quotas.tasks imports this module
 RUN_TTL_S = 3600  # how long a run's spec, progress and result stay in the cache
 PROGRESS_EVERY_S = 0.25  # at most this often a replay reports how far it is
 PREFIX = "gpuquota:whatif:"
@@ -513,13 +514,12 @@ def start(
 def _enqueue(run_id: str, index: int) -> None:
     """Ask for one replay by task name (on the `whatif` queue); eager Celery (tests) runs it here."""
     from config.celery import WHATIF_QUEUE, app
-    from quotas.tasks import whatif_replay
 
     kwargs = {"run_id": run_id, "index": index}
     if app.conf.task_always_eager:
-        whatif_replay.apply(kwargs=kwargs)
+        app.tasks[REPLAY_TASK].apply(kwargs=kwargs)
     else:
-        app.send_task(whatif_replay.name, kwargs=kwargs, queue=WHATIF_QUEUE)
+        app.send_task(REPLAY_TASK, kwargs=kwargs, queue=WHATIF_QUEUE)
 
 
 def start_preview(*, share: str, changes: Mapping[str, Any]) -> str:

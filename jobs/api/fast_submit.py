@@ -30,10 +30,11 @@ from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpResponse
 
+from jobs.api.throttles import COUNTED
+
 # DRF's JobViewSet answers a list route with these (its finalize_response sets them on every answer).
 ALLOW = "GET, POST, HEAD, OPTIONS"
 ACCEPTS = frozenset({None, "", "*/*", "application/json"})
-COUNTED = "_gpuquota_submit_counted"  # set on a request whose submit the throttle has counted
 
 _STR_FIELDS = {"share", "name", "gpu_type"}
 _INT_FIELDS = {"gpus", "priority", "max_preemptions"}
@@ -143,7 +144,7 @@ def _count_and_read(throttle_request, user, name: str, generation: int | None):
 
     from config.auth import REVOCATIONS_KEY, revoked_since
     from jobs import services, submit_cache
-    from jobs.api.views import SubmitThrottle
+    from jobs.api.throttles import SubmitThrottle
     from jobs.models import Job
     from quotas.models import SHARE_NAME_RE
 
@@ -181,7 +182,9 @@ def fast_submit(request) -> HttpResponse | None:
     """The 201 for a plain, valid single-job submit; None to let the full stack answer."""
     from config.auth import cached_token, revocation_generation, revoked_since
     from jobs import services, submit_cache
-    from jobs.api.views import SubmitThrottle, submitted_data
+    from jobs.api.serializers import submitted_data
+    from jobs.api.throttles import SubmitThrottle
+    from jobs.queries import share_by_name
 
     meta = request.META
     if meta.get("HTTP_ACCEPT") not in ACCEPTS:
@@ -218,7 +221,7 @@ def fast_submit(request) -> HttpResponse | None:
     if quick is None:  # the cache is not Redis, or it failed: the same, a question at a time
         if revoked_since(generation, revocation_generation()):
             return None
-        share, known = services.share_by_name(name), None
+        share, known = share_by_name(name), None
         if share is None or not SubmitThrottle().allow_request(throttle_request, None):
             return None
     elif not quick[0]:

@@ -1,6 +1,8 @@
 """Serializers of jobs: the submit and priority write shapes (strict: unknown fields are refused), the
 list and detail read shapes, attempts, events, queue entries and log reads."""
 
+import functools
+
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -36,7 +38,7 @@ class ShareByName(serializers.SlugRelatedField):
     def to_internal_value(self, data):
         if not isinstance(data, str):
             raise serializers.ValidationError("Give the share by its name.")
-        from jobs.services import share_by_name
+        from jobs.queries import share_by_name
 
         share = share_by_name(data) if len(data) <= 63 else None  # the longest a share name can be
         if share is None:
@@ -360,3 +362,20 @@ class LogSerializer(serializers.Serializer):
     removed = serializers.BooleanField(
         help_text="The job ended more than JOB_OUTPUT_KEEP_DAYS days ago: its output has been removed."
     )
+
+
+@functools.cache
+def _submitted_serializer() -> JobDetailSerializer:
+    return JobDetailSerializer()
+
+
+def submitted_data(job: Job) -> dict:
+    """The 201's body for a job job_submit just created (the DRF view and jobs.api.fast_submit). No
+    forecast in it: the control worker stores one after the next pass (GET jobs/{id}/). A new job has no
+    attempts and one event, all in hand: answered without reading it back, by one serializer kept for
+    the purpose (building a ModelSerializer's fields costs more than using them; to_representation
+    keeps no state, so threads can share it)."""
+    from jobs.services import known_related
+
+    setattr(job, FRESH, True)
+    return _submitted_serializer().to_representation(known_related(job))
