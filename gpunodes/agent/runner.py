@@ -682,9 +682,9 @@ class Runner:
         }
         if oom and how == "exited":
             end["detail"] = (
-                f"out of memory: the attempt used its memory limit of {proc.memory_bytes // 2**20} MiB "
-                "(processes, page cache and files in its working directory, /tmp and /dev/shm) and was "
-                "killed"
+                "out of memory: the kernel killed its processes (the attempt's memory limit is "
+                f"{proc.memory_bytes // 2**20} MiB, counting its processes, page cache and the files in "
+                "its working directory, /tmp and /dev/shm)"
             )
         self._report_finished(end)
 

@@ -66,7 +66,8 @@ def test_a_memory_hog_is_killed_inside_its_own_limit(limited, reports):
     hog_uid = limited._procs[1].user.uid
     end = wait_until(lambda: reports.finished(1), timeout=60, runner=limited, what="the hog's end")
     assert end["how"] == "exited" and end["exit_code"] != 0, (end, reports.log_of(1))
-    assert end["detail"].startswith("out of memory: the attempt used its memory limit of 300 MiB"), end
+    assert end["detail"].startswith("out of memory: the kernel killed its processes"), end
+    assert "memory limit is 300 MiB" in end["detail"]
     assert "hog-survived" not in reports.log_of(1)
     assert not pids_of_uid(hog_uid)  # all of it, not only the processes the kernel picked
     steady = wait_until(lambda: reports.finished(2), timeout=60, runner=limited, what="the other job's end")
