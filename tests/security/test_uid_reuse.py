@@ -135,3 +135,56 @@ def test_the_next_uid_is_kept_across_restarts(tmp_path):
     after = restarted.acquire()
     restarted.release(after.uid)
     assert after.uid == first + (taken.uid + 1 - first) % 10
+
+
+# An agent that runs one attempt of job 7 (it writes its checkpoint, then waits) with its fence watchdog,
+# as Agent.run does, and is then killed with -9 by the test. argv: root dir, first uid of its range.
+DYING_AGENT = """
+import sys, time
+from pathlib import Path
+from gpunodes.agent.fence import Watchdog
+from gpunodes.agent.identity import UidPool
+from gpunodes.agent.runner import Runner
+root, first = Path(sys.argv[1]), int(sys.argv[2])
+runner = Runner(node="n1", log_dir=root / "logs", checkpoint_root=root / "ckpt", work_root=root / "work",
+                report=lambda name, kwargs: None, state_path=root / "state" / "running.json",
+                uids=UidPool(first, first + 99))
+dog = Watchdog(state_path=runner.state_path, tree=runner.cgroups.base if runner.cgroups else None,
+               uids=(first, first + 99))
+job = 'echo w > "$GPUQUOTA_CHECKPOINT_DIR/weights"; sleep 300'
+runner.start(attempt_id=1, number=1, job_id=7, command=[job], use_shell=True)
+while not (root / "ckpt" / "job-7" / "weights").exists():
+    runner.poll(); time.sleep(0.05)
+print(runner._procs[1].user.uid, flush=True)
+time.sleep(300)
+"""
+
+
+def test_the_successor_of_a_killed_agent_takes_its_checkpoints_back(root_dir, reports):
+    import signal
+    import sys
+
+    first = uid_pool().first
+    dying = subprocess.Popen(
+        [sys.executable, "-c", DYING_AGENT, str(root_dir), str(first)],
+        stdout=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        uid = int(dying.stdout.readline())
+        ckpt = root_dir / "ckpt" / "job-7"
+        assert ckpt.stat().st_uid == uid
+        dying.send_signal(signal.SIGKILL)
+        dying.wait()
+        ended = root_dir / "state" / "running.json.ended"
+        wait_until(lambda: ended.exists(), what="the watchdog's list of the attempts it killed")
+    finally:
+        if dying.poll() is None:
+            dying.kill()
+    successor = make_runner(root_dir, reports, uids=UidPool(first, first + 99))
+    try:
+        successor.kill_orphans()
+        assert ckpt.stat().st_uid == 0 and (ckpt / "weights").stat().st_uid == 0
+        assert not ended.exists() and not list((root_dir / "work").iterdir())
+    finally:
+        successor.shutdown(grace_s=0)
