@@ -518,13 +518,16 @@ def _reach(path: str, mode: int) -> str | None:
     return None
 
 
-def unusable_program(argv: list[str], path_env: str, *, arguments: bool = True) -> str | None:
+def unusable_program(argv: list[str], path_env: str, *, arguments: bool = True, cwd: str = "") -> str | None:
     """Why the job, as the uid this process now runs as, cannot run its command ("cannot run P: not
     found", "cannot read F: permission denied"), or None. Its program, found on PATH if bare, must be
     executable; with `arguments`, an argument that names a file it cannot read (an existing file
     without read permission, or a path through a directory it may not search) fails it too: `python
     /root/x/train.py` would start and die with "can't open file". What only the agent could see (a
-    file's existence behind such a directory) is never told."""
+    file's existence behind such a directory) is never told. First of all it must be able to enter its
+    working directory (`cwd`, an operator's --workdir)."""
+    if cwd and not os.access(".", os.X_OK):
+        return f"cannot enter its working directory {cwd}: permission denied"
     program = argv[0]
     if "/" in program:
         why = _reach(program, os.X_OK)
@@ -562,12 +565,14 @@ class CannotRun(Exception):
     """The job cannot run its command (its reason is written to the start's report pipe)."""
 
 
-def program_check_fn(argv: list[str], path_env: str, report_fd: int, *, arguments: bool = True):
+def program_check_fn(
+    argv: list[str], path_env: str, report_fd: int, *, arguments: bool = True, cwd: str = ""
+):
     """The child's last step before exec, as the job's uid: where it could not run its command, write
     why to `report_fd` and fail the start (Popen raises; the agent reads the reason)."""
 
     def run() -> None:
-        why = unusable_program(argv, path_env, arguments=arguments)
+        why = unusable_program(argv, path_env, arguments=arguments, cwd=cwd)
         if why:
             os.write(report_fd, why.encode("utf-8", "replace")[:4000])
             raise CannotRun(why)

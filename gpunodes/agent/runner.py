@@ -380,7 +380,9 @@ class Runner:
                 if self._deny_user_namespaces is not None:
                     steps.append(self._deny_user_namespaces)
             steps.append(
-                identity.program_check_fn(argv, child_env.get("PATH", ""), check_w, arguments=not use_shell)
+                identity.program_check_fn(
+                    argv, child_env.get("PATH", ""), check_w, arguments=not use_shell, cwd=str(cwd)
+                )
             )
 
             def preexec() -> None:

@@ -50,6 +50,18 @@ def test_a_program_it_cannot_run(root_runner, reports, private):
     assert reason(end)[0] == f"cannot run {private / 'run.sh'}: permission denied"
 
 
+def test_a_relative_script_in_a_working_directory_it_cannot_enter(root_dir, reports, private):
+    from tests.security.agent_helpers import make_runner, uid_pool
+
+    runner = make_runner(root_dir, reports, uids=uid_pool(), workdir=private)  # the operator's --workdir
+    try:
+        _, end = ended(runner, reports, [job_python(), "train.py"])
+    finally:
+        runner.shutdown(grace_s=0)
+    assert end["how"] == "failed_to_start"
+    assert reason(end)[0] == f"cannot enter its working directory {private}: permission denied"
+
+
 @pytest.mark.parametrize(
     "command, why",
     [
