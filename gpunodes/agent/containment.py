@@ -299,17 +299,15 @@ def delegate_controllers(own: Path, base: Path) -> frozenset[str]:
         try:
             _write(own / "cgroup.subtree_control", line)
         except OSError as e:
-            procs = (own / "cgroup.procs").read_text().split()
-            if e.errno != errno.EBUSY or procs != [str(os.getpid())]:
+            try:
+                if e.errno != errno.EBUSY or (own / "cgroup.procs").read_text().split() != [str(os.getpid())]:
+                    raise
+                leaf = own / f"gpuquota-agent-{os.getpid()}"
+                leaf.mkdir(exist_ok=True)
+                _write(leaf / "cgroup.procs", os.getpid())
+                _write(own / "cgroup.subtree_control", line)
+            except OSError:
                 available &= enabled
-            else:
-                try:
-                    leaf = own / f"gpuquota-agent-{os.getpid()}"
-                    leaf.mkdir(exist_ok=True)
-                    _write(leaf / "cgroup.procs", os.getpid())
-                    _write(own / "cgroup.subtree_control", line)
-                except OSError:
-                    available &= enabled
     if available:
         try:
             _write(base / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(available)))
