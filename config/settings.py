@@ -285,6 +285,32 @@ JOB_UID_RANGE = os.environ.get("JOB_UID_RANGE", "2000000-2099999")
 JOB_LOG_CAP_BYTES = env_int("JOB_LOG_CAP_BYTES", 8 * 1024 * 1024)
 # Per-attempt log files on an agent host are removed this many days after they were last written.
 JOB_LOG_KEEP_DAYS = env_int("JOB_LOG_KEEP_DAYS", 7)
+# What one attempt may use on its host (gpunodes/agent/containment.py: cgroup v2 where the controllers
+# are delegated, cgroup v1 on hybrid hosts, rlimits otherwise). Memory: 0 gives each attempt its share
+# of the host's memory by its share of the host's GPUs, less AGENT_MEMORY_RESERVE_BYTES (0: a
+# sixteenth of the host's memory, at least 1 GiB) kept for the agent and the system; a job past it is
+# killed whole and ends FAILED ("out of memory"). Tasks (processes and threads) and a CPU weight per
+# GPU (cgroup v2's scale: 100 is the default of an unlimited process).
+JOB_MEMORY_MAX_BYTES = env_int("JOB_MEMORY_MAX_BYTES", 0)
+AGENT_MEMORY_RESERVE_BYTES = env_int("AGENT_MEMORY_RESERVE_BYTES", 0)
+JOB_PIDS_MAX = env_int("JOB_PIDS_MAX", 4096)
+JOB_CPU_WEIGHT_PER_GPU = env_int("JOB_CPU_WEIGHT_PER_GPU", 100)
+# Without a memory cgroup, limit each job process's address space to the memory limit instead (off by
+# default: CUDA reserves far more address space than it uses, so GPU jobs do not start under it).
+JOB_RLIMIT_AS = env_bool("JOB_RLIMIT_AS", False)
+# A root agent's attempts work in a tmpfs of this size (their HOME, TMPDIR, cwd, /tmp and /var/tmp),
+# charged to their memory limit: 0 is half the attempt's memory limit, -1 keeps it on JOB_ROOT's disk
+# (no quota: one job can then fill the disk its neighbours' checkpoints are on).
+JOB_WORKDIR_MAX_BYTES = env_int("JOB_WORKDIR_MAX_BYTES", 0)
+# A root agent's jobs may not create user namespaces (`unshare -Ur`: "root" inside one reaches kernel
+# code an unprivileged process cannot), enforced with a seccomp filter, unless this allows them
+# (rootless containers in jobs). The host-wide alternative is the sysctl user.max_user_namespaces=0.
+JOB_ALLOW_USER_NAMESPACES = env_bool("JOB_ALLOW_USER_NAMESPACES", False)
+# Checkpoints of jobs that have not run on a host for this many days are removed from it.
+CHECKPOINT_KEEP_DAYS = env_int("CHECKPOINT_KEEP_DAYS", 30)
+# The host's directories every uid may write, where a job uid that left files is not handed out again
+# (an attempt gets its own /tmp, /var/tmp and /dev/shm where the host allows mount namespaces).
+JOB_SHARED_DIRS = env_list("JOB_SHARED_DIRS", "/tmp,/var/tmp,/dev/shm,/run/lock,/dev/mqueue")
 # /metrics (Prometheus): a bearer token, or client addresses/networks allowed without one. Neither: 403.
 METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
 METRICS_ALLOWED_IPS = env_list("METRICS_ALLOWED_IPS")

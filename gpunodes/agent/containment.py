@@ -15,10 +15,18 @@ Where the host cannot do it, `kill_attempt()` falls back, in this order:
    process that runs under the attempt's own uid (each attempt has its own uid on a root agent, taken
    host-wide, so the uid names exactly its processes). A non-root agent that runs jobs as itself has
    only the process group: a `setsid` child escapes it (README, "Security model").
+
+What an attempt may use (`Limits`: memory, tasks, a CPU weight) is set on the same cgroup where the
+host delegates the cgroup v2 controllers (`memory.max` with `memory.oom.group=1`, `pids.max`,
+`cpu.weight`); on a hybrid host whose controllers are on cgroup v1 (`LimitTree`) in a directory of
+the attempt's own in each of the v1 `memory`, `pids` and `cpu` hierarchies; with neither, the runner
+sets `RLIMIT_NPROC` (and `RLIMIT_AS` where the operator asks) in the child. The agent and its fence
+watchdog lower their own `oom_score_adj` (`protect_from_oom`); jobs raise theirs.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -27,6 +35,64 @@ from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+# The controllers an attempt is limited with (cgroup v2 names; v1 has a hierarchy for each).
+LIMIT_CONTROLLERS = ("memory", "pids", "cpu")
+# A job's processes are the first the kernel's OOM killer takes when the host runs short; the agent
+# and its fence watchdog nearly the last (not -1000, "never": an agent that leaks stays stoppable).
+JOB_OOM_SCORE_ADJ = 1000
+AGENT_OOM_SCORE_ADJ = -999
+_warned: set[str] = set()
+
+
+def warn_once(key: str, message: str, *args) -> None:
+    """A host fact (no controller, no namespace) is logged once per process, not once per attempt."""
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(message, *args)
+
+
+def join_fn(*procs_files: Path):
+    """A function for the child to call between fork and exec (as root, before it drops to the job's
+    uid): it moves itself into these cgroups, so nothing it starts can be outside them."""
+    names = [str(p) for p in procs_files]
+
+    def enter() -> None:
+        pid = str(os.getpid()).encode()
+        for name in names:
+            fd = os.open(name, os.O_WRONLY)
+            try:
+                os.write(fd, pid)
+            finally:
+                os.close(fd)
+
+    return enter
+
+
+def remove_dir_when_empty(path: Path, tries: int = 50) -> bool:
+    """rmdir a cgroup once its last processes are reaped (EBUSY until then)."""
+    for _ in range(tries):
+        try:
+            path.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            time.sleep(0.02)
+    return False
+
+
+def _write(path: Path, value) -> None:
+    path.write_text(str(value))
+
+
+def _count(text: str, key: str) -> int:
+    """The value of `key N` in a flat-keyed cgroup file (memory.events, memory.oom_control)."""
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value)
+    return 0
 
 
 def cgroup2_mount(mountinfo: str = "/proc/self/mountinfo") -> Path | None:
@@ -65,18 +131,29 @@ class AttemptCgroup:
         return self.path.name
 
     def enter_fn(self):
-        """A function for the child to call between fork and exec (as root, before it drops to the
-        job's uid): it moves itself into the cgroup, so nothing it starts can be outside."""
-        procs = str(self.path / "cgroup.procs")
+        """For the child, before exec: join the cgroup (join_fn)."""
+        return join_fn(self.path / "cgroup.procs")
 
-        def enter() -> None:
-            fd = os.open(procs, os.O_WRONLY)
-            try:
-                os.write(fd, str(os.getpid()).encode())
-            finally:
-                os.close(fd)
+    def limit(self, limits: Limits, controllers: frozenset[str]) -> None:
+        """Write the attempt's limits, for the controllers the tree has (before anything joins). A job
+        that reaches memory.max is killed whole (memory.oom.group), not one process at a time."""
+        if "memory" in controllers and limits.memory_bytes:
+            _write(self.path / "memory.max", limits.memory_bytes)
+            _write(self.path / "memory.oom.group", 1)
+            swap = self.path / "memory.swap.max"
+            if swap.exists():
+                _write(swap, 0)  # else a job past memory.max swaps instead, slowing the whole host
+        if "pids" in controllers and limits.pids:
+            _write(self.path / "pids.max", limits.pids)
+        if "cpu" in controllers and limits.cpu_weight:
+            _write(self.path / "cpu.weight", limits.cpu_weight)
 
-        return enter
+    def oom_kills(self) -> int:
+        """How many of the attempt's processes the kernel killed for its memory limit."""
+        try:
+            return _count((self.path / "memory.events").read_text(), "oom_kill")
+        except OSError:
+            return 0
 
     def pids(self) -> list[int]:
         try:
@@ -146,10 +223,12 @@ class AttemptCgroup:
 
 
 class CgroupTree:
-    """The agent's own directory of attempt cgroups, under the agent's own cgroup."""
+    """The agent's own directory of attempt cgroups, under the agent's own cgroup. `controllers`: the
+    ones (of memory, pids, cpu) its attempt cgroups have, where the host delegates them."""
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, controllers: frozenset[str] = frozenset()) -> None:
         self.base = base
+        self.controllers = controllers
 
     @classmethod
     def create(cls, label: str) -> CgroupTree | None:
@@ -159,8 +238,11 @@ class CgroupTree:
         if mount is None or own is None:
             log.warning("no cgroup v2 on this host: attempts are contained by process group and uid only")
             return None
-        base = mount / own.lstrip("/") / f"gpuquota-{label}"
-        _remove_stale_trees(base.parent)
+        own_dir = mount / own.lstrip("/")
+        if own_dir.name.startswith("gpuquota-agent-"):
+            own_dir = own_dir.parent  # this process moved itself into a leaf before (delegate_controllers)
+        base = own_dir / f"gpuquota-{label}"
+        _remove_stale_trees(own_dir)
         try:
             base.mkdir(mode=0o755, exist_ok=True)
             probe = base / "probe"
@@ -173,12 +255,19 @@ class CgroupTree:
                 e.strerror,
             )
             return None
-        return cls(base)
+        return cls(base, delegate_controllers(own_dir, base))
 
-    def attempt(self, name: str) -> AttemptCgroup:
+    def attempt(self, name: str, limits: Limits | None = None) -> AttemptCgroup:
         path = self.base / name
         path.mkdir(exist_ok=True)
-        return AttemptCgroup(path)
+        cgroup = AttemptCgroup(path)
+        if limits is not None and self.controllers:
+            try:
+                cgroup.limit(limits, self.controllers)
+            except OSError:
+                cgroup.remove()
+                raise
+        return cgroup
 
     def remove(self) -> None:
         for child in self.base.iterdir() if self.base.exists() else ():
@@ -190,6 +279,49 @@ class CgroupTree:
             self.base.rmdir()
         except OSError:
             pass
+
+
+def delegate_controllers(own: Path, base: Path) -> frozenset[str]:
+    """Turn the memory, pids and cpu controllers on for the attempt cgroups under `base`, where the
+    host delegates them to the agent's cgroup `own` (listed in its cgroup.controllers: systemd's
+    Delegate=yes, a container's own cgroup namespace). cgroup v2 lets a cgroup hand controllers down
+    only while no process sits in it: an agent alone in its cgroup (a service) moves into a leaf of
+    its own first. Returns the controllers the attempts get (logged once where some are missing)."""
+    wanted = set(LIMIT_CONTROLLERS)
+    try:
+        available = wanted & set((own / "cgroup.controllers").read_text().split())
+        enabled = set((own / "cgroup.subtree_control").read_text().split())
+    except OSError:
+        available, enabled = set(), set()
+    missing = available - enabled
+    if missing:
+        line = " ".join(f"+{c}" for c in sorted(missing))
+        try:
+            _write(own / "cgroup.subtree_control", line)
+        except OSError as e:
+            try:
+                if e.errno != errno.EBUSY or (own / "cgroup.procs").read_text().split() != [str(os.getpid())]:
+                    raise
+                leaf = own / f"gpuquota-agent-{os.getpid()}"
+                leaf.mkdir(exist_ok=True)
+                _write(leaf / "cgroup.procs", os.getpid())
+                _write(own / "cgroup.subtree_control", line)
+            except OSError:
+                available &= enabled
+    if available:
+        try:
+            _write(base / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(available)))
+        except OSError:
+            available = set()
+    if wanted - available:
+        warn_once(
+            "v2-controllers",
+            "cgroup v2 controllers %s are not delegated to %s: their limits come from cgroup v1 or "
+            "rlimits where this host has them",
+            ",".join(sorted(wanted - available)),
+            own,
+        )
+    return frozenset(available)
 
 
 def _remove_stale_trees(parent: Path) -> None:
@@ -211,9 +343,8 @@ def _remove_stale_trees(parent: Path) -> None:
             pass
 
 
-def pids_of_uid(uid: int) -> list[int]:
-    """Live processes (not zombies) whose real or effective uid is `uid` (from /proc/PID/status)."""
-    found = []
+def _processes():
+    """(pid, real uid, effective uid) of every live process (zombies left out), from /proc/PID/status."""
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -224,12 +355,20 @@ def pids_of_uid(uid: int) -> list[int]:
                         break
                     if line.startswith("Uid:"):
                         real, effective = (int(x) for x in line.split()[1:3])
-                        if uid in (real, effective):
-                            found.append(int(entry.name))
+                        yield int(entry.name), real, effective
                         break
         except (OSError, ValueError):
             continue
-    return found
+
+
+def pids_of_uid(uid: int) -> list[int]:
+    """Live processes (not zombies) whose real or effective uid is `uid`."""
+    return [pid for pid, real, effective in _processes() if uid in (real, effective)]
+
+
+def uids_with_processes() -> set[int]:
+    """Every uid some live process runs as (one pass over /proc for a whole uid range)."""
+    return {uid for _, real, effective in _processes() for uid in (real, effective)}
 
 
 def kill_uid(uid: int, rounds: int = 20) -> int:
@@ -320,27 +459,10 @@ class AttemptDevices:
             (self.path / "devices.deny").write_text(f"{kind} {major}:{minor} rwm")
 
     def enter_fn(self):
-        procs = str(self.path / "cgroup.procs")
-
-        def enter() -> None:
-            fd = os.open(procs, os.O_WRONLY)
-            try:
-                os.write(fd, str(os.getpid()).encode())
-            finally:
-                os.close(fd)
-
-        return enter
+        return join_fn(self.path / "cgroup.procs")
 
     def remove(self) -> bool:
-        for _ in range(50):
-            try:
-                self.path.rmdir()
-                return True
-            except FileNotFoundError:
-                return True
-            except OSError:
-                time.sleep(0.02)  # its last processes are still being reaped
-        return False
+        return remove_dir_when_empty(self.path)
 
 
 class DeviceTree:
@@ -388,3 +510,152 @@ class DeviceTree:
             self.base.rmdir()
         except OSError:
             pass
+
+
+# --- limits per attempt --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one attempt may use: memory in bytes (RAM, page cache and its tmpfs files), tasks
+    (processes and threads), a CPU weight (cgroup v2's scale, 1-10000; 100 is the kernel's default)."""
+
+    memory_bytes: int | None = None
+    pids: int | None = None
+    cpu_weight: int | None = None
+
+
+def host_memory_bytes(meminfo: str = "/proc/meminfo") -> int:
+    for line in Path(meminfo).read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no MemTotal in {meminfo}")
+
+
+@dataclass(frozen=True)
+class LimitPolicy:
+    """The operator's settings (JOB_MEMORY_MAX_BYTES, AGENT_MEMORY_RESERVE_BYTES, JOB_PIDS_MAX,
+    JOB_CPU_WEIGHT_PER_GPU), turned into the limits of one attempt."""
+
+    memory_max_bytes: int = 0  # 0: the attempt's share of the host's memory, less the reserve
+    memory_reserve_bytes: int = 0  # 0: a sixteenth of the host's memory, at least 1 GiB
+    pids_max: int = 4096
+    cpu_weight_per_gpu: int = 100
+    host_memory: int = 0  # 0: read from /proc/meminfo
+
+    def for_attempt(self, gpus: int, host_gpus: int | None) -> Limits:
+        """An attempt on `gpus` of the host's `host_gpus` GPUs (an attempt without GPUs counts as one)
+        gets that share of what the host keeps for jobs: the attempts of a full host together fit."""
+        if self.memory_max_bytes > 0:
+            memory = self.memory_max_bytes
+        else:
+            host = self.host_memory or host_memory_bytes()
+            reserve = self.memory_reserve_bytes or max(1 << 30, host // 16)
+            share = max(gpus, 1) / max(host_gpus or 1, gpus, 1)
+            memory = max(256 << 20, int((host - reserve) * share))
+        weight = min(10_000, max(1, self.cpu_weight_per_gpu * max(gpus, 1)))
+        return Limits(memory_bytes=memory, pids=self.pids_max or None, cpu_weight=weight)
+
+
+@dataclass(frozen=True)
+class AttemptLimits:
+    """An attempt's directories in the cgroup v1 hierarchies of a hybrid host (LimitTree)."""
+
+    paths: tuple[Path, ...]
+    memory: Path | None = None
+
+    def enter_fn(self):
+        return join_fn(*(p / "cgroup.procs" for p in self.paths))
+
+    def oom_kills(self) -> int:
+        """How many of the attempt's processes the kernel killed for its memory limit (v1 kills one at
+        a time: the runner then kills the rest, as memory.oom.group does on v2)."""
+        if self.memory is None:
+            return 0
+        try:
+            return _count((self.memory / "memory.oom_control").read_text(), "oom_kill")
+        except OSError:
+            return 0
+
+    def remove(self) -> bool:
+        return all([remove_dir_when_empty(p) for p in self.paths])
+
+
+class LimitTree:
+    """Limits on a host whose memory, pids and cpu controllers are on cgroup v1 (a hybrid host, where
+    the v2 hierarchy has none of them): a directory of the agent's own in each of those hierarchies,
+    under the agent's own cgroup there, and one per attempt in it."""
+
+    V1_FILES = {"memory": "memory.limit_in_bytes", "pids": "pids.max", "cpu": "cpu.shares"}
+
+    def __init__(self, bases: dict[str, Path]) -> None:
+        self.bases = bases
+
+    @property
+    def controllers(self) -> frozenset[str]:
+        return frozenset(self.bases)
+
+    @classmethod
+    def create(cls, label: str, controllers) -> LimitTree | None:
+        bases = {}
+        for controller in controllers:
+            mount, own = cgroup1_mount(controller), own_cgroup1(controller)
+            if mount is None or own is None:
+                continue
+            base = mount / own.lstrip("/") / f"gpuquota-{label}"
+            _remove_stale_trees(base.parent)
+            try:
+                base.mkdir(exist_ok=True)
+                if not (base / cls.V1_FILES[controller]).exists():
+                    base.rmdir()
+                    continue
+            except OSError as e:
+                warn_once(f"v1-{controller}", "no cgroup v1 %s limits under %s: %s", controller, base, e)
+                continue
+            bases[controller] = base
+        return cls(bases) if bases else None
+
+    def attempt(self, name: str, limits: Limits) -> AttemptLimits:
+        made: list[Path] = []
+        try:
+            for controller, base in self.bases.items():
+                path = base / name
+                path.mkdir(exist_ok=True)
+                made.append(path)
+                if controller == "memory" and limits.memory_bytes:
+                    _write(path / "memory.limit_in_bytes", limits.memory_bytes)
+                    memsw = path / "memory.memsw.limit_in_bytes"
+                    if memsw.exists():
+                        _write(memsw, limits.memory_bytes)  # no swap past the limit either
+                elif controller == "pids" and limits.pids:
+                    _write(path / "pids.max", limits.pids)
+                elif controller == "cpu" and limits.cpu_weight:
+                    _write(path / "cpu.shares", max(2, limits.cpu_weight * 1024 // 100))
+        except OSError:
+            for path in made:
+                remove_dir_when_empty(path, tries=1)
+            raise
+        memory = self.bases.get("memory")
+        return AttemptLimits(tuple(made), memory / name if memory else None)
+
+    def remove_stale(self) -> None:
+        """The directories of agents that are gone, once their attempts are (Runner.kill_orphans)."""
+        for base in self.bases.values():
+            _remove_stale_trees(base.parent)
+
+    def remove(self) -> None:
+        for base in self.bases.values():
+            for child in base.iterdir() if base.exists() else ():
+                if child.is_dir():
+                    remove_dir_when_empty(child, tries=5)
+            remove_dir_when_empty(base, tries=1)
+
+
+def protect_from_oom(score: int = AGENT_OOM_SCORE_ADJ) -> bool:
+    """Set this process's oom_score_adj (lowering it takes root); whether it was set."""
+    try:
+        Path("/proc/self/oom_score_adj").write_text(str(score))
+        return True
+    except OSError as e:
+        warn_once("oom-score", "cannot set oom_score_adj to %d: %s", score, e.strerror)
+        return False

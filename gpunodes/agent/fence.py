@@ -30,10 +30,19 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpunodes.agent.containment import AttemptCgroup, cgroup2_mount, kill_attempt, pids_of_uid
+from gpunodes.agent.containment import (
+    AttemptCgroup,
+    cgroup2_mount,
+    kill_attempt,
+    pids_of_uid,
+    protect_from_oom,
+)
 
 log = logging.getLogger("gpunodes.agent.fence")
 FENCED_FILE = "fenced"  # beside the state file: the attempts fenced, one "attempt_id/number" a line
+# The state file of attempts the watchdog killed once the agent was gone: a restarted agent removes
+# their working directories and takes their checkpoints back, but kills nothing by it.
+ENDED_SUFFIX = ".ended"
 
 
 @dataclass(frozen=True)
@@ -200,7 +209,7 @@ def watch(
                 # perhaps another attempt's by then, for its orphans'. (Unless it has started already.)
                 try:
                     if state_path.read_bytes() == listed:
-                        state_path.unlink()
+                        state_path.replace(state_path.with_name(state_path.name + ENDED_SUFFIX))
                 except OSError:
                     pass
             for a in attempts:
@@ -286,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grace", type=float, default=0.0, help="SIGTERM to SIGKILL when fencing")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    protect_from_oom()  # it must outlive the jobs it kills when the host runs short of memory
     # The agent's group may be signalled as a whole (Ctrl-C, a process manager): the watchdog outlives
     # that and ends with the pipe, after the agent.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):

@@ -1,13 +1,20 @@
 """Who an attempt runs as, and where: its own uid and a private working directory.
 
 A root agent gives every attempt a uid of its own from a configured range (`--uid-range`, setting
-`JOB_UID_RANGE`), handed out round-robin so a uid is reused as late as possible. The uid has no
-account: the job runs with that uid and gid and no supplementary groups, so it cannot read another
-attempt's `/proc/PID/environ`, signal its processes, or open its files; the state directory, the logs
-and the agent itself (root) are out of its reach. A private working directory (0700, the job's uid) is
-its HOME, TMPDIR and cwd, under `JOB_ROOT`, outside the checkout and the state directory; it is
-removed at the end of the attempt. Checkpoints live in `CHECKPOINT_ROOT/job-<id>` (0700), handed to
-the uid of each new attempt, so they follow the job across attempts.
+`JOB_UID_RANGE`). The uid has no account: the job runs with that uid and gid and no supplementary
+groups, so it cannot read another attempt's `/proc/PID/environ`, signal its processes, or open its
+files; the state directory, the logs and the agent itself (root) are out of its reach.
+
+A uid is never handed out while anything of a previous attempt's is left with it: processes, SysV IPC
+objects, files in the host's shared directories (`JOB_SHARED_DIRS`: /tmp, /var/tmp, /dev/shm, ...), a
+checkpoint or working directory still its own. The cursor is kept on disk (random the first time), so
+an agent that restarts does not start again from the first uid.
+
+Each attempt runs in a mount and IPC namespace of its own: its working directory (its HOME, TMPDIR and
+cwd, under `JOB_ROOT`; a size-limited tmpfs by default) holds its `/tmp` and `/var/tmp`, `/dev/shm` is
+a fresh tmpfs, SysV IPC is its own, `/proc` shows its own processes only. What it leaves there goes
+with it. Checkpoints live in `CHECKPOINT_ROOT/job-<id>` (0700), root's between attempts and handed
+to the uid of an attempt only while it runs, never through a link.
 
 Paths built from message fields are checked here: ints are ints, and every path resolves inside its
 root without following a symlink.
@@ -15,12 +22,15 @@ root without following a symlink.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import errno
 import fcntl
 import logging
 import os
 import pwd
+import re
 import shutil
 import stat
 import threading
@@ -52,16 +62,70 @@ def default_lock_dir() -> Path:
     return Path("/run/gpuquota/uids") if os.access("/run", os.W_OK) else Path("/var/tmp/gpuquota-uids")
 
 
+# The host's directories that every uid may write: where an attempt without a mount namespace of its
+# own (an unprivileged container) leaves files for the next attempt of its uid.
+SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
+# Entries looked at per scan of the shared directories, at most (a host's /tmp is small).
+SCAN_BUDGET = 200_000
+
+
+def owners_in(dirs, *, deep: bool = True) -> set[int]:
+    """The owners of the entries of these directories and, with `deep`, of every world-writable
+    directory below them: a job's uid can create an entry only in a directory it owns (which then
+    shows its uid one level up) or in one anyone may write, so this sees all it can have left."""
+    owners: set[int] = set()
+    stack = [str(d) for d in dirs]
+    seen: set[tuple[int, int]] = set()
+    budget = SCAN_BUDGET
+    while stack and budget > 0:
+        try:
+            entries = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                budget -= 1
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                owners.add(st.st_uid)
+                key = (st.st_dev, st.st_ino)
+                if deep and stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IWOTH and key not in seen:
+                    seen.add(key)
+                    stack.append(entry.path)
+    if budget <= 0:
+        log.warning("stopped looking for files of job uids after %d entries of %s", SCAN_BUDGET, dirs)
+    return owners
+
+
+def sysv_ipc_owners(root: str = "/proc/sysvipc") -> set[int]:
+    """The owners and creators of the SysV shared memory, message queues and semaphores of this IPC
+    namespace (the host's): an attempt that could not have a namespace of its own leaves them here."""
+    owners: set[int] = set()
+    for kind in ("shm", "msg", "sem"):
+        try:
+            header, *rows = Path(root, kind).read_text().splitlines()
+        except (OSError, ValueError):
+            continue
+        columns = [i for i, name in enumerate(header.split()) if name in ("uid", "cuid")]
+        for row in rows:
+            fields = row.split()
+            owners.update(int(fields[i]) for i in columns if i < len(fields))
+    return owners
+
+
 class UidPool:
     """The range of uids attempts run as. Refuses a range that holds root, a low (system or human)
     uid, or a uid with an account on this host.
 
     A uid is taken host-wide, not only in this agent: an exclusive lock on `<lock_dir>/<uid>` is held
-    while an attempt runs as it (released by the kernel if the agent dies), and a uid that still has
-    processes is skipped. So agents on one host (the demo, the tests) never share a uid, even with the
-    same range."""
+    while an attempt runs as it (released by the kernel if the agent dies). A uid is skipped while
+    anything of an earlier attempt's is left with it (`busy`): so agents on one host (the demo, the
+    tests) never share a uid, even with the same range, and no attempt inherits another's leftovers.
+    The next uid to try is kept in `<lock_dir>/cursor-FIRST-LAST` (random when there is none)."""
 
-    def __init__(self, first: int, last: int, lock_dir: Path | None = None) -> None:
+    def __init__(self, first: int, last: int, lock_dir: Path | None = None, shared_dirs=SHARED_DIRS) -> None:
         if not (MIN_JOB_UID <= first <= last < 2**32 - 1):
             raise ValueError(f"--uid-range must lie within {MIN_JOB_UID}-{2**32 - 2}, got {first}-{last}")
         taken = [p.pw_name for p in pwd.getpwall() if first <= p.pw_uid <= last]
@@ -69,43 +133,72 @@ class UidPool:
             raise ValueError(f"--uid-range {first}-{last} holds existing accounts: {', '.join(taken[:5])}")
         self.first, self.last = first, last
         self.lock_dir = Path(lock_dir) if lock_dir else default_lock_dir()
-        self._next = first
+        self.shared_dirs = tuple(shared_dirs)
         self._used: set[int] = set()
         self._held: dict[int, int] = {}  # uid -> fd of its lock file
         self._lock = threading.Lock()
 
     @classmethod
-    def parse(cls, text: str) -> UidPool:
+    def parse(cls, text: str, **kw) -> UidPool:
         try:
             first, last = (int(x) for x in text.split("-", 1))
         except ValueError:
             raise ValueError(f"--uid-range must be FIRST-LAST, got {text!r}") from None
-        return cls(first, last)
+        return cls(first, last, **kw)
 
-    def acquire(self) -> JobUser:
-        from gpunodes.agent.containment import pids_of_uid
+    def busy(self, roots=()) -> set[int]:
+        """The uids something is left with: processes, SysV IPC objects of the host's namespace, entries
+        of the shared directories, and the top entries of `roots` (the checkpoint and work roots, whose
+        directories are root's unless an attempt runs, or a hand-back failed)."""
+        from gpunodes.agent.containment import uids_with_processes
 
+        return (
+            uids_with_processes()
+            | sysv_ipc_owners()
+            | owners_in(self.shared_dirs)
+            | owners_in([r for r in roots if r], deep=False)
+        )
+
+    def acquire(self, roots=()) -> JobUser:
+        """A uid of the range that no attempt holds and nothing is left with (`busy`)."""
         with self._lock:
             ensure_root(self.lock_dir, 0o700)
+            busy = self.busy(roots)
             size = self.last - self.first + 1
-            for _ in range(min(size, 10_000)):
-                uid = self._next
-                self._next = self.first + (uid + 1 - self.first) % size
-                if uid in self._used:
-                    continue
-                fd = os.open(self.lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)  # another agent on this host runs an attempt as it
-                    continue
-                if pids_of_uid(uid):
-                    os.close(fd)  # left over from an agent that died: not until it is cleaned up
-                    continue
-                self._used.add(uid)
-                self._held[uid] = fd
-                return JobUser(uid, uid)
-        raise RuntimeError("no free uid in --uid-range")
+            cursor = os.open(
+                self.lock_dir / f"cursor-{self.first}-{self.last}",
+                os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW,
+                0o600,
+            )
+            try:
+                fcntl.flock(cursor, fcntl.LOCK_EX)  # agents of one range on one host share the cursor
+                text = os.pread(cursor, 32, 0).decode("ascii", "replace").strip()
+                uid = int(text) if text.isdigit() and self.first <= int(text) <= self.last else None
+                if uid is None:
+                    uid = self.first + int.from_bytes(os.urandom(4), "big") % size
+                for _ in range(min(size, 100_000)):
+                    candidate, uid = uid, self.first + (uid + 1 - self.first) % size
+                    if candidate in self._used or candidate in busy:
+                        continue
+                    fd = os.open(
+                        self.lock_dir / str(candidate), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600
+                    )
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        os.close(fd)  # another agent on this host runs an attempt as it
+                        continue
+                    self._used.add(candidate)
+                    self._held[candidate] = fd
+                    os.ftruncate(cursor, 0)
+                    os.pwrite(cursor, f"{uid}\n".encode(), 0)
+                    return JobUser(candidate, candidate)
+            finally:
+                os.close(cursor)
+        left = len(busy & set(range(self.first, self.last + 1)))
+        raise RuntimeError(
+            f"no free uid in --uid-range ({left} of {size} have processes, files or IPC objects left)"
+        )
 
     def claim(self, uid: int) -> None:
         """Mark a uid in use (an attempt a previous agent left behind, until it is cleaned up)."""
@@ -135,15 +228,13 @@ class UidPool:
                 os.close(fd)
 
 
-def drop_privileges_fn(user: JobUser, before=None):
-    """The function the child runs between fork and exec: join the attempt's cgroup (as root), then
-    become the job's uid and gid with no supplementary groups, and forbid gaining privileges back
-    through setuid binaries (no_new_privs)."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+def drop_privileges_fn(user: JobUser):
+    """The function the child runs between fork and exec, after what it does as root: become the
+    job's uid and gid with no supplementary groups, and forbid gaining privileges back through setuid
+    binaries (no_new_privs)."""
+    libc = _libc()
 
     def run() -> None:
-        if before is not None:
-            before()
         os.setgroups([])
         os.setresgid(user.gid, user.gid, user.gid)
         os.setresuid(user.uid, user.uid, user.uid)
@@ -152,52 +243,339 @@ def drop_privileges_fn(user: JobUser, before=None):
     return run
 
 
-CLONE_NEWNS = 0x00020000
+def _libc():
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+CLONE_NEWNS, CLONE_NEWIPC = 0x00020000, 0x08000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x1000, 0x4000, 0x40000
+# The host's shared directories an attempt gets its own of, and their names in its working directory.
+PRIVATE_DIRS = {"/tmp": "tmp", "/var/tmp": "var-tmp"}
 
 
-def under_tmp(path) -> bool:
-    """Whether a path (symlinks resolved) lies under the host's /tmp, which an attempt's own /tmp hides."""
-    try:
-        return Path(os.path.realpath(path)).is_relative_to("/tmp")
-    except (OSError, ValueError):
-        return False
+# A /tmp or /var/tmp path inside a longer string: a shell command's, an option's value (`--out=...`).
+_TMP_MENTION = re.compile(r"(?<![\w.-])/(?:var/)?tmp(?:/[^\s'\"`;:|&<>(){}$*?\[\]=,]+)+")
 
 
-def paths_in(argv: list[str], path_env: str) -> list[str]:
-    """The files a command names: its program (found on PATH if bare) and its absolute arguments."""
-    import shutil
-
+def paths_in(argv: list[str], path_env: str, env_values=()) -> list[str]:
+    """The files a command names: its program (found on PATH if bare), its absolute arguments, and the
+    /tmp and /var/tmp paths written inside its arguments (a shell command) or its own env values."""
     out = [a for a in argv if a.startswith("/")]
     if argv and not argv[0].startswith("/"):
         found = shutil.which(argv[0], path=path_env or None)
         if found:
             out.append(found)
-    return out
+    for text in [*argv, *env_values]:
+        out.extend(_TMP_MENTION.findall(text))
+    return list(dict.fromkeys(out))
 
 
-def private_tmp_fn(tmp: Path, *, bind_tmp: bool = True):
-    """The function the child runs (as root, before it drops privileges) for a /tmp and /dev/shm of the
-    attempt's own: a mount namespace of its own, where /tmp is `tmp` (inside the attempt's working
-    directory) and /dev/shm a fresh tmpfs. What an attempt leaves there is seen by no other attempt,
-    even one that later runs as the same uid, and goes with it. /proc is mounted again with
-    hidepid=invisible: the job sees its own processes only (not other jobs' command lines). Best
-    effort: where the host forbids a
-    mount namespace (an unprivileged container) the attempt shares the host's /tmp (the README's
-    residual risks); nothing is mounted before mounts are made private, so nothing leaks to the host.
-    `bind_tmp=False`: keep the host's /tmp (the job's own files are there), the rest as above."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    source = str(tmp).encode()
+@dataclass(frozen=True)
+class Carry:
+    """A host path under /tmp or /var/tmp that an attempt sees through its own copy of that directory
+    (bound at the same path there)."""
+
+    source: str
+    target: str  # inside the attempt's working directory
+    is_dir: bool
+
+
+def carries(workdir: Path, *, exact=(), named=(), agent_roots=(), shared=tuple(PRIVATE_DIRS)) -> list[Carry]:
+    """What of the host's /tmp and /var/tmp an attempt still sees behind its own: the directories the
+    agent chose (`exact`: its working and checkpoint directories, --workdir), each as itself, and for
+    each path its command names that exists there (`named`: a checkout under /tmp, its Python) the
+    top entry of /tmp or /var/tmp it lies in (or the first entry below that holds none of the agent's
+    directories), with the host's permissions. Never the directory as a whole, and never the agent's
+    own directories (`agent_roots`: JOB_ROOT, the logs, the state) or what holds them: a job that
+    names `/tmp/x` gets `/tmp/x` if it exists, not the host's /tmp."""
+    roots = [os.path.realpath(r) for r in agent_roots if r]
+    found: dict[str, Carry] = {}
+    for path, whole in [(p, True) for p in exact if p] + [(p, False) for p in named if p]:
+        real = os.path.realpath(path)
+        for host_dir in shared:
+            base = os.path.realpath(host_dir)
+            if real == base or not Path(real).is_relative_to(base):
+                continue
+            source = real if whole else _entry_for(real, base, roots)
+            if source is None:
+                continue
+            if not os.path.lexists(source):
+                continue
+            rel = os.path.relpath(source, base)
+            target = os.path.join(workdir, PRIVATE_DIRS[host_dir], rel)
+            found[source] = Carry(source, target, os.path.isdir(source))
+    return [
+        c
+        for c in found.values()
+        if not any(o != c.source and Path(c.source).is_relative_to(o) for o in found)
+    ]
+
+
+def _entry_for(path: str, base: str, roots: list[str]) -> str | None:
+    """The entry of `base` that brings `path` in: its top one, or the first below it that holds none
+    of the agent's own directories; None for a path inside one of them."""
+    source = base
+    for part in Path(path).relative_to(base).parts:
+        source = os.path.join(source, part)
+        if not any(Path(r).is_relative_to(source) for r in roots):
+            break
+    else:
+        return None  # the path holds an agent's directory
+    return None if any(Path(source).is_relative_to(r) for r in roots) else source
+
+
+@dataclass(frozen=True)
+class PrivateMounts:
+    """What the child mounts for its attempt (namespaces_fn)."""
+
+    workdir: str
+    uid: int
+    gid: int
+    cwd: str
+    tmpfs_bytes: int = 0  # >0: the working directory (and so its /tmp, /var/tmp) is a tmpfs this big
+    carries: tuple[Carry, ...] = ()
+    private_shm: bool = True  # False where the job's own directories lie under /dev/shm
+
+
+def namespaces_fn(plan: PrivateMounts):
+    """The function the child runs (as root, before it drops privileges) for namespaces of the
+    attempt's own: an IPC namespace (SysV IPC and POSIX message queues no other attempt sees) and a
+    mount namespace where the working directory is a size-limited tmpfs (its pages are charged to the
+    attempt's memory cgroup; `tmpfs_bytes`), /tmp and /var/tmp are directories in it, with the host
+    paths it still needs bound in (`carries`), /dev/shm is a fresh tmpfs, and /proc is mounted again
+    with hidepid=invisible (the job sees its own processes only, not other jobs' command lines). What
+    an attempt leaves there is seen by no other attempt, even one that later runs as the same uid,
+    and goes with it. Best effort: where the host forbids namespaces (an unprivileged container) the
+    attempt shares the host's (the README's residual risks; the uid pool then waits for what it left);
+    nothing is mounted before mounts are made private, so nothing leaks to the host."""
+    libc = _libc()
+    workdir = plan.workdir.encode()
+    size = plan.tmpfs_bytes
+    tmpfs_opts = f"size={size},mode=0700,uid={plan.uid},gid={plan.gid}".encode()
+    shm_opts = f"mode=1777{f',size={size}' if size else ''}".encode()
 
     def run() -> None:
-        if libc.unshare(CLONE_NEWNS) != 0:
+        if libc.unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0 and libc.unshare(CLONE_NEWNS) != 0:
             return
         if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
             return
-        if bind_tmp:
-            libc.mount(source, b"/tmp", None, MS_BIND | MS_REC, None)
-        libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=1777")
+        if size:
+            libc.mount(b"tmpfs", workdir, b"tmpfs", MS_NOSUID | MS_NODEV, tmpfs_opts)
+        for name in PRIVATE_DIRS.values():
+            path = os.path.join(plan.workdir, name)
+            if not os.path.isdir(path):
+                os.mkdir(path, 0o700)
+            os.chown(path, plan.uid, plan.gid)
+        for c in plan.carries:
+            _make_mount_point(plan.workdir, c)
+            libc.mount(c.source.encode(), c.target.encode(), None, MS_BIND | MS_REC, None)
+        for host_dir, name in PRIVATE_DIRS.items():
+            source = os.path.join(plan.workdir, name).encode()
+            libc.mount(source, host_dir.encode(), None, MS_BIND | MS_REC, None)
+        if plan.private_shm:
+            libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, shm_opts)
         libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"hidepid=invisible")
+        if os.path.isdir("/dev/mqueue"):
+            libc.mount(b"mqueue", b"/dev/mqueue", b"mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+        os.chdir(plan.cwd)  # the cwd the child entered before its mounts lies under them
+
+    return run
+
+
+def _make_mount_point(workdir: str, carry: Carry) -> None:
+    """The directories down to a carry's target (root's, 0711: the job passes through, adds nothing)
+    and the target itself, in the attempt's working directory."""
+    parent = os.path.dirname(carry.target)
+    missing = []
+    while not os.path.isdir(parent) and parent != workdir:
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    for d in reversed(missing):
+        os.mkdir(d, 0o711)
+        os.chmod(d, 0o711)  # the child's umask is 077
+    if carry.is_dir:
+        if not os.path.isdir(carry.target):
+            os.mkdir(carry.target, 0o700)
+    else:
+        os.close(os.open(carry.target, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+
+
+# --- no user namespaces ---------------------------------------------------------------------------
+
+# Per architecture the kernel may report (a 64-bit host also runs 32-bit code): its audit id, and the
+# numbers of clone, unshare and clone3.
+_USERNS_SYSCALLS = {
+    "x86_64": [(0xC000003E, 56, 272, 435), (0x40000003, 120, 310, 435)],
+    "aarch64": [(0xC00000B7, 220, 97, 435), (0x40000028, 120, 337, 435)],
+}
+CLONE_NEWUSER = 0x10000000
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+_RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
+_LD_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [
+        ("code", ctypes.c_uint16),
+        ("jt", ctypes.c_uint8),
+        ("jf", ctypes.c_uint8),
+        ("k", ctypes.c_uint32),
+    ]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def _user_namespace_filter(machine: str) -> list[tuple[int, int, int, int]] | None:
+    """A seccomp program (classic BPF) that fails clone and unshare with CLONE_NEWUSER (EPERM), and
+    clone3, whose flags it cannot read, with ENOSYS (libc then falls back to clone, as under Docker's
+    default profile). Other syscalls, and other architectures' (none on a sane host), pass. None for
+    an architecture it does not know."""
+    arches = _USERNS_SYSCALLS.get(machine)
+    if not arches:
+        return None
+    enosys, eperm = _RET_ERRNO | errno.ENOSYS, _RET_ERRNO | errno.EPERM
+    # Labels are resolved to the relative jumps BPF takes, so the blocks are built as lists first.
+    blocks = []
+    for arch, clone, unshare, clone3 in arches:
+        block = [
+            ("ld", 0),
+            ("jge_x32",),
+            ("jeq", clone3, "enosys"),
+            ("jeq", unshare, "check"),
+            ("jeq", clone, "check"),
+            ("ret", _RET_ALLOW),
+        ]
+        blocks.append((arch, block if arch == 0xC000003E else [i for i in block if i[0] != "jge_x32"]))
+    code: list[tuple] = [("ld", 4)]
+    for n, (arch, _) in enumerate(blocks):
+        code.append(("jeq", arch, f"arch{n}"))
+    code.append(("ret", _RET_ALLOW))
+    labels = {}
+    for n, (_, block) in enumerate(blocks):
+        labels[f"arch{n}"] = len(code)
+        code.extend(block)
+    labels["check"] = len(code)
+    code += [("ld", 16), ("jset", CLONE_NEWUSER, "eperm"), ("ret", _RET_ALLOW)]
+    labels["enosys"] = len(code)
+    code.append(("ret", enosys))
+    labels["eperm"] = len(code)
+    code.append(("ret", eperm))
+    out = []
+    for at, op in enumerate(code):
+        if op[0] == "ld":
+            out.append((_LD_ABS, 0, 0, op[1]))
+        elif op[0] == "ret":
+            out.append((_RET, 0, 0, op[1]))
+        elif op[0] == "jge_x32":  # x32 syscalls (bit 30) on x86_64: none of them
+            out.append((_JGE, labels["enosys"] - at - 1, 0, 0x40000000))
+        else:
+            kind = _JEQ if op[0] == "jeq" else _JSET
+            out.append((kind, labels[op[2]] - at - 1, 0, op[1]))
+    return out
+
+
+def deny_user_namespaces_fn():
+    """The child's step after it dropped privileges (no_new_privs is set, which lets it install a
+    seccomp filter): no user namespace for the job, so no "root" inside one to reach the kernel's
+    less-guarded paths from (`unshare -Ur`). None where the architecture is not known (logged)."""
+    program = _user_namespace_filter(os.uname().machine)
+    if program is None:
+        log.warning("cannot deny user namespaces on %s: set user.max_user_namespaces=0", os.uname().machine)
+        return None
+    filters = (_SockFilter * len(program))(*(_SockFilter(*i) for i in program))
+    fprog = _SockFprog(len(program), filters)
+    libc = _libc()
+
+    def run() -> None:
+        if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "could not install the seccomp filter")
+
+    run.keep = (filters, fprog)  # the program must outlive the fork
+    return run
+
+
+# --- a program the job cannot run -----------------------------------------------------------------
+
+
+def _reach(path: str, mode: int) -> str | None:
+    """Why this process cannot use `path` (X_OK: run it, R_OK: read it), None if it can."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return "not found"
+    except PermissionError:
+        return "permission denied"
+    except OSError as e:
+        return (e.strerror or str(e)).lower()
+    if mode == os.X_OK and stat.S_ISDIR(st.st_mode):
+        return "is a directory"
+    if not os.access(path, mode):
+        if mode == os.X_OK and not st.st_mode & 0o111:
+            return "not executable"
+        return "permission denied"
+    return None
+
+
+def unusable_program(argv: list[str], path_env: str, *, arguments: bool = True, cwd: str = "") -> str | None:
+    """Why the job, as the uid this process now runs as, cannot run its command ("cannot run P: not
+    found", "cannot read F: permission denied"), or None. Its program, found on PATH if bare, must be
+    executable; with `arguments`, an argument that names a file it cannot read (an existing file
+    without read permission, or a path through a directory it may not search) fails it too: `python
+    /root/x/train.py` would start and die with "can't open file". What only the agent could see (a
+    file's existence behind such a directory) is never told. First of all it must be able to enter its
+    working directory (`cwd`, an operator's --workdir)."""
+    if cwd and not os.access(".", os.X_OK):
+        return f"cannot enter its working directory {cwd}: permission denied"
+    program = argv[0]
+    if "/" in program:
+        why = _reach(program, os.X_OK)
+        if why:
+            return f"cannot run {program}: {why}"
+    else:
+        seen = None
+        for d in (path_env or os.defpath).split(":"):
+            candidate = os.path.join(d or ".", program)
+            if not os.path.exists(candidate):  # a directory of PATH it may not search: not there
+                continue
+            why = _reach(candidate, os.X_OK)
+            if why is None:
+                break
+            seen = seen or f"cannot run {candidate}: {why}"
+        else:
+            return seen or f"cannot run {program}: not found on PATH"
+    for arg in argv[1:] if arguments else ():
+        if not arg or arg.startswith("-"):
+            continue
+        try:
+            st = os.stat(arg)
+        except PermissionError:
+            if "/" in arg:
+                return f"cannot read {arg}: permission denied"
+            continue
+        except (OSError, ValueError):
+            continue  # not a path: an option's value, a word
+        if stat.S_ISREG(st.st_mode) and not os.access(arg, os.R_OK):
+            return f"cannot read {arg}: permission denied"
+    return None
+
+
+class CannotRun(Exception):
+    """The job cannot run its command (its reason is written to the start's report pipe)."""
+
+
+def program_check_fn(
+    argv: list[str], path_env: str, report_fd: int, *, arguments: bool = True, cwd: str = ""
+):
+    """The child's last step before exec, as the job's uid: where it could not run its command, write
+    why to `report_fd` and fail the start (Popen raises; the agent reads the reason)."""
+
+    def run() -> None:
+        why = unusable_program(argv, path_env, arguments=arguments, cwd=cwd)
+        if why:
+            os.write(report_fd, why.encode("utf-8", "replace")[:4000])
+            raise CannotRun(why)
 
     return run
 
@@ -249,19 +627,66 @@ def inside(root: Path, *parts: str) -> Path:
     return path
 
 
-def chown_tree(path: Path, uid: int, gid: int) -> None:
-    """Give a checkpoint tree to the attempt's uid, never following a symlink (lchown)."""
-    os.chown(path, uid, gid, follow_symlinks=False)
-    for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
+def chown_tree(path: Path, uid: int, gid: int) -> list[str]:
+    """Give a tree (a checkpoint) to uid:gid, never through a link: each entry is chowned itself (a
+    symlink, never what it points to; the walk goes by directory fds and follows no symlinked
+    directory), setuid and setgid bits are dropped, and a file with a hard link outside the tree is
+    left alone: a job's `ln /var/tmp/victim $GPUQUOTA_CHECKPOINT_DIR/hl` would otherwise hand another's
+    file to the next attempt's uid (or to root). Hard links within the tree are fine. Returns the
+    paths of the files left alone."""
+    top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        os.chown(top, uid, gid)
+    finally:
+        os.close(top)
+    linked: dict[tuple[int, int], list[str]] = {}
+    links: dict[tuple[int, int], int] = {}
+    for dirpath, dirnames, filenames, dirfd in os.fwalk(path, follow_symlinks=False):
         for name in dirnames + filenames:
             try:
-                os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
-            except OSError as e:
-                log.warning("could not hand %s to uid %d: %s", name, uid, e.strerror)
+                st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+            except OSError:
+                continue
+            if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+                key = (st.st_dev, st.st_ino)
+                linked.setdefault(key, []).append(os.path.join(dirpath, name))
+                links[key] = st.st_nlink
+                continue
+            _give(name, dirfd, st, uid, gid)
+    outside = []
+    for key, names in linked.items():
+        if len(names) < links[key]:
+            outside.extend(names)
+            continue
+        for name in names:  # every link of the file is in the tree
+            parent = os.open(os.path.dirname(name), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:
+                st = os.stat(os.path.basename(name), dir_fd=parent, follow_symlinks=False)
+                if (st.st_dev, st.st_ino) == key:
+                    _give(os.path.basename(name), parent, st, uid, gid)
+            finally:
+                os.close(parent)
+    for name in outside:
+        log.warning("%s has a hard link outside %s: not handed to uid %d", name, path, uid)
+    return outside
+
+
+def _give(name: str, dirfd: int, st: os.stat_result, uid: int, gid: int) -> None:
+    try:
+        os.chown(name, uid, gid, dir_fd=dirfd, follow_symlinks=False)
+        if stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dirfd)
+            try:
+                os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+            finally:
+                os.close(fd)
+    except OSError as e:
+        log.warning("could not hand %s to uid %d: %s", name, uid, e.strerror)
 
 
 def checkpoint_dir(root: Path, job_id: int, user: JobUser | None) -> Path:
-    """CHECKPOINT_ROOT/job-<id>, 0700, owned by the attempt's uid (a root agent)."""
+    """CHECKPOINT_ROOT/job-<id>, 0700: root's between attempts, handed to the attempt's uid while it
+    runs (a root agent)."""
     if type(job_id) is not int or job_id <= 0:
         raise ValueError(f"job_id must be a positive int, got {job_id!r}")
     path = inside(root, f"job-{job_id}")
@@ -275,6 +700,43 @@ def checkpoint_dir(root: Path, job_id: int, user: JobUser | None) -> Path:
     if user is not None:
         chown_tree(path, user.uid, user.gid)
     return path
+
+
+def return_checkpoint(path: Path) -> None:
+    """At an attempt's end: its checkpoint becomes root's again (0700: no job uid reads it until the
+    job's next attempt), and a name in it for a file linked from outside is removed (the file stays
+    at its other names): the tree then holds nothing the next uid should not get. Its mtime says
+    when the job last ran here (prune_checkpoints)."""
+    try:
+        for name in chown_tree(path, 0, 0):
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+        os.chmod(path, 0o700, follow_symlinks=False)
+        os.utime(path, follow_symlinks=False)
+    except OSError as e:
+        log.error("could not take back checkpoint %s: %s (its uid is not handed out again)", path, e)
+
+
+def prune_checkpoints(root: Path, max_age_s: float, keep=()) -> int:
+    """Remove the checkpoints of jobs that last ran here more than max_age_s ago (the agent's own, so
+    no attempt holds them; `keep`: those of running attempts). Returns how many."""
+    cutoff = time.time() - max_age_s
+    removed = 0
+    for entry in os.scandir(root):
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if (
+            entry.name.startswith("job-")
+            and stat.S_ISDIR(st.st_mode)
+            and st.st_uid == os.geteuid()
+            and st.st_mtime < cutoff
+            and Path(entry.path) not in keep
+        ):
+            remove_tree(Path(entry.path))
+            removed += 1
+    return removed
 
 
 def make_workdir(root: Path, name: str, user: JobUser | None) -> Path:

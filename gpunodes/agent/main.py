@@ -16,6 +16,7 @@ from django.conf import settings
 from config.celery import CONTROL_QUEUE, app, node_queue
 from gpunodes.agent import AGENT_VERSION, inventory
 from gpunodes.agent import tasks as agent_tasks
+from gpunodes.agent.containment import LimitPolicy, protect_from_oom
 from gpunodes.agent.fence import FENCED_FILE, Watchdog
 from gpunodes.agent.identity import UidPool
 from gpunodes.agent.runner import Runner
@@ -34,7 +35,7 @@ def job_uids(*, uid_range: str, unsafe_run_as_self: bool = False) -> UidPool | N
             log.warning(
                 "%s ignored: a root agent runs each job as a uid of its own, never as root", UNSAFE_FLAG
             )
-        return UidPool.parse(uid_range)
+        return UidPool.parse(uid_range, shared_dirs=settings.JOB_SHARED_DIRS)
     if not unsafe_run_as_self:
         raise ValueError(
             f"this agent runs as uid {os.geteuid()}, not root: it cannot give each job a uid of its own, "
@@ -108,6 +109,15 @@ class Agent:
             log_cap_bytes=settings.JOB_LOG_CAP_BYTES,
             gpu_devices=inventory.device_paths() if fake_gpus is None else None,
             gpu_holders=inventory.gpu_processes if fake_gpus is None else None,
+            limits=LimitPolicy(
+                memory_max_bytes=settings.JOB_MEMORY_MAX_BYTES,
+                memory_reserve_bytes=settings.AGENT_MEMORY_RESERVE_BYTES,
+                pids_max=settings.JOB_PIDS_MAX,
+                cpu_weight_per_gpu=settings.JOB_CPU_WEIGHT_PER_GPU,
+            ),
+            rlimit_as=settings.JOB_RLIMIT_AS,
+            workdir_bytes=settings.JOB_WORKDIR_MAX_BYTES,
+            user_namespaces=settings.JOB_ALLOW_USER_NAMESPACES,
         )
         self.runner.gpu_indexes = {g.index for g in self.gpus}
         self.join_token = join_token
@@ -137,10 +147,15 @@ class Agent:
         if took and self.watchdog is not None:
             self.watchdog.renew()  # the broker took it: the lease runs FENCE_AFTER_S from now
 
-    def prune_logs(self) -> None:
+    def prune(self) -> None:
+        """Host files of attempts that are over: logs (their bytes went to the control side) and the
+        checkpoints of jobs that have not run here for a while."""
         removed = self.runner.prune_logs(settings.JOB_LOG_KEEP_DAYS * 86400)
         if removed:
             log.info("removed %d job log file(s) older than %d days", removed, settings.JOB_LOG_KEEP_DAYS)
+        removed = self.runner.prune_checkpoints(settings.CHECKPOINT_KEEP_DAYS * 86400)
+        if removed:
+            log.info("removed %d checkpoint(s) unused for %d days", removed, settings.CHECKPOINT_KEEP_DAYS)
 
     def _loop(self, every: float, fn) -> None:
         while not self._stop.wait(every):
@@ -150,6 +165,9 @@ class Agent:
                 log.exception("agent loop %s failed", fn.__name__)
 
     def run(self, concurrency: int = 4) -> None:
+        # When the host runs short of memory the kernel takes the jobs (oom_score_adj 1000), not the
+        # agent that reports their ends, nor its fence watchdog (which inherits this).
+        protect_from_oom()
         self.runner.kill_orphans()
         (self.runner.state_path.parent / FENCED_FILE).unlink(missing_ok=True)
         # The jobs never outlive this process, nor its lease (gpunodes/agent/fence.py).
@@ -161,7 +179,7 @@ class Agent:
             grace_s=settings.FENCE_GRACE_S,
         )
         self.runner.lease_lapsed = self.watchdog.lapsed
-        self.prune_logs()
+        self.prune()
         agent_tasks.RUNNER = self.runner
         self.heartbeat()  # register before taking work
         threads = [
@@ -173,7 +191,7 @@ class Agent:
             ),
             threading.Thread(target=self._loop, args=(0.2, self.runner.poll), name="reaper", daemon=True),
             threading.Thread(
-                target=self._loop, args=(3600, self.prune_logs), name="log-rotation", daemon=True
+                target=self._loop, args=(3600, self.prune), name="host-file-rotation", daemon=True
             ),
         ]
         for t in threads:

@@ -1,20 +1,29 @@
 """Runs attempts on a GPU host, stops them gracefully, and reports back (each start and end is written
 to the durable outbox, outbox.py, before it is sent).
 
-Each attempt runs in its own session, its own cgroup (containment.py) and, on a root agent, as a uid of
-its own in a private working directory (identity.py). A stop sends SIGTERM to everything of the attempt,
-and once the job's grace has run out, or when the attempt ends in any way, the whole cgroup is killed:
-no `setsid` child outlives it. The attempts are written to a state file, so that an agent that was
-killed and restarted kills the orphans it left behind. The output goes to a per-attempt log file (0600,
-the agent's) whose new bytes are shipped to the control side as they come, up to a cap.
+Each attempt runs in its own session, its own cgroup with its own limits (memory, tasks, CPU weight:
+containment.py) and, on a root agent, as a uid of its own in private namespaces and a private, size-
+limited working directory (identity.py). A stop sends SIGTERM to everything of the attempt, and once
+the job's grace has run out, or when the attempt ends in any way, the whole cgroup is killed: no
+`setsid` child outlives it. The attempts are written to a state file, so that an agent that was killed
+and restarted kills the orphans it left behind; a state file that cannot be written (a full disk) is
+logged and written again by the next poll, never a reason to leave an attempt unreported. The output
+goes to a per-attempt log file (joblog.py: 0600, the agent's, capped on disk) whose new bytes are
+shipped to the control side as they come, up to a cap.
+
+What the host lacks (a free uid, memory or processes to start one more, disk) ends a start as
+refused: the control side re-queues the job. What the job got wrong (a program it cannot run or read)
+ends it FAILED, with the reason in plain words.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
+import resource
 import signal
 import sqlite3
 import subprocess
@@ -26,16 +35,24 @@ from pathlib import Path
 
 from gpunodes.agent import identity
 from gpunodes.agent.containment import (
+    JOB_OOM_SCORE_ADJ,
+    LIMIT_CONTROLLERS,
     AttemptCgroup,
     AttemptDevices,
+    AttemptLimits,
     CgroupTree,
     DeviceTree,
+    LimitPolicy,
+    Limits,
+    LimitTree,
     cgroup2_mount,
     device_number,
     kill_attempt,
+    warn_once,
 )
-from gpunodes.agent.fence import fenced_keys
+from gpunodes.agent.fence import ENDED_SUFFIX, fenced_keys
 from gpunodes.agent.identity import JobUser, UidPool
+from gpunodes.agent.joblog import LogSink
 from gpunodes.agent.outbox import Outbox
 
 log = logging.getLogger(__name__)
@@ -52,6 +69,16 @@ LOG = "jobs.tasks.attempt_log"
 # also keeps the job id and `log_ranges`, the byte ranges of the log that were shipped (the control side
 # asks for the gaps it finds: reship_log).
 REPORT_FIELDS = frozenset({"attempt_id", "number", "node", "how", "exit_code", "detail"})
+# A start that fails with these lacks something of the host's (processes, memory, descriptors, disk),
+# not of the job's: it is refused, and the job re-queued.
+HOST_SHORT = frozenset({errno.EAGAIN, errno.ENOMEM, errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE})
+# How the child says that a step of the host's failed (not the job's program): the start is refused.
+SETUP_FAILED = "setup\t"
+# What follows the plain reason of a program the job cannot run or read.
+PROGRAM_HINT = "job programs must be readable by job uids, see README"
+# The working directory's tmpfs, by default: half the attempt's memory limit (what it holds counts
+# against that limit too: tmpfs pages are charged to the attempt's memory cgroup).
+WORKDIR_AUTO, WORKDIR_ON_DISK = 0, -1
 
 Report = Callable[[str, dict], None]
 
@@ -84,6 +111,36 @@ def job_base_env(environ, pass_env=()) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k in ALLOWED_ENV or k.startswith("LC_") or k in extra}
 
 
+def _limits_fn(limits: Limits, user: JobUser | None, rlimit_as: bool):
+    """The child's step, as root, for what the cgroups do not cover: the job's processes are the first
+    the OOM killer takes (raised as root, so the job cannot lower it again), a uid of its own holds at
+    most `pids` tasks (RLIMIT_NPROC counts them per uid: per attempt), and, where asked, each process
+    at most the memory limit of address space."""
+    tasks = limits.pids if user is not None else None
+    space = limits.memory_bytes if rlimit_as else None
+
+    def run() -> None:
+        with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(JOB_OOM_SCORE_ADJ))
+        if tasks:
+            resource.setrlimit(resource.RLIMIT_NPROC, (tasks, tasks))
+        if space:
+            resource.setrlimit(resource.RLIMIT_AS, (space, space))
+
+    return run
+
+
+def _plain(e: BaseException) -> str:
+    """An exec error in words a job's owner reads (the program itself: the child's check saw none)."""
+    plain = {
+        errno.ENOENT: "not found",
+        errno.EACCES: "permission denied",
+        errno.EPERM: "permission denied",
+        errno.ENOEXEC: "not executable (no #! line?)",
+    }
+    return plain.get(getattr(e, "errno", None), getattr(e, "strerror", None) or str(e))
+
+
 def _process_start(pid: int) -> str | None:
     """The kernel's start time of a process (field 22 of /proc/PID/stat), None where unknown: with the
     pid it names one process, so a pid reused since is not mistaken for an orphan."""
@@ -106,17 +163,32 @@ class Proc:
     stop_how: str | None = None  # "stopped" (asked to) or "timed_out"
     kill_at: float | None = None
     log_sent: int = 0
-    log_file: object = field(default=None, repr=False)
+    sink: LogSink | None = field(default=None, repr=False)
     user: JobUser | None = None
     cgroup: AttemptCgroup | None = None
     workdir: Path | None = None
     devices: AttemptDevices | None = None
+    limits: AttemptLimits | None = None
+    checkpoint: Path | None = None
+    memory_bytes: int | None = None
+    out_of_memory: bool = False
+
+    def oom_kills(self) -> int:
+        """How many of its processes the kernel killed for its memory limit (cgroup v2 or v1)."""
+        return max(
+            self.cgroup.oom_kills() if self.cgroup is not None else 0,
+            self.limits.oom_kills() if self.limits is not None else 0,
+        )
 
 
 class Runner:
     """The attempts of one host. `uids`: a root agent's per-attempt uid range (None: jobs run as the
     agent's own user, which only a non-root agent started with the explicit opt-out does, or a test).
-    `cgroups`: "auto" makes a cgroup per attempt where the host allows (containment.py)."""
+    `cgroups`: "auto" makes a cgroup per attempt where the host allows (containment.py); `limits`: what
+    each attempt may use (containment.LimitPolicy; its defaults where None), set on v2 cgroups where
+    delegated, else on v1 ones (`limit_tree`, "auto"), else as rlimits (`rlimit_as`: RLIMIT_AS too,
+    which CUDA's address space reservations do not survive). `workdir_bytes`: the size of a root
+    agent's per-attempt tmpfs working directory (0: half the attempt's memory; -1: on disk)."""
 
     def __init__(
         self,
@@ -137,6 +209,11 @@ class Runner:
         device_cgroups: DeviceTree | str | None = "auto",
         gpu_holders: Callable[[list[int]], dict[int, list[int]]] | None = None,
         outbox: Outbox | None = None,
+        limits: LimitPolicy | None = None,
+        limit_tree: LimitTree | str | None = "auto",
+        rlimit_as: bool = False,
+        workdir_bytes: int = WORKDIR_AUTO,
+        user_namespaces: bool = False,
     ) -> None:
         self.node = node
         self.log_dir = identity.ensure_root(Path(log_dir), 0o700)  # the jobs never read the logs
@@ -157,6 +234,28 @@ class Runner:
         if cgroups == "auto":
             cgroups = CgroupTree.create(f"{node}-{os.getpid()}")
         self.cgroups: CgroupTree | None = cgroups
+        self.limit_policy = limits or LimitPolicy()
+        # Controllers the v2 tree lacks (all of them on a hybrid host), from the v1 hierarchies.
+        v1 = set(LIMIT_CONTROLLERS) - (cgroups.controllers if cgroups is not None else set())
+        if limit_tree == "auto":
+            limit_tree = LimitTree.create(f"{node}-{os.getpid()}", sorted(v1)) if v1 else None
+        self.limit_tree: LimitTree | None = limit_tree
+        limited = (cgroups.controllers if cgroups is not None else frozenset()) | (
+            limit_tree.controllers if limit_tree is not None else frozenset()
+        )
+        self.rlimit_as = rlimit_as and "memory" not in limited
+        if set(LIMIT_CONTROLLERS) - limited:
+            warn_once(
+                "limits",
+                "no cgroup limits %s for attempts on this host: tasks are limited by RLIMIT_NPROC per uid%s",
+                ",".join(sorted(set(LIMIT_CONTROLLERS) - limited)),
+                ", memory by RLIMIT_AS" if self.rlimit_as else ", memory not at all",
+            )
+        self.workdir_bytes = workdir_bytes
+        # A job uid may not create user namespaces (a seccomp filter) unless the operator allows them.
+        self._deny_user_namespaces = (
+            identity.deny_user_namespaces_fn() if uids is not None and not user_namespaces else None
+        )
         # The device node of each of the host's GPUs (index -> /dev/nvidiaN): an attempt is denied the
         # ones it was not given, where the host has device cgroups (containment.DeviceTree).
         self.gpu_devices = dict(gpu_devices or {})
@@ -166,11 +265,16 @@ class Runner:
         # Who still uses a GPU (NVML: inventory.gpu_processes), checked before GPUs are handed out.
         self.gpu_holders = gpu_holders
         self.log_cap_bytes = log_cap_bytes
-        # A /tmp and /dev/shm of each attempt's own hide the host's: not where the jobs' directories are.
-        shadowed = [p for p in (self.work_root, self.checkpoint_root) if _under(p, "/tmp", "/dev/shm")]
-        self.private_tmp = uids is not None and not shadowed
+        # Private namespaces for the attempts of a root agent (identity.namespaces_fn). A /dev/shm of
+        # their own would hide the jobs' directories if they lay under the host's.
+        self.private_mounts = uids is not None
+        shadowed = [
+            p for p in (self.work_root, self.checkpoint_root, self.workdir) if p and _under(p, "/dev/shm")
+        ]
+        self.private_shm = not shadowed
         if uids is not None and shadowed:
-            log.warning("%s is under /tmp: attempts share the host's /tmp and /dev/shm", shadowed[0])
+            log.warning("%s is under /dev/shm: attempts share the host's /dev/shm", shadowed[0])
+        self._state_dirty = False  # the state file could not be written: the next poll tries again
         # The control side's word on this node (agent/tasks.py node_state): starts only while READY.
         self.node_state = "READY"
         self.gpu_indexes: set[int] | None = None  # the host's GPUs, where the agent knows them
@@ -214,53 +318,35 @@ class Runner:
                     f"GPU {i} is still used by pid {', '.join(map(str, p))}" for i, p in held.items()
                 )
                 log.error("refusing attempt %s/%s: %s", attempt_id, number, why)
-                self._finished.add(key)
-                self._report_finished(
-                    {
-                        "attempt_id": attempt_id,
-                        "number": number,
-                        "node": self.node,
-                        "how": "unknown",
-                        "exit_code": None,
-                        "detail": f"refused: {why}",
-                    },
-                )
-                return "refused"
-            user = cgroup = workdir = devices = None
+                return self._end_unstarted(key, "unknown", f"refused: {why}")
+            user = cgroup = workdir = devices = limits = checkpoint_dir = sink = None
+            name = f"attempt-{attempt_id}-{number}"
+            attempt_limits = self.limit_policy.for_attempt(len(gpus), len(self.gpu_indexes or ()) or None)
             try:
-                user = self.uids.acquire() if self.uids is not None else None
+                user = self._acquire_uid()
                 checkpoint_dir = identity.checkpoint_dir(self.checkpoint_root, job_id, user)
                 workdir = identity.make_workdir(self.work_root, f"{self.node}-a{attempt_id}-{number}", user)
-                private_tmp = None
-                if user is not None and self.private_tmp:  # the attempt's own /tmp and /dev/shm
-                    private_tmp = workdir / "tmp"
-                    private_tmp.mkdir(mode=0o700)
-                    os.chown(private_tmp, user.uid, user.gid)
                 log_path = identity.inside(self.log_dir, f"job-{job_id}")
                 log_path.mkdir(mode=0o700, exist_ok=True)
                 log_path = identity.inside(log_path, f"attempt-{number}.{self.node}.log")
+                sink = LogSink(log_path, self.log_cap_bytes)
                 if self.cgroups is not None:
-                    cgroup = self.cgroups.attempt(f"attempt-{attempt_id}-{number}")
+                    cgroup = self.cgroups.attempt(name, attempt_limits)
+                if self.limit_tree is not None:
+                    limits = self.limit_tree.attempt(name, attempt_limits)
                 if self.device_cgroups is not None:
                     deny = [device_number(p) for i, p in self.gpu_devices.items() if i not in gpus]
-                    devices = self.device_cgroups.attempt(
-                        f"attempt-{attempt_id}-{number}", [d for d in deny if d]
-                    )
+                    devices = self.device_cgroups.attempt(name, [d for d in deny if d])
             except (OSError, ValueError, RuntimeError) as e:  # RuntimeError: no free uid
-                self._cleanup(user, cgroup, workdir, devices)
+                if sink is not None:
+                    sink.finish()
+                self._cleanup(user, cgroup, workdir, devices, limits, checkpoint_dir)
                 log.error("refusing attempt %s/%s: %s", attempt_id, number, e)
-                self._finished.add(key)
-                self._report_finished(
-                    {
-                        "attempt_id": attempt_id,
-                        "number": number,
-                        "node": self.node,
-                        "how": "failed_to_start",
-                        "exit_code": 127,
-                        "detail": f"the host could not prepare the attempt: {e}",
-                    },
+                if isinstance(e, RuntimeError) or getattr(e, "errno", None) in HOST_SHORT:
+                    return self._end_unstarted(key, "unknown", f"refused: the host could not prepare it: {e}")
+                return self._end_unstarted(
+                    key, "failed_to_start", f"the host could not prepare the attempt: {e}", exit_code=127
                 )
-                return "failed"
             child_env = {
                 **self.base_env,
                 **(user.env(workdir) if user else {"HOME": str(workdir), "TMPDIR": str(workdir)}),
@@ -277,56 +363,79 @@ class Runner:
             }
             # argv as given; a shell only when the job asked for it explicitly.
             argv = ["/bin/sh", "-c", command[0]] if use_shell else list(command)
-            fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-            log_file = os.fdopen(fd, "ab")
-            enters = [f.enter_fn() for f in (cgroup, devices) if f is not None]
-            if private_tmp is not None:
-                # A job whose program, interpreter or directories live under the host's /tmp (a
-                # checkout there, say) would not find them behind its own /tmp: it keeps the host's.
-                needed = [self.workdir, checkpoint_dir, *identity.paths_in(argv, child_env.get("PATH", ""))]
-                bind_tmp = not any(identity.under_tmp(p) for p in needed if p)
-                if not bind_tmp:
-                    log.warning(
-                        "attempt %s of job %s: its files are under /tmp; it keeps the host's /tmp",
-                        number,
-                        job_id,
+            cwd = self.workdir or workdir
+            check_r, check_w = os.pipe2(os.O_CLOEXEC)
+            steps = [f.enter_fn() for f in (cgroup, limits, devices) if f is not None]
+            if user is not None and self.private_mounts:
+                steps.append(
+                    identity.namespaces_fn(
+                        self._mounts(
+                            workdir, checkpoint_dir, cwd, user, argv, child_env, env or {}, attempt_limits
+                        )
                     )
-                enters.append(identity.private_tmp_fn(private_tmp, bind_tmp=bind_tmp))
+                )
+            steps.append(_limits_fn(attempt_limits, user, self.rlimit_as))
+            if user is not None:
+                steps.append(identity.drop_privileges_fn(user))
+                if self._deny_user_namespaces is not None:
+                    steps.append(self._deny_user_namespaces)
+            steps.append(
+                identity.program_check_fn(
+                    argv, child_env.get("PATH", ""), check_w, arguments=not use_shell, cwd=str(cwd)
+                )
+            )
 
-            def enter() -> None:
-                for fn in enters:
-                    fn()
+            def preexec() -> None:
+                for step in steps:
+                    try:
+                        step()
+                    except identity.CannotRun:
+                        raise
+                    except BaseException as e:  # the host's part failed: said through the same pipe
+                        os.write(check_w, f"{SETUP_FAILED}{e}".encode("utf-8", "replace")[:4000])
+                        raise
 
-            preexec = identity.drop_privileges_fn(user, before=enter) if user else (enter if enters else None)
             try:
                 popen = subprocess.Popen(
                     argv,
                     stdin=subprocess.DEVNULL,
-                    stdout=log_file,
+                    stdout=sink.write_fd,
                     stderr=subprocess.STDOUT,
                     env=child_env,
-                    cwd=self.workdir or workdir,
+                    cwd=cwd,
                     start_new_session=True,
                     umask=0o077,
-                    preexec_fn=preexec,  # noqa: PLW1509 - only os calls: safe with threads
+                    preexec_fn=preexec,  # noqa: PLW1509 - os calls, and Python code that takes no lock
                 )
             except (OSError, subprocess.SubprocessError) as e:
-                why = getattr(e, "strerror", None) or str(e)
-                log_file.write(f"gpuquota: could not start {argv[0]!r}: {why}\n".encode())
-                log_file.close()
-                self._cleanup(user, cgroup, workdir, devices)
-                self._finished.add(key)
-                self._report_finished(
-                    {
-                        "attempt_id": attempt_id,
-                        "number": number,
-                        "node": self.node,
-                        "how": "failed_to_start",
-                        "exit_code": 127,
-                        "detail": f"could not start {argv[0]!r}: {why}",
-                    },
-                )
-                return "failed"
+                os.close(check_w)
+                with os.fdopen(check_r, "rb") as f:
+                    reason = f.read().decode("utf-8", "replace")
+                who = f"the job runs as uid {user.uid if user else os.geteuid()}"
+                if reason.startswith(SETUP_FAILED):
+                    how, why, code = (
+                        "unknown",
+                        f"refused: the host could not set the attempt up: {reason[len(SETUP_FAILED) :]}",
+                        None,
+                    )
+                elif reason:
+                    how, why, code = "failed_to_start", f"{reason} ({who}; {PROGRAM_HINT})", 127
+                elif getattr(e, "errno", None) in HOST_SHORT:
+                    how, why, code = "unknown", f"refused: could not start {argv[0]!r}: {e.strerror}", None
+                else:
+                    how, why, code = (
+                        "failed_to_start",
+                        f"could not start {argv[0]!r}: {_plain(e)} ({who})",
+                        127,
+                    )
+                sink.note(f"gpuquota: {why}\n")
+                sink.finish()
+                self._cleanup(user, cgroup, workdir, devices, limits, checkpoint_dir)
+                log.info("attempt %s/%s did not start: %s", attempt_id, number, why)
+                return self._end_unstarted(key, how, why, exit_code=code)
+            os.close(check_w)
+            os.close(check_r)
+            sink.start()
             deadline = time.monotonic() + max_runtime_s if max_runtime_s else None
             self._procs[attempt_id] = Proc(
                 attempt_id,
@@ -336,15 +445,65 @@ class Runner:
                 log_path,
                 grace_s,
                 deadline,
-                log_file=log_file,
+                sink=sink,
                 user=user,
                 cgroup=cgroup,
                 workdir=workdir,
                 devices=devices,
+                limits=limits,
+                checkpoint=checkpoint_dir if user is not None else None,
+                memory_bytes=attempt_limits.memory_bytes,
             )
             self._save_state()
         self._report_durably(STARTED, {"attempt_id": attempt_id, "number": number, "node": self.node})
         return "started"
+
+    def _acquire_uid(self) -> JobUser | None:
+        if self.uids is None:
+            return None
+        return self.uids.acquire(roots=(self.checkpoint_root, self.work_root))
+
+    def _mounts(
+        self, workdir, checkpoint_dir, cwd, user, argv, child_env, job_env, limits
+    ) -> identity.PrivateMounts:
+        """What the child mounts: its tmpfs working directory, and what of the host's /tmp and /var/tmp
+        it still sees (its own directories, and what its command names there)."""
+        size = self.workdir_bytes
+        if size == WORKDIR_AUTO:
+            size = (limits.memory_bytes or 0) // 2
+        carries = identity.carries(
+            workdir,
+            exact=[workdir, checkpoint_dir, self.workdir],
+            named=identity.paths_in(argv, child_env.get("PATH", ""), job_env.values()),
+            agent_roots=[self.work_root, self.checkpoint_root, self.log_dir, self.state_path.parent],
+        )
+        return identity.PrivateMounts(
+            workdir=str(workdir),
+            uid=user.uid,
+            gid=user.gid,
+            cwd=str(cwd),
+            tmpfs_bytes=max(0, size),
+            carries=tuple(carries),
+            private_shm=self.private_shm,
+        )
+
+    def _end_unstarted(
+        self, key: tuple[int, int], how: str, detail: str, exit_code: int | None = None
+    ) -> str:
+        """Report the end of an attempt that never ran here: "unknown" (refused: the job is re-queued)
+        or "failed_to_start" (the job ends FAILED)."""
+        self._finished.add(key)
+        self._report_finished(
+            {
+                "attempt_id": key[0],
+                "number": key[1],
+                "node": self.node,
+                "how": how,
+                "exit_code": exit_code,
+                "detail": detail,
+            },
+        )
+        return "refused" if how == "unknown" else "failed"
 
     def _gpus_in_use(self, gpus: list[int]) -> dict[int, list[int]]:
         """The given GPUs a process still uses (NVML), which are not handed out: with a cgroup per
@@ -376,17 +535,21 @@ class Runner:
         cgroup: AttemptCgroup | None,
         workdir: Path | None,
         devices: AttemptDevices | None = None,
+        limits: AttemptLimits | None = None,
+        checkpoint: Path | None = None,
     ) -> None:
-        """After an attempt: nothing of it runs, its cgroups and working directory are gone, its uid is
-        free again. A uid whose processes could not all be killed is not handed out again."""
+        """After an attempt: nothing of it runs, its cgroups and working directory are gone, its
+        checkpoint is root's again, its uid is free again. A uid whose processes could not all be
+        killed is not handed out again."""
         empty = kill_attempt(cgroup=cgroup, pgid=None, uid=user.uid if user else None)
-        if cgroup is not None and empty:
-            cgroup.remove()
-        if devices is not None and empty:
-            devices.remove()
+        for group in (cgroup, devices, limits):
+            if group is not None and empty:
+                group.remove()
         if workdir is not None:
             identity.remove_tree(workdir)
         if user is not None:
+            if checkpoint is not None:
+                identity.return_checkpoint(checkpoint)
             if empty:
                 self.uids.release(user.uid)
             else:
@@ -453,51 +616,79 @@ class Runner:
     # --- the reaper ------------------------------------------------------------------------------
 
     def poll(self) -> None:
-        """Called every fraction of a second: ship new log bytes, enforce deadlines, reap exits."""
+        """Called every fraction of a second: ship new log bytes, enforce deadlines and memory limits,
+        reap exits. One attempt's trouble (a full disk, say) never keeps another's end unreported."""
         now = time.monotonic()
         done: list[Proc] = []
         with self._lock:
             procs = list(self._procs.values())
         for proc in procs:
-            self._ship_log(proc)
+            try:
+                self._ship_log(proc)
+            except OSError as e:
+                log.warning("could not ship the log of attempt %s: %s", proc.attempt_id, e)
             code = proc.popen.poll()
             if code is not None:
                 done.append(proc)
                 continue
-            if proc.stop_how is None and proc.deadline is not None and now >= proc.deadline:
+            if not proc.out_of_memory and proc.oom_kills():
+                # cgroup v1 kills one process at a time (v2: memory.oom.group, all at once): the rest
+                # of the attempt goes with it, as it would on v2.
+                log.info("attempt %s reached its memory limit; killing it", proc.attempt_id)
+                proc.out_of_memory = True
+                self._kill(proc)
+            elif proc.stop_how is None and proc.deadline is not None and now >= proc.deadline:
                 log.info("attempt %s ran past max_runtime_s; stopping it", proc.attempt_id)
                 self._terminate(proc, "timed_out", proc.grace_s)
             elif proc.kill_at is not None and now >= proc.kill_at:
                 self._kill(proc)
                 proc.kill_at = None
         for proc in done:
-            # Whatever the leader left behind (its group, its cgroup, its uid) goes with it.
             try:
-                os.killpg(proc.popen.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            self._cleanup(proc.user, proc.cgroup, proc.workdir, proc.devices)
-            self._ship_log(proc, final=True)
-            proc.log_file.close()
+                self._reap(proc)
+            except Exception:
+                log.exception("reaping attempt %s/%s failed", proc.attempt_id, proc.number)
+        if done or self._state_dirty:
             with self._lock:
-                self._procs.pop(proc.attempt_id, None)
-                self._finished.add((proc.attempt_id, proc.number))
                 self._save_state()
-            code = proc.popen.returncode
-            how = proc.stop_how or "exited"
-            if proc.stop_how is None and f"{proc.attempt_id}/{proc.number}" in fenced_keys(self.state_path):
-                how = "stopped"  # fenced by the watchdog, not its own end: the job is re-queued
-            self._report_finished(
-                {
-                    "attempt_id": proc.attempt_id,
-                    "number": proc.number,
-                    "node": self.node,
-                    "how": how,
-                    "exit_code": code,
-                    "job_id": proc.job_id,
-                    "log_ranges": self._shipped_ranges(proc.log_sent),
-                },
+
+    def _reap(self, proc: Proc) -> None:
+        """An attempt whose leader exited: whatever it left behind (its group, its cgroup, its uid)
+        goes with it, then its end is reported (into the outbox first)."""
+        try:
+            os.killpg(proc.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        oom = proc.out_of_memory or proc.oom_kills() > 0  # read before its cgroup goes
+        self._cleanup(proc.user, proc.cgroup, proc.workdir, proc.devices, proc.limits, proc.checkpoint)
+        proc.sink.finish()
+        try:
+            self._ship_log(proc, final=True)
+        except OSError as e:
+            log.warning("could not ship the end of the log of attempt %s: %s", proc.attempt_id, e)
+        with self._lock:
+            self._procs.pop(proc.attempt_id, None)
+            self._finished.add((proc.attempt_id, proc.number))
+        code = proc.popen.returncode
+        how = proc.stop_how or "exited"
+        if proc.stop_how is None and f"{proc.attempt_id}/{proc.number}" in fenced_keys(self.state_path):
+            how = "stopped"  # fenced by the watchdog, not its own end: the job is re-queued
+        end = {
+            "attempt_id": proc.attempt_id,
+            "number": proc.number,
+            "node": self.node,
+            "how": how,
+            "exit_code": code,
+            "job_id": proc.job_id,
+            "log_ranges": self._shipped_ranges(proc.log_sent),
+        }
+        if oom and how == "exited":
+            end["detail"] = (
+                "out of memory: the kernel killed its processes (the attempt's memory limit is "
+                f"{proc.memory_bytes // 2**20} MiB, counting its processes, page cache and the files in "
+                "its working directory, /tmp and /dev/shm)"
             )
+        self._report_finished(end)
 
     def _send_log(self, attempt_id: int, number: int, offset: int, data: bytes) -> None:
         self.report(
@@ -623,6 +814,12 @@ class Runner:
                 job_dir.rmdir()  # only when empty
         return removed
 
+    def prune_checkpoints(self, max_age_s: float) -> int:
+        """Remove the checkpoints of jobs that have not run on this host for max_age_s (identity.py)."""
+        with self._lock:
+            keep = {p.checkpoint for p in self._procs.values() if p.checkpoint is not None}
+        return identity.prune_checkpoints(self.checkpoint_root, max_age_s, keep=keep)
+
     # --- state across restarts -------------------------------------------------------------------
 
     def running(self) -> list[tuple[int, int]]:
@@ -630,6 +827,9 @@ class Runner:
             return [(p.attempt_id, p.number) for p in self._procs.values()]
 
     def _save_state(self) -> None:
+        """Write the running attempts down (for a restarted agent and the fence watchdog). A write that
+        fails (a full disk) is logged once and tried again by the next poll; it never fails a start
+        or a reap."""
         state = [
             {
                 "attempt_id": p.attempt_id,
@@ -639,60 +839,93 @@ class Runner:
                 "cgroup": str(p.cgroup.path) if p.cgroup else None,
                 "uid": p.user.uid if p.user else None,
                 "workdir": str(p.workdir) if p.workdir else None,
+                "checkpoint": str(p.checkpoint) if p.checkpoint else None,
             }
             for p in self._procs.values()
         ]
-        self.state_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state))
-        tmp.replace(self.state_path)
+        try:
+            self.state_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            tmp.write_text(json.dumps(state))
+            tmp.replace(self.state_path)
+        except OSError as e:
+            if not self._state_dirty:
+                log.error("cannot write %s: %s; trying again at the next poll", self.state_path, e)
+            self._state_dirty = True
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            return
+        if self._state_dirty:
+            log.info("wrote %s again", self.state_path)
+        self._state_dirty = False
 
     def kill_orphans(self) -> list[int]:
         """Kill what a previous agent on this host left running: its attempts' cgroups, their uids, their
-        process groups."""
-        try:
-            state = json.loads(self.state_path.read_text())
-        except (FileNotFoundError, ValueError):
-            return []
+        process groups; then remove their working directories and take their checkpoints back. (What
+        its fence watchdog already killed is listed in `running.json.ended`: cleaned up, not killed.)"""
+        ended = self.state_path.with_name(self.state_path.name + ENDED_SUFFIX)
         killed = []
-        for entry in state:
+        for entry in _entries(ended):
+            self._forget_orphan(entry)
+        ended.unlink(missing_ok=True)
+        for entry in _entries(self.state_path):
             cgroup = _orphan_cgroup(entry.get("cgroup"))
-            uid = entry.get("uid")
-            if not (self.uids and type(uid) is int and self.uids.first <= uid <= self.uids.last):
-                uid = None
-            if uid is not None and self.uids.held_elsewhere(uid):
-                # The orphans are gone (the previous agent's fence watchdog) and another agent took
-                # the uid for an attempt of its own: not ours to kill.
-                log.warning("uid %d of a previous attempt now runs another agent's attempt; left alone", uid)
-                uid = None
+            uid = self._orphan_uid(entry)
             if cgroup is not None or uid is not None:
                 kill_attempt(cgroup=cgroup, pgid=None, uid=uid)
                 if cgroup is not None:
                     cgroup.remove()
                     with contextlib.suppress(OSError):
                         cgroup.path.parent.rmdir()  # the previous agent's tree, once empty
-            workdir = entry.get("workdir")
-            if isinstance(workdir, str):
-                with contextlib.suppress(ValueError):
-                    identity.remove_tree(identity.inside(self.work_root, Path(workdir).name))
-            pgid = int(entry["pgid"])
-            if pgid <= 1 or pgid == os.getpgrp():
-                continue
+            pgid = entry.get("pgid")
             started = entry.get("started")
-            if started is not None and _process_start(pgid) not in (started, None):
+            if type(pgid) is not int or pgid <= 1 or pgid == os.getpgrp():
+                pass
+            elif started is not None and _process_start(pgid) not in (started, None):
                 # The leader is gone and its pid names another process now, which is not ours. (The
                 # kernel does not reuse a pid while a group of that id lives, so none of ours is left.)
                 log.warning("pid %d was reused since the previous agent; not killing it", pgid)
-                continue
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-                killed.append(pgid)
-            except (ProcessLookupError, PermissionError):
-                pass
+            else:
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                    killed.append(pgid)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            self._forget_orphan(entry)
         self.state_path.unlink(missing_ok=True)
+        if self.limit_tree is not None:
+            self.limit_tree.remove_stale()
         if killed:
             log.warning("killed %d orphaned process group(s) of a previous agent", len(killed))
         return killed
+
+    def _orphan_uid(self, entry: dict) -> int | None:
+        """The uid a state entry names, if it is of our range and no other agent runs as it now."""
+        uid = entry.get("uid")
+        if not (self.uids and type(uid) is int and self.uids.first <= uid <= self.uids.last):
+            return None
+        if self.uids.held_elsewhere(uid):
+            # The orphans are gone (the previous agent's fence watchdog) and another agent took the
+            # uid for an attempt of its own: not ours to kill.
+            log.warning("uid %d of a previous attempt now runs another agent's attempt; left alone", uid)
+            return None
+        return uid
+
+    def _forget_orphan(self, entry: dict) -> None:
+        """A dead attempt's working directory goes, and its checkpoint is root's again, unless another
+        attempt took it over since (it then belongs to that attempt's uid, not the dead one's)."""
+        for key, root in (("workdir", self.work_root), ("checkpoint", self.checkpoint_root)):
+            path = entry.get(key)
+            if not isinstance(path, str):
+                continue
+            try:
+                path = identity.inside(root, Path(path).name)
+            except ValueError:
+                continue
+            if key == "workdir":
+                identity.remove_tree(path)
+            elif self._orphan_uid(entry) is not None and _owner(path) == entry["uid"]:
+                identity.return_checkpoint(path)
 
     def shutdown(self, grace_s: float = 5) -> None:
         """Stop everything (the agent is going away): SIGTERM, then kill every attempt after grace_s."""
@@ -713,6 +946,23 @@ class Runner:
             self.cgroups.remove()
         if self.device_cgroups is not None:
             self.device_cgroups.remove()
+        if self.limit_tree is not None:
+            self.limit_tree.remove()
+
+
+def _entries(path: Path) -> list[dict]:
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+
+def _owner(path: Path) -> int | None:
+    try:
+        return os.lstat(path).st_uid
+    except OSError:
+        return None
 
 
 def _under(path: Path, *roots: str) -> bool:

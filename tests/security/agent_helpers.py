@@ -110,3 +110,15 @@ def job_python() -> str:
     if os.geteuid() != 0 or reachable_by_others(sys.executable):
         return sys.executable
     return shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or sys.executable
+
+
+def remove_shm_of(uids: range) -> None:
+    """Remove the host's SysV shared memory segments that uids of a test's range own or made (an
+    agent that gives attempts no IPC namespace of their own leaves them behind)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]:
+        fields = line.split()  # key shmid perms size cpid lpid nattch uid gid cuid ...
+        if int(fields[7]) in uids or int(fields[9]) in uids:
+            libc.shmctl(int(fields[1]), 0, None)  # IPC_RMID

@@ -83,14 +83,16 @@ def test_checkpoints_follow_the_job_across_attempts_each_with_its_own_uid(root_r
     wait_until(lambda: reports.finished(1), runner=root_runner)
     first_uid = int((root_runner.checkpoint_root / "job-7" / "step").read_text())
     read = 'cat "$GPUQUOTA_CHECKPOINT_DIR/step" && id -u >> "$GPUQUOTA_CHECKPOINT_DIR/step"'
+    read += ' && stat -c "owner=%u" "$GPUQUOTA_CHECKPOINT_DIR"'
     root_runner.start(attempt_id=1, number=2, job_id=7, command=[read], use_shell=True)
     second_uid = root_runner._procs[1].user.uid
     wait_until(lambda: reports.finished(1) and reports.finished(1)["number"] == 2, runner=root_runner)
     assert reports.finished(1)["exit_code"] == 0, reports.log_of(1)
     assert first_uid != second_uid
+    assert f"owner={second_uid}" in reports.log_of(1)  # the running attempt's, while it runs
     ckpt = root_runner.checkpoint_root / "job-7"
     st = ckpt.stat()
-    assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == second_uid
+    assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == 0  # root's between attempts
     assert (ckpt / "step").read_text().split() == [str(first_uid), str(second_uid)]
 
 
@@ -148,8 +150,9 @@ def test_when_every_uid_is_taken_the_start_fails_cleanly(root_dir, reports):
         assert (
             runner.start(attempt_id=1, number=1, job_id=7, command=["sleep 5"], use_shell=True) == "started"
         )
-        assert runner.start(attempt_id=2, number=1, job_id=8, command=["true"]) == "failed"
-        assert "no free uid" in reports.finished(2)["detail"]
+        # The host is short of uids, not the job at fault: refused, and the control side re-queues it.
+        assert runner.start(attempt_id=2, number=1, job_id=8, command=["true"]) == "refused"
+        assert "no free uid" in reports.finished(2)["detail"] and reports.finished(2)["how"] == "unknown"
     finally:
         runner.shutdown(grace_s=0)
 
