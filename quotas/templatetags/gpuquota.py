@@ -35,6 +35,14 @@ def until(value: datetime | None, now: datetime | None = None) -> str:
     return span(now or timezone.now(), value)
 
 
+@register.filter
+def duration(seconds: float | None) -> str:
+    """Seconds in a few words: "42 s", "3 min", "2 h" (quotas.services.duration_words)."""
+    from quotas.services import duration_words
+
+    return "" if seconds is None else duration_words(seconds)
+
+
 _SHORT_S = 27 * 86400  # under 4 weeks timesince's words depend only on the whole minutes between
 
 

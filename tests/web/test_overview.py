@@ -112,12 +112,20 @@ def test_overview_runs_constant_queries(as_bob, bob, vision_share, language_shar
 def test_a_silence_of_every_node_shows_a_banner_not_lost_nodes(as_bob, vision_share, nodes):
     from gpunodes.models import Node
     from quotas import scheduler
+    from quotas.models import SchedulerPass
 
     Node.objects.update(last_heartbeat=timezone.now())
     scheduler.run_pass("test")
     body = as_bob.get("/").content.decode()
     assert 'data-testid="hearing-outage"' not in body
-    assert 'data-testid="hearing-resumed"' in body  # heard from now on: nobody may be declared lost yet
+    assert 'data-testid="hearing-resumed"' not in body  # a first start: there was no silence
+    # The control worker away 2 minutes while the agents (never restarted) ran on, then back.
+    SchedulerPass.objects.update(started_at=timezone.now() - timedelta(seconds=125))
+    scheduler.run_pass("test")
+    body = as_bob.get("/").content.decode()
+    banner = body.split('data-testid="hearing-resumed">', 1)[1].split("</p>", 1)[0]
+    assert banner.startswith("Heartbeats heard again 0 s ago, after 2 min in which no node was heard")
+    assert "no node is declared lost for 3 min more" in banner and "NODE_LOST_AFTER_S" not in banner
     Node.objects.update(last_heartbeat=timezone.now() - timedelta(seconds=90))
     body = as_bob.get("/").content.decode()
     assert 'data-testid="hearing-outage"' in body and "No heartbeat from any node for 90 s" in body
