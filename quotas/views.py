@@ -84,7 +84,24 @@ def _feed(user):
     )
     for e in events:
         e.visible = mine is None or e.job.share.team_id in mine
+        e.label, e.badge = _feed_label(e.kind, e.reason)
     return events
+
+
+# The reasons of an attempt its own agent ended by restarting (gpunodes.agent.runner.Runner.shutdown, and
+# gpunodes.services.node_heartbeat for one that died first): re-queued, but no node was lost.
+AGENT_RESTART_REASONS = ("stopped at the shutdown of the agent on ", "the agent on ")
+
+
+def _feed_label(kind: str, reason: str) -> tuple[str, str]:
+    """A feed entry's badge: its words and its class."""
+    if "RECLAIM" in reason:
+        return "reclaim", "borrowed"
+    if kind == EventKind.NODE_LOST:
+        if reason.startswith(AGENT_RESTART_REASONS):
+            return "agent restarted", "state-queued"
+        return "node lost", "off"
+    return "priority", "prio"
 
 
 # --- overview ---------------------------------------------------------------------------------------

@@ -104,6 +104,7 @@ class Proc:
     grace_s: int
     deadline: float | None  # monotonic; max_runtime_s enforcement
     stop_how: str | None = None  # "stopped" (asked to) or "timed_out"
+    stop_detail: str = ""  # the end's reason in words, where the control side cannot tell it (shutdown)
     kill_at: float | None = None
     log_sent: int = 0
     log_file: object = field(default=None, repr=False)
@@ -487,17 +488,18 @@ class Runner:
             how = proc.stop_how or "exited"
             if proc.stop_how is None and f"{proc.attempt_id}/{proc.number}" in fenced_keys(self.state_path):
                 how = "stopped"  # fenced by the watchdog, not its own end: the job is re-queued
-            self._report_finished(
-                {
-                    "attempt_id": proc.attempt_id,
-                    "number": proc.number,
-                    "node": self.node,
-                    "how": how,
-                    "exit_code": code,
-                    "job_id": proc.job_id,
-                    "log_ranges": self._shipped_ranges(proc.log_sent),
-                },
-            )
+            report = {
+                "attempt_id": proc.attempt_id,
+                "number": proc.number,
+                "node": self.node,
+                "how": how,
+                "exit_code": code,
+                "job_id": proc.job_id,
+                "log_ranges": self._shipped_ranges(proc.log_sent),
+            }
+            if proc.stop_detail:
+                report["detail"] = proc.stop_detail
+            self._report_finished(report)
 
     def _send_log(self, attempt_id: int, number: int, offset: int, data: bytes) -> None:
         self.report(
@@ -707,7 +709,8 @@ class Runner:
             self._kill(proc)
             proc.popen.wait()
             if proc.stop_how is None:
-                proc.stop_how = "unknown"
+                proc.stop_how = "unknown"  # re-queued; said plainly, not as a host that lost it
+                proc.stop_detail = f"stopped at the shutdown of the agent on {self.node}"
         self.poll()
         if self.cgroups is not None:
             self.cgroups.remove()
