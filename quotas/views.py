@@ -7,18 +7,21 @@ from __future__ import annotations
 import dataclasses
 import functools
 import heapq
+import logging
 from datetime import UTC as dt_utc
 from datetime import datetime
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import PermissionDenied, RequestDataTooBig, ValidationError
 from django.core.paginator import Paginator
 from django.db import transaction
 from django.db.models import Q
-from django.http import Http404, HttpResponse
+from django.http import Http404, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
-from django.urls import reverse
+from django.urls import Resolver404, resolve, reverse
 from django.utils import timezone
+from django.views import defaults
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from jobs import services as job_services
@@ -29,6 +32,8 @@ from quotas.choices import ShareState, Strategy
 from quotas.forms import ShareForm, SweepForm, add_service_errors
 from quotas.hearing import hearing
 from quotas.models import AuditEntry, Membership, Share, Team
+
+log = logging.getLogger(__name__)
 
 FEED_SIZE = 15
 QUEUE_SHOWN = 50
@@ -102,6 +107,46 @@ def _feed_label(kind: str, reason: str) -> tuple[str, str]:
             return "agent restarted", "state-queued"
         return "node lost", "off"
     return "priority", "prio"
+
+
+# --- errors ----------------------------------------------------------------------------------------
+
+
+def bytes_words(n: int) -> str:
+    """A size as a person reads it: "256 KiB", "1.5 MiB", "300 bytes"."""
+    for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f}".removesuffix(".0") + f" {unit}"
+    return f"{n} bytes"
+
+
+def bad_request(request, exception=None):
+    """handler400. A body over MAX_REQUEST_BYTES is never read (that is the limit), so Django answered a
+    bare "Bad Request (400)", even in place of the submit form: the form comes back instead, blank, with
+    the limit in words, and the log has one line (settings.LOGGING quiets Django's own traceback)."""
+    if not isinstance(exception, RequestDataTooBig):
+        return defaults.bad_request(request, exception)
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    sent = int(request.META.get("CONTENT_LENGTH") or 0)
+    log.warning("refused %s %s: %s over the limit of %s", request.method, request.path, sent, limit)
+    message = (
+        f"What was sent ({bytes_words(sent)}) is larger than {bytes_words(limit)}, the most one request may "
+        "carry: shorten the command (a long input belongs in a file the job reads) and submit again."
+    )
+    try:
+        match = resolve(request.path_info)
+    except Resolver404:
+        match = None
+    if match is not None and match.url_name == "job_submit" and request.user.is_authenticated:
+        try:
+            team, _ = _team_for(request.user, match.kwargs["slug"])
+        except Http404:
+            pass
+        else:
+            context = {"form": submit_form_for(team), "team": team, "form_error": message}
+            template = "jobs/partials/_submit_form.html" if request.htmx else "jobs/submit_error.html"
+            return render(request, template, context, status=400)
+    return HttpResponseBadRequest(message, content_type="text/plain; charset=utf-8")
 
 
 # --- overview ---------------------------------------------------------------------------------------
