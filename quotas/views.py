@@ -483,8 +483,9 @@ def share_edit(request, name):
 
 def _warn_first(request, form, share):
     """A capacity that over-commits or names a GPU type no node has is saved only once the admin has
-    seen why and pressed "Save anyway" (confirm=1): the form comes back with the warnings."""
-    if request.POST.get("confirm"):
+    seen why and pressed "Save anyway" (confirm=1): the form comes back with the warnings. Field errors
+    come first: a save that would fail (a taken name) is not warned about."""
+    if request.POST.get("confirm") or not _saves_cleanly(form, share, request.user):
         return None
     warnings = usage.capacity_warnings(
         capacity=form.capacity(),
@@ -498,6 +499,27 @@ def _warn_first(request, form, share):
 
 class _Rollback(Exception):
     pass
+
+
+def _saves_cleanly(form, share, actor) -> bool:
+    """Whether the service would save the form (a new share when `share` is None): it runs, then is
+    rolled back, so its own checks (a taken name, a share its jobs no longer fit) land on the form's
+    fields before anything else is said about it."""
+    try:
+        with transaction.atomic():
+            if share is None:
+                services.share_create(capacity=form.capacity(), actor=actor, **form.share_fields())
+            else:
+                fresh = Share.objects.get(pk=share.pk)
+                services.share_update(
+                    share=fresh, capacity=form.capacity(), actor=actor, **form.share_fields()
+                )
+            raise _Rollback
+    except _Rollback:
+        return True
+    except ValidationError as e:
+        add_service_errors(form, e, {"capacity": "new_gpu_type"})
+        return False
 
 
 WHATIF_PARTS = {"preview": "quotas/partials/_whatif.html", "sweep": "quotas/partials/_sweep.html"}
@@ -516,23 +538,7 @@ def share_whatif(request, name=None):
     if name is not None:
         share = get_object_or_404(Share.objects.select_related("team"), name=name)
     form = ShareForm(request.POST, gpu_types=_gpu_types(share))
-    if form.is_valid():
-        # Validate through the service itself, then roll back: the preview checks what a save would.
-        try:
-            with transaction.atomic():
-                if share is None:
-                    services.share_create(capacity=form.capacity(), actor=request.user, **form.share_fields())
-                else:
-                    fresh = Share.objects.get(pk=share.pk)
-                    services.share_update(
-                        share=fresh, capacity=form.capacity(), actor=request.user, **form.share_fields()
-                    )
-                raise _Rollback
-        except _Rollback:
-            pass
-        except ValidationError as e:
-            add_service_errors(form, e, {"capacity": "new_gpu_type"})
-    if not form.is_valid():
+    if not (form.is_valid() and _saves_cleanly(form, share, request.user)):
         return render(request, WHATIF_PARTS["preview"], {"form": form, "errors": True}, status=400)
     fields = form.share_fields()
     run_id = whatif.start_preview(
