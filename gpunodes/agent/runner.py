@@ -172,6 +172,7 @@ class Runner:
         self.private_tmp = uids is not None and not shadowed
         if uids is not None and shadowed:
             log.warning("%s is under /tmp: attempts share the host's /tmp and /dev/shm", shadowed[0])
+        self._said_host_tmp = False  # whether an attempt keeping the host's /tmp was logged
         # The control side's word on this node (agent/tasks.py node_state): starts only while READY.
         self.node_state = "READY"
         self.gpu_indexes: set[int] | None = None  # the host's GPUs, where the agent knows them
@@ -287,11 +288,15 @@ class Runner:
                 needed = [self.workdir, checkpoint_dir, *identity.paths_in(argv, child_env.get("PATH", ""))]
                 bind_tmp = not any(identity.under_tmp(p) for p in needed if p)
                 if not bind_tmp:
-                    log.warning(
-                        "attempt %s of job %s: its files are under /tmp; it keeps the host's /tmp",
+                    # Said once per agent: with a checkout under /tmp (`make run` there) it is every job.
+                    log.log(
+                        logging.DEBUG if self._said_host_tmp else logging.WARNING,
+                        "attempt %s of job %s: its files are under /tmp; it keeps the host's /tmp%s",
                         number,
                         job_id,
+                        "" if self._said_host_tmp else " (so may other jobs: this is said once)",
                     )
+                    self._said_host_tmp = True
                 enters.append(identity.private_tmp_fn(private_tmp, bind_tmp=bind_tmp))
 
             def enter() -> None:

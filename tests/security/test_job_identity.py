@@ -176,3 +176,27 @@ def test_a_job_sees_its_own_processes_only(root_runner, reports):
     out = reports.log_of(2)
     assert "LEAK" not in out and "secret-in-argv" not in out, out
     assert int(out.split()[-1]) < 10  # its shell, ls, grep: not the host's processes
+
+
+def test_keeping_the_hosts_tmp_is_a_warning_once_per_agent(root_runner, reports, caplog):
+    """With a checkout under /tmp (`make run` in a CI clone) every job keeps the host's /tmp: one
+    WARNING says so, the jobs after it are DEBUG lines, not a WARNING at every start."""
+    import logging
+    import shutil
+    import tempfile
+
+    here = Path(tempfile.mkdtemp(prefix="gpuquota-tmp-job-", dir="/tmp"))
+    try:
+        here.chmod(0o755)
+        program = here / "job.sh"
+        program.write_text("#!/bin/sh\necho ran\n")
+        program.chmod(0o755)
+        with caplog.at_level(logging.DEBUG, logger="gpunodes.agent.runner"):
+            for attempt in (1, 2, 3):
+                root_runner.start(attempt_id=attempt, number=1, job_id=attempt, command=[str(program)])
+                wait_until(lambda a=attempt: reports.finished(a), runner=root_runner)
+                assert reports.finished(attempt)["exit_code"] == 0, reports.log_of(attempt)
+    finally:
+        shutil.rmtree(here, ignore_errors=True)
+    said = [r for r in caplog.records if "keeps the host's /tmp" in r.getMessage()]
+    assert [r.levelname for r in said] == ["WARNING", "DEBUG", "DEBUG"]
