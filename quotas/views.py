@@ -312,10 +312,13 @@ def team_queue_context(user, team: Team, live: usage.LivePicture | None = None) 
                 "can_manage": can_manage(job),
             }
         )
+    # The jobs the rows stand for: an array's row stands for all its queued tasks.
+    queued_shown = sum(e["counts"].get(JobState.QUEUED.value, 0) if e.get("array") else 1 for e in entries)
     return {
         "team": team,
         "queue": entries,
         "queued_total": queued_total,
+        "queued_shown": queued_shown,
         "forecast_age": services.age_words(max(computed)) if computed else None,
         "planned": True,
         "running": running_rows,
