@@ -212,8 +212,9 @@ def job_line(job: dict) -> str:
     text += eta_text(job)
     if job.get("waiting_reason"):
         text += f" ({clean(job['waiting_reason'])})"
-    if job["state"] == "FAILED" and job.get("state_reason"):
-        text += f" ({clean(job['state_reason'])})"
+    reason = job.get("state_reason")
+    if job["state"] == "FAILED" and reason and reason != f"exit code {job.get('exit_code')}":
+        text += f" ({clean(reason)})"  # only what the exit code above does not say already
     return text
 
 
