@@ -39,3 +39,59 @@ def test_borrowed_legend_badge_holds_its_word_beside_its_sentence(page, alice, v
     assert b["left"] <= t["left"] + 1 and t["right"] <= b["right"] + 1, boxes  # the word inside its badge
     assert boxes["neighbours"], boxes
     assert not [n for n in boxes["neighbours"] if _overlap(n, b)], boxes
+
+
+# A bar's words and what lies under them: the bar's fill, or its pattern's background and hatch lines.
+BAR_COLOURS = """(plot, word) => {
+  const text = [...plot.querySelectorAll(".bartext")].find(t => t.textContent.includes(word));
+  const path = text.parentNode.querySelector("path");
+  const fill = getComputedStyle(path).fill;
+  const out = {text: getComputedStyle(text).fill, fill: fill, hatch: null};
+  const id = (fill.match(/url\\("?#([^")]+)"?\\)/) || [])[1];
+  if (id) {
+    const pattern = plot.querySelector("pattern#" + CSS.escape(id));
+    const rect = pattern.querySelector("rect"), line = pattern.querySelector("path");
+    out.fill = rect ? rect.getAttribute("fill") : "rgb(255, 255, 255)";  // no background: the white card's
+    out.hatch = {colour: line.getAttribute("stroke"), opacity: parseFloat(line.getAttribute("opacity") || "1")};
+  }
+  return out;
+}"""
+
+
+def _rgb(css: str) -> tuple[float, ...]:
+    return tuple(float(v) for v in css[css.index("(") + 1 : css.index(")")].split(",")[:3])
+
+
+def _contrast(a, b) -> float:
+    """WCAG 2 contrast ratio of two sRGB colours."""
+
+    def luminance(rgb):
+        c = [v / 255 for v in rgb]
+        c = [v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4 for v in c]
+        return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2]
+
+    hi, lo = sorted((luminance(a), luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def test_the_label_on_a_hatched_stopping_bar_can_be_read(page, bob, vision_share, nodes):
+    from jobs.choices import AttemptState
+    from jobs.models import Attempt
+    from tests.api.conftest import run
+    from tests.web.conftest import submit
+
+    run(submit(bob, vision_share, gpus=4), nodes[0], [0, 1, 2, 3])
+    job = submit(bob, vision_share)
+    attempt = run(job, nodes[1], [0], borrowed=True)  # beyond vision's 4: borrowed, hatched
+    Attempt.objects.filter(pk=attempt.pk).update(state=AttemptState.STOPPING)
+    login(page, bob)
+    page.goto(f"/jobs/{job.pk}/")
+    plot = page.locator('[data-plot="timeline"][data-drawn="1"] .js-plotly-plot')
+    sync_api.expect(plot).to_be_visible()
+    colours = plot.evaluate(BAR_COLOURS, "STOPPING")
+    assert colours["hatch"] is not None, colours  # hatched: borrowed
+    text, fill = _rgb(colours["text"]), _rgb(colours["fill"])
+    assert _contrast(text, fill) >= 4.5, colours  # WCAG AA for text on the bar
+    line, alpha = _rgb(colours["hatch"]["colour"]), colours["hatch"]["opacity"]
+    crossing = tuple(alpha * c + (1 - alpha) * f for c, f in zip(line, fill, strict=True))
+    assert _contrast(text, crossing) >= 3, colours  # where a hatch line crosses the words
