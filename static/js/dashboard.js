@@ -40,7 +40,7 @@
                  y: d.series[name], line: { width: 0.5, color: colour(colours[name]) } };
       });
       Plotly.react(area, traces, merge({ xaxis: { type: "date", range: [d.start, d.end] },
-                   yaxis: { title: "GPUs", rangemode: "tozero" },
+                   yaxis: { title: { text: "GPUs" }, rangemode: "tozero" },
                    legend: { orientation: "h" } }), config);
     },
     timeline: function (el, area) {
@@ -68,7 +68,7 @@
       Plotly.react(area, [
         { type: "bar", name: "simulated, as is", x: d.shares, y: d.before, marker: { color: "#9aa5b1" } },
         { type: "bar", name: "simulated, with the change", x: d.shares, y: d.after, marker: { color: "#2f80ed" } }
-      ], merge({ barmode: "group", yaxis: { title: "mean wait (s)", rangemode: "tozero" },
+      ], merge({ barmode: "group", yaxis: { title: { text: "mean wait (s)" }, rangemode: "tozero" },
                  legend: { orientation: "h" } }), config);
     }
   };

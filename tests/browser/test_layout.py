@@ -95,3 +95,35 @@ def test_the_label_on_a_hatched_stopping_bar_can_be_read(page, bob, vision_share
     line, alpha = _rgb(colours["hatch"]["colour"]), colours["hatch"]["opacity"]
     crossing = tuple(alpha * c + (1 - alpha) * f for c, f in zip(line, fill, strict=True))
     assert _contrast(text, crossing) >= 3, colours  # where a hatch line crosses the words
+
+
+# How much of the x axis the data covers, and the y axis' title.
+HISTORY_SPREAD = """plot => {
+  const layout = plot._fullLayout, data = plot._fullData;
+  const ms = v => new Date(String(v).replace(" ", "T") + (String(v).includes("Z") || /[+-]\\d\\d:\\d\\d$/.test(v) ? "" : "Z")).getTime();
+  const xs = data.flatMap(t => [...t.x]).map(ms);
+  const [lo, hi] = layout.xaxis.range.map(ms);
+  const title = plot.querySelector(".g-ytitle text");
+  return {covered: (Math.max(...xs) - Math.min(...xs)) / (hi - lo), ytitle: title ? title.textContent : null};
+}"""
+
+
+def test_a_young_clusters_history_fills_the_chart(page, alice, vision_share, nodes):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from quotas.models import UsageSample
+
+    now = timezone.now()
+    for minutes in range(20, -1, -1):  # a cluster 20 minutes old
+        UsageSample.objects.create(
+            at=now - timedelta(minutes=minutes), share=vision_share, gpu_type="a10g", own=2
+        )
+    login(page, alice)
+    plot = page.locator('[data-plot="history"][data-drawn="1"] .js-plotly-plot')
+    sync_api.expect(plot).to_be_visible()
+    sync_api.expect(page.locator("#history-h")).to_contain_text("since")
+    spread = plot.evaluate(HISTORY_SPREAD)
+    assert spread["covered"] > 0.85, spread  # was 20 minutes of 24 hours: 1.4 %
+    assert spread["ytitle"] == "GPUs", spread
