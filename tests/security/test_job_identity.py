@@ -124,10 +124,12 @@ def test_a_start_whose_paths_escape_their_root_is_refused(root_runner, reports, 
     assert root_runner.start(attempt_id=1, number=1, job_id=9, command=["true"]) == "failed"
     assert os.stat(outside).st_uid == 0 and stat.S_IMODE(os.stat(outside).st_mode) == 0o755  # not chowned
     assert reports.finished(1)["how"] == "failed_to_start"
-    # A job id that is a path: refused before any directory is made.
-    bad = "0/../../../../tmp/x"
+    # A job id that is a path: refused before any directory is made. (A name of its own: /tmp/x may be
+    # where the checkout running this sits.)
+    target = f"/tmp/gpuquota-escaped-{os.getpid()}"
+    bad = f"0/../../../..{target}"
     assert root_runner.start(attempt_id=2, number=1, job_id=bad, command=["true"]) == "failed"
-    assert not Path("/tmp/x").exists() and reports.finished(2)["how"] == "failed_to_start"
+    assert not Path(target).exists() and reports.finished(2)["how"] == "failed_to_start"
 
 
 def test_python_jobs_work_as_a_uid_without_an_account(root_runner, reports):
