@@ -41,7 +41,7 @@ def test_jobs_prints_each_page_before_asking_for_the_next(logged_in, bob, vision
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
-        # `| head -3`: the first lines arrive while the second page is still being asked for.
+        # `| head -3`: the first lines arrive before any second page is answered.
         first = [process.stdout.readline() for _ in range(3)]
         process.stdout.close()
         reader_gone.set()
@@ -50,7 +50,8 @@ def test_jobs_prints_each_page_before_asking_for_the_next(logged_in, bob, vision
         reader_gone.set()
         request_started.disconnect(listing)
     assert first[0].split()[:2] == [b"ID", b"NAME"] and b"j200" in first[1]
-    assert len(pages) == 2  # never the third page
+    # Never the third page; the second only if it was asked for before the closed pipe was noticed.
+    assert 1 <= len(pages) <= 2, pages
 
 
 def test_limit_gives_the_newest_jobs_in_one_short_page(logged_in, bob, vision_share):
