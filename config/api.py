@@ -60,8 +60,10 @@ def translate(exc: Exception) -> Exception:
     if isinstance(exc, RequestDataTooBig):
         return RequestTooLarge()
     if isinstance(exc, Http404) and (found := DJANGO_NOT_FOUND.fullmatch(str(exc))):
-        # Django's "No Job matches the given query." reads like a database error.
-        return exceptions.NotFound(f"No such {found.group(1).lower()}.")
+        # Django's "No Job matches the given query." reads like a database error; its class name in
+        # words ("JobArray" was "No such jobarray.").
+        words = re.sub(r"(?<=[a-z])(?=[A-Z])", " ", found.group(1)).lower()
+        return exceptions.NotFound(f"No such {words}.")
     return exc
 
 

@@ -4,10 +4,18 @@ on the control worker it would hold the threads heartbeats and passes need; more
 sweep out)."""
 
 import os
+import warnings
 
 from celery import Celery
+from celery.exceptions import SecurityWarning
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+# Set by `make run`'s process manager (config/procman.py) in its processes: it says once, for all of
+# them, that they run as root, instead of Celery's eight-line block from each worker and agent.
+ROOT_SAID_ENV = "GPUQUOTA_ROOT_SAID"
+if os.environ.get(ROOT_SAID_ENV) == "1":
+    warnings.filterwarnings("ignore", category=SecurityWarning)
 
 CONTROL_QUEUE = "control"
 WHATIF_QUEUE = "whatif"

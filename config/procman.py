@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from config.celery import ROOT_SAID_ENV
+
 FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 30.0
 # A process that ran this long before dying is restarted after FIRST_BACKOFF_S again.
@@ -77,6 +79,7 @@ class Manager:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # the terminal's Ctrl-C is ours to pass on, once
+            env={**os.environ, ROOT_SAID_ENV: "1"} if os.geteuid() == 0 else None,
         )
         proc.started_at = time.monotonic()
         proc.restart_at = None
@@ -137,6 +140,12 @@ class Manager:
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
         terminal = take_the_terminal()
+        if os.geteuid() == 0:  # said once here; each Celery worker and agent would say it in 8 lines
+            self.say(
+                "procman",
+                "running as root, and so is every process below: fine for one person trying gpuquota; "
+                "in production only the agents run as root (README, Production setup)",
+            )
         try:
             for proc in self.procs:
                 self.start(proc)

@@ -431,6 +431,9 @@ LOGGING = {
         # done (a heartbeat, a log chunk, a pass every 2 s) or per beat send. The pass logs at INFO
         # when it decides something; failures are still logged.
         "django.server": {"level": "ERROR"},
+        # A body over MAX_REQUEST_BYTES is the client's doing: quotas.views.bad_request logs one line,
+        # not Django's ERROR with a traceback.
+        "django.security.RequestDataTooBig": {"level": "CRITICAL"},
         "celery.app.trace": {"level": "WARNING"},
         "celery.worker.strategy": {"level": "WARNING"},
         "celery.beat": {"level": "WARNING"},

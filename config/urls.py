@@ -12,6 +12,9 @@ def healthz(request):
     return JsonResponse({"status": "ok"})
 
 
+# A body over MAX_REQUEST_BYTES: the submit form back with the limit in words, not a bare 400.
+handler400 = "quotas.views.bad_request"
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),

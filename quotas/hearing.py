@@ -22,8 +22,9 @@ is no other node to run them on meanwhile (README, "Failures and timing").
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db.models import Max
@@ -68,15 +69,52 @@ def lost_cutoff(now: datetime, since: datetime | None) -> datetime | None:
     return cutoff
 
 
+def agent_started_at(boot_id: str) -> datetime | None:
+    """When the agent process behind a boot id started, by its host's clock: boot ids begin with it in
+    milliseconds (gpunodes.agent.main.new_boot_id); None for ids without it (older agents)."""
+    head = boot_id.split("-", 1)[0]
+    if len(head) != 14 or not head.isdigit():
+        return None
+    return datetime.fromtimestamp(int(head) / 1000, tz=UTC)
+
+
+def silence_before(since: datetime) -> float | None:
+    """How long no node was heard before the hearing that began at `since`, or None when it began with
+    the cluster's start: no pass had ever heard a node, or every agent heard since then started after
+    the last pass that heard one (a first start, `make run` again after Ctrl-C, every host rebooted).
+    Then nothing ran unheard, so there is nothing to warn about; a silence that agents ran through (the
+    broker, the database or the control worker away) is one."""
+    last_heard = (
+        SchedulerPass.objects.filter(started_at__lt=since, hearing_since__isnull=False)
+        .order_by("-started_at")
+        .values_list("started_at", flat=True)
+        .first()
+    )
+    if last_heard is None:
+        return None
+    boots = Node.objects.filter(last_heartbeat__gte=since - timedelta(seconds=gap_s())).values_list(
+        "boot_id", flat=True
+    )
+    started = [agent_started_at(b) for b in boots]
+    if started and all(s is not None and s > last_heard for s in started):
+        return None
+    return max(0.0, (since - last_heard).total_seconds())
+
+
 @dataclass(frozen=True)
 class Hearing:
-    """What the dashboard and the metrics say about it (read side, two queries, one with `latest`)."""
+    """What the dashboard and the metrics say about it (read side, two queries, one with `latest`; two
+    more while heartbeats have been heard again for less than NODE_LOST_AFTER_S)."""
 
     nodes: bool  # some node has ever heartbeated
     silence_s: float  # since the latest heartbeat from any node (0 without nodes)
     outage: bool  # no heartbeat from any node, or no pass, within gap_s()
     suspended: bool  # a silent node would not be declared LOST now
     resumed_s: float | None  # how long heartbeats have been heard again (while suspended after a gap)
+    # While resumed: how long no node was heard before (None: the hearing began with the cluster's start).
+    silence_before_s: float | None = None
+    # While resumed: how long until a silent node may be declared LOST again.
+    checks_resume_in_s: float | None = None
 
 
 def hearing(now: datetime, latest: datetime | None | bool = False) -> Hearing:
@@ -95,4 +133,16 @@ def hearing(now: datetime, latest: datetime | None | bool = False) -> Hearing:
     since = None if passes_stopped else last_pass[1]
     suspended = outage or lost_cutoff(now, since) is None
     resumed = None if outage or since is None else max(0.0, (now - since).total_seconds())
-    return Hearing(nodes=True, silence_s=silence, outage=outage, suspended=suspended, resumed_s=resumed)
+    before = resume_in = None
+    if suspended and resumed is not None:
+        before = silence_before(since)
+        resume_in = float(max(0, math.ceil(settings.NODE_LOST_AFTER_S - resumed)))
+    return Hearing(
+        nodes=True,
+        silence_s=silence,
+        outage=outage,
+        suspended=suspended,
+        resumed_s=resumed,
+        silence_before_s=before,
+        checks_resume_in_s=resume_in,
+    )

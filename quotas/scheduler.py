@@ -113,11 +113,19 @@ def _hearing_since(now: datetime) -> datetime | None:
             hearing.gap_s(),
         )
     elif previous is not None and since == now:
-        log.warning(
-            "heartbeats heard again after a silence: every node has NODE_LOST_AFTER_S (%d s) to check in "
-            "before it can be declared LOST",
-            settings.NODE_LOST_AFTER_S,
-        )
+        silence = hearing.silence_before(now)
+        if silence is None:  # the cluster's start: nothing ran unheard
+            log.info(
+                "heartbeats heard: a node is declared LOST once silent for NODE_LOST_AFTER_S (%d s)",
+                settings.NODE_LOST_AFTER_S,
+            )
+        else:
+            log.warning(
+                "heartbeats heard again after %.0f s without any: every node has NODE_LOST_AFTER_S (%d s) "
+                "to check in before it can be declared LOST",
+                silence,
+                settings.NODE_LOST_AFTER_S,
+            )
     return since
 
 

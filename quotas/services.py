@@ -361,7 +361,12 @@ def queue_view(
 
 def age_words(at: datetime, now: datetime | None = None) -> str:
     """How long ago, in a few words: "42 s", "3 min", "2 h"."""
-    seconds = max(0, int(((now or timezone.now()) - at).total_seconds()))
+    return duration_words(((now or timezone.now()) - at).total_seconds())
+
+
+def duration_words(seconds: float) -> str:
+    """A span in a few words: "42 s", "3 min", "2 h"."""
+    seconds = max(0, int(seconds))
     if seconds < 120:
         return f"{seconds} s"
     return f"{seconds // 60} min" if seconds < 7200 else f"{seconds // 3600} h"

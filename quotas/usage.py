@@ -126,9 +126,13 @@ def prune(now: datetime | None = None) -> int:
     return deleted
 
 
+HISTORY_MIN_SPAN = timedelta(minutes=10)
+
+
 def history(*, hours: int = 24, now: datetime | None = None) -> dict[str, Any]:
     """GPUs used (own + borrowed, all types) per share over the last `hours`, for a stacked area chart:
-    {"times": [...iso], "series": {share: [gpus, ...]}, "start", "end"}. One aggregating query."""
+    {"times": [...iso], "series": {share: [gpus, ...]}, "start", "end" (the x range), "since" (the first
+    sample, where it falls inside the window)}. One aggregating query."""
     now = now or timezone.now()
     rows = (
         UsageSample.objects.filter(at__gte=now - timedelta(hours=hours), at__lte=now)
@@ -145,11 +149,19 @@ def history(*, hours: int = 24, now: datetime | None = None) -> dict[str, Any]:
             times.append(r["at"])
         points[r["share__name"]][index[r["at"]]] = round(r["used"] or 0, 2)
     series = {name: [p.get(i, 0) for i in range(len(times))] for name, p in sorted(points.items())}
+    start = now - timedelta(hours=hours)
+    # A young cluster (its first sample inside the window) is drawn from that sample, with a little room
+    # before it, not squeezed into the last pixels of a day; at least HISTORY_MIN_SPAN wide.
+    since = times[0] if times and times[0] > start + HISTORY_MIN_SPAN else None
+    if since is not None:
+        span = max(now - since, HISTORY_MIN_SPAN)
+        start = max(start, now - span * 1.05)
     return {
         "times": [t.isoformat() for t in times],
         "series": series,
-        "start": (now - timedelta(hours=hours)).isoformat(),
+        "start": start.isoformat(),
         "end": now.isoformat(),
+        "since": since,
     }
 
 

@@ -7,18 +7,21 @@ from __future__ import annotations
 import dataclasses
 import functools
 import heapq
+import logging
 from datetime import UTC as dt_utc
 from datetime import datetime
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import PermissionDenied, RequestDataTooBig, ValidationError
 from django.core.paginator import Paginator
 from django.db import transaction
 from django.db.models import Q
-from django.http import Http404, HttpResponse
+from django.http import Http404, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
-from django.urls import reverse
+from django.urls import Resolver404, resolve, reverse
 from django.utils import timezone
+from django.views import defaults
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from jobs import services as job_services
@@ -29,6 +32,8 @@ from quotas.choices import ShareState, Strategy
 from quotas.forms import ShareForm, SweepForm, add_service_errors
 from quotas.hearing import hearing
 from quotas.models import AuditEntry, Membership, Share, Team
+
+log = logging.getLogger(__name__)
 
 FEED_SIZE = 15
 QUEUE_SHOWN = 50
@@ -84,7 +89,64 @@ def _feed(user):
     )
     for e in events:
         e.visible = mine is None or e.job.share.team_id in mine
+        e.label, e.badge = _feed_label(e.kind, e.reason)
     return events
+
+
+# The reasons of an attempt its own agent ended by restarting (gpunodes.agent.runner.Runner.shutdown, and
+# gpunodes.services.node_heartbeat for one that died first): re-queued, but no node was lost.
+AGENT_RESTART_REASONS = ("stopped at the shutdown of the agent on ", "the agent on ")
+
+
+def _feed_label(kind: str, reason: str) -> tuple[str, str]:
+    """A feed entry's badge: its words and its class."""
+    if "RECLAIM" in reason:
+        return "reclaim", "borrowed"
+    if kind == EventKind.NODE_LOST:
+        if reason.startswith(AGENT_RESTART_REASONS):
+            return "agent restarted", "state-queued"
+        return "node lost", "off"
+    return "priority", "prio"
+
+
+# --- errors ----------------------------------------------------------------------------------------
+
+
+def bytes_words(n: int) -> str:
+    """A size as a person reads it: "256 KiB", "1.5 MiB", "300 bytes"."""
+    for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f}".removesuffix(".0") + f" {unit}"
+    return f"{n} bytes"
+
+
+def bad_request(request, exception=None):
+    """handler400. A body over MAX_REQUEST_BYTES is never read (that is the limit), so Django answered a
+    bare "Bad Request (400)", even in place of the submit form: the form comes back instead, blank, with
+    the limit in words, and the log has one line (settings.LOGGING quiets Django's own traceback)."""
+    if not isinstance(exception, RequestDataTooBig):
+        return defaults.bad_request(request, exception)
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    sent = int(request.META.get("CONTENT_LENGTH") or 0)
+    log.warning("refused %s %s: %s over the limit of %s", request.method, request.path, sent, limit)
+    message = (
+        f"What was sent ({bytes_words(sent)}) is larger than {bytes_words(limit)}, the most one request may "
+        "carry: shorten the command (a long input belongs in a file the job reads) and submit again."
+    )
+    try:
+        match = resolve(request.path_info)
+    except Resolver404:
+        match = None
+    if match is not None and match.url_name == "job_submit" and request.user.is_authenticated:
+        try:
+            team, _ = _team_for(request.user, match.kwargs["slug"])
+        except Http404:
+            pass
+        else:
+            context = {"form": submit_form_for(team), "team": team, "form_error": message}
+            template = "jobs/partials/_submit_form.html" if request.htmx else "jobs/submit_error.html"
+            return render(request, template, context, status=400)
+    return HttpResponseBadRequest(message, content_type="text/plain; charset=utf-8")
 
 
 # --- overview ---------------------------------------------------------------------------------------
@@ -251,10 +313,13 @@ def team_queue_context(user, team: Team, live: usage.LivePicture | None = None) 
                 "can_manage": can_manage(job) and job.state != JobState.CANCELLING,
             }
         )
+    # The jobs the rows stand for: an array's row stands for all its queued tasks.
+    queued_shown = sum(e["counts"].get(JobState.QUEUED.value, 0) if e.get("array") else 1 for e in entries)
     return {
         "team": team,
         "queue": entries,
         "queued_total": queued_total,
+        "queued_shown": queued_shown,
         "forecast_age": services.age_words(max(computed)) if computed else None,
         "planned": True,
         "running": running_rows,
@@ -422,8 +487,9 @@ def share_edit(request, name):
 
 def _warn_first(request, form, share):
     """A capacity that over-commits or names a GPU type no node has is saved only once the admin has
-    seen why and pressed "Save anyway" (confirm=1): the form comes back with the warnings."""
-    if request.POST.get("confirm"):
+    seen why and pressed "Save anyway" (confirm=1): the form comes back with the warnings. Field errors
+    come first: a save that would fail (a taken name) is not warned about."""
+    if request.POST.get("confirm") or not _saves_cleanly(form, share, request.user):
         return None
     warnings = usage.capacity_warnings(
         capacity=form.capacity(),
@@ -437,6 +503,27 @@ def _warn_first(request, form, share):
 
 class _Rollback(Exception):
     pass
+
+
+def _saves_cleanly(form, share, actor) -> bool:
+    """Whether the service would save the form (a new share when `share` is None): it runs, then is
+    rolled back, so its own checks (a taken name, a share its jobs no longer fit) land on the form's
+    fields before anything else is said about it."""
+    try:
+        with transaction.atomic():
+            if share is None:
+                services.share_create(capacity=form.capacity(), actor=actor, **form.share_fields())
+            else:
+                fresh = Share.objects.get(pk=share.pk)
+                services.share_update(
+                    share=fresh, capacity=form.capacity(), actor=actor, **form.share_fields()
+                )
+            raise _Rollback
+    except _Rollback:
+        return True
+    except ValidationError as e:
+        add_service_errors(form, e, {"capacity": "new_gpu_type"})
+        return False
 
 
 WHATIF_PARTS = {"preview": "quotas/partials/_whatif.html", "sweep": "quotas/partials/_sweep.html"}
@@ -455,23 +542,7 @@ def share_whatif(request, name=None):
     if name is not None:
         share = get_object_or_404(Share.objects.select_related("team"), name=name)
     form = ShareForm(request.POST, gpu_types=_gpu_types(share))
-    if form.is_valid():
-        # Validate through the service itself, then roll back: the preview checks what a save would.
-        try:
-            with transaction.atomic():
-                if share is None:
-                    services.share_create(capacity=form.capacity(), actor=request.user, **form.share_fields())
-                else:
-                    fresh = Share.objects.get(pk=share.pk)
-                    services.share_update(
-                        share=fresh, capacity=form.capacity(), actor=request.user, **form.share_fields()
-                    )
-                raise _Rollback
-        except _Rollback:
-            pass
-        except ValidationError as e:
-            add_service_errors(form, e, {"capacity": "new_gpu_type"})
-    if not form.is_valid():
+    if not (form.is_valid() and _saves_cleanly(form, share, request.user)):
         return render(request, WHATIF_PARTS["preview"], {"form": form, "errors": True}, status=400)
     fields = form.share_fields()
     run_id = whatif.start_preview(

@@ -143,3 +143,40 @@ def test_ctrl_c_in_a_terminal_stops_make_run_without_an_error(tmp_path):
     text = out.decode(errors="replace")
     assert "one stopped (code 0)" in text and "two stopped (code 0)" in text
     assert "Error" not in text and "Interrupt" not in text and "killed" not in text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="Celery's root warning is said only to root")
+def test_running_as_root_is_said_once_not_by_every_celery_process(tmp_path):
+    # What each Celery worker (and agent) does at start: warn, in eight lines, when it runs as root.
+    worker = (
+        f"{sys.executable} -c 'import config; from celery.platforms import check_privileges; "
+        'check_privileges(["json"]); print("checked", flush=True); import time; time.sleep(60)\''
+    )
+    procfile = tmp_path / "Procfile"
+    procfile.write_text(f"worker_1: {worker}\nworker_2: {worker}\n")
+    out = tmp_path / "out"
+    proc = start(procman(procfile), out)
+    try:
+        text = wait_for_text(out, "| checked", count=2)
+    finally:
+        ctrl_c(proc)
+        assert proc.wait(timeout=10) == 0
+    assert text.count("running as root, and so is every process below") == 1
+    assert "superuser privileges" not in text and "SecurityWarning" not in text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="Celery's root warning is said only to root")
+def test_a_celery_worker_outside_make_run_still_warns_as_root():
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import config; from celery.platforms import check_privileges; check_privileges(['json'])",
+        ],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k != "GPUQUOTA_ROOT_SAID"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "superuser privileges" in done.stderr

@@ -32,3 +32,33 @@ def test_make_run_demo_0_leaves_the_demo_process_out_as_the_readme_says():
         ["make", "-n", "-o", ".venv/.installed", "run"], cwd=ROOT, capture_output=True, text=True
     )
     assert "--without demo" not in dry.stdout
+
+
+def test_the_readmes_module_commands_run_as_written_from_the_checkout(tmp_path):
+    """`python -m quotas.…` finds `quotas` only from the checkout with the venv's Python: the README
+    gives `.venv/bin/python -m` and says so; its commands then work as written."""
+    import re
+    import sys
+
+    assert not re.findall(r"(?<!\.venv/bin/)python -m quotas\.", README)
+    assert "Run them from the checkout (the directory of this README) with the venv's Python" in README
+    trace = tmp_path / "scenario.json"
+    with trace.open("w") as out:
+        made = subprocess.run(
+            [sys.executable, "-m", "quotas.tracegen", "--teams", "2", "--gpus", "16", "--jobs", "20"],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    assert made.returncode == 0, made.stderr
+    simulated = subprocess.run(
+        [sys.executable, "-m", "quotas.simulate", str(trace), "--out", str(tmp_path / "result.json")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert simulated.returncode == 0, simulated.stderr
+    assert (tmp_path / "result.json").exists()

@@ -9,8 +9,10 @@ import socket
 import threading
 import time
 import uuid
+import warnings
 from pathlib import Path
 
+from celery.exceptions import SecurityWarning
 from django.conf import settings
 
 from config.celery import CONTROL_QUEUE, app, node_queue
@@ -204,6 +206,9 @@ class Agent:
             node_queue(self.name),
             os.getpid(),
         )
+        # Celery's "running the worker with superuser privileges: absolutely not recommended" is wrong
+        # here: an agent runs as root by design, each job under a uid of its own (README).
+        warnings.filterwarnings("ignore", category=SecurityWarning)
         try:
             app.worker_main(
                 [

@@ -161,6 +161,7 @@ class Proc:
     grace_s: int
     deadline: float | None  # monotonic; max_runtime_s enforcement
     stop_how: str | None = None  # "stopped" (asked to) or "timed_out"
+    stop_detail: str = ""  # the end's reason in words, where the control side cannot tell it (shutdown)
     kill_at: float | None = None
     log_sent: int = 0
     sink: LogSink | None = field(default=None, repr=False)
@@ -682,6 +683,8 @@ class Runner:
             "job_id": proc.job_id,
             "log_ranges": self._shipped_ranges(proc.log_sent),
         }
+        if proc.stop_detail:
+            end["detail"] = proc.stop_detail
         if oom and how == "exited":
             end["detail"] = (
                 "out of memory: the kernel killed its processes (the attempt's memory limit is "
@@ -940,7 +943,8 @@ class Runner:
             self._kill(proc)
             proc.popen.wait()
             if proc.stop_how is None:
-                proc.stop_how = "unknown"
+                proc.stop_how = "unknown"  # re-queued; said plainly, not as a host that lost it
+                proc.stop_detail = f"stopped at the shutdown of the agent on {self.node}"
         self.poll()
         if self.cgroups is not None:
             self.cgroups.remove()

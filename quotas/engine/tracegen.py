@@ -36,6 +36,11 @@ Shape, and where the numbers come from:
   furthest below its target work that could ever hold them; all teams share one time horizon.
 - **Priorities**: 0 (70%), 1 (15%), 5 (10%), 9 (5%). Half the jobs longer than an hour checkpoint
   every 30 min; one in ten allows at most 3 pre-emptions. Grace 30 s (the SEMANTICS.md default).
+
+``--itp`` writes a replay of a real trace instead (`itp_scenario`): the 69,351 jobs of Microsoft's ITP
+clusters over two months, ../shared/data/msft-itp-2021.csv, one share per cluster.
+
+The data files are read from ``../shared/data``: the directory ``shared`` beside the checkout.
 """
 
 from __future__ import annotations
@@ -53,7 +58,11 @@ from typing import Any
 from quotas.engine import policy
 
 NODE_GPUS = 8
-VENUS_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "helios_venus_vc_gpus.csv"
+# ../shared/data beside the checkout (a sibling of it, as the README says), not inside it.
+SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+VENUS_CSV = SHARED_DATA / "helios_venus_vc_gpus.csv"
+ITP_CSV = SHARED_DATA / "msft-itp-2021.csv"
+ITP_GPUS = 1280  # 160 nodes of 8: the trace's mean offered demand (1,136 GPUs) is a load of about 0.9
 VENUS_VC_DAY = "2020-09-28"
 # Non-empty Venus virtual clusters on VENUS_VC_DAY (GPUs), copied from helios_venus_vc_gpus.csv.
 VENUS_VC_GPUS = {
@@ -277,13 +286,87 @@ def generate(
     }
 
 
+def itp_scenario(
+    *, csv_path: Path = ITP_CSV, gpus: int = ITP_GPUS, jobs: int | None = None, gpu_type: str = "v100"
+) -> dict[str, Any]:
+    """A replay of the real ITP trace (../shared/data/msft-itp-2021.csv, see its README): its jobs as
+    they came (submit time, run time, GPUs), the first `jobs` of them or all. The release names no team,
+    so each of its clusters (c01..c10) is a share, a modelling choice: capacity in proportion to the
+    cluster's GPU-seconds over the whole trace, scaled to `gpus` in whole nodes; every share lends and
+    borrows without a limit (the trace knows of no quota), priority 0, no checkpoints."""
+    if gpus < NODE_GPUS or gpus % NODE_GPUS:
+        raise ValueError(f"--gpus must be a positive multiple of {NODE_GPUS}")
+    if not csv_path.exists():
+        raise ValueError(f"{csv_path} is missing (the ITP trace is in ../shared/data beside the checkout)")
+    with csv_path.open(newline="", encoding="utf-8") as f:
+        rows = [
+            (int(r["submit_s"]), int(r["duration_s"]), int(r["gpus"]), r["group"]) for r in csv.DictReader(f)
+        ]
+    work: dict[str, int] = {}
+    for _, duration, size, group in rows:
+        work[group] = work.get(group, 0) + duration * size
+    groups = sorted(work)
+    if len(groups) > gpus // NODE_GPUS:
+        raise ValueError(f"--gpus must give each of the {len(groups)} clusters a node at least")
+    capacities = _scale([work[g] for g in groups], gpus)
+    rows.sort(key=lambda r: r[0])  # stable: the file's order among equal submit times
+    picked = rows if jobs is None else rows[:jobs]
+    return {
+        "description": (
+            f"quotas.engine.tracegen --itp --gpus {gpus}"
+            + ("" if jobs is None else f" --jobs {jobs}")
+            + f" --gpu-type {gpu_type}. The first {len(picked):,} of {len(rows):,} jobs of Microsoft's ITP "
+            "GPU clusters, 2021-03-04 to 2021-05-03 (microsoft/elasticflow-traces, MIT licence, (c) Microsoft "
+            "Corporation; ElasticFlow, ASPLOS '23), one share per cluster."
+        ),
+        "settings": {"tick_s": 1, "preemption_grace_s": 30, "starvation_s": 3600, "until_s": None},
+        "nodes": [
+            {"name": f"node-{k + 1:04d}", "gpu_type": gpu_type, "gpus": NODE_GPUS} for k in range(gpus // 8)
+        ],
+        "shares": [
+            {
+                "name": group,
+                "team": group,
+                "capacity": {gpu_type: cap},
+                "strategy": policy.LEND_AND_BORROW,
+                "borrow_limit": policy.UNLIMITED,
+                "in_share_preemption": False,
+                "state": "ENABLED",
+            }
+            for group, cap in zip(groups, capacities, strict=True)
+        ],
+        "jobs": [
+            {
+                "id": f"itp{n + 1:06d}",
+                "share": group,
+                "submit_at": submit,
+                "duration_s": duration,
+                "gpus": min(size, gpus),  # (the widest job is 64 GPUs: only a tiny --gpus cuts it)
+                "gpu_type": gpu_type,
+                "priority": 0,
+                "max_preemptions": -1,
+                "checkpoint_every_s": None,
+            }
+            for n, (submit, duration, size, group) in enumerate(picked)
+        ],
+        "events": [],
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m quotas.tracegen", description="Write a synthetic scenario JSON to standard output."
     )
+    parser.add_argument(
+        "--itp",
+        action="store_true",
+        help=f"replay the real ITP trace ({ITP_CSV.name} in ../shared/data) instead: one share per cluster",
+    )
     parser.add_argument("--teams", type=int, default=6)
-    parser.add_argument("--gpus", type=int, default=512, help="cluster size, a multiple of 8")
-    parser.add_argument("--jobs", type=int, default=20000)
+    parser.add_argument(
+        "--gpus", type=int, help=f"cluster size, a multiple of 8 (default 512; {ITP_GPUS} with --itp)"
+    )
+    parser.add_argument("--jobs", type=int, help="how many jobs (default 20000; with --itp all, the first N)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--gpu-type", default="v100")
     parser.add_argument(
@@ -301,16 +384,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     try:
-        data = generate(
-            teams=args.teams,
-            gpus=args.gpus,
-            jobs=args.jobs,
-            seed=args.seed,
-            gpu_type=args.gpu_type,
-            load=args.load,
-            vc_day=args.vc_day,
-            max_runtime=args.max_runtime,
-        )
+        if args.itp:
+            data = itp_scenario(gpus=args.gpus or ITP_GPUS, jobs=args.jobs, gpu_type=args.gpu_type)
+        else:
+            data = generate(
+                teams=args.teams,
+                gpus=args.gpus or 512,
+                jobs=20000 if args.jobs is None else args.jobs,
+                seed=args.seed,
+                gpu_type=args.gpu_type,
+                load=args.load,
+                vc_day=args.vc_day,
+                max_runtime=args.max_runtime,
+            )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -29,10 +29,31 @@ def ago(value: datetime | None, now: datetime | None = None) -> str:
 
 @register.filter
 def until(value: datetime | None, now: datetime | None = None) -> str:
-    """Django's `timeuntil`, through span(): '3 minutes'."""
+    """Django's `timeuntil`, through span(): '3 minutes'; under a minute '< 1 min' (not '0 minutes')."""
     if not value:
         return ""
-    return span(now or timezone.now(), value)
+    now = now or timezone.now()
+    if (value - now).total_seconds() < 60:
+        return "< 1 min"
+    return span(now, value)
+
+
+@register.filter
+def starts_in(eta: datetime | None, now: datetime | None = None) -> str:
+    """An ETA not yet passed, in words: 'in 3 minutes', or 'due now' within the minute ('in 0 minutes'
+    said nothing)."""
+    if not eta:
+        return ""
+    now = now or timezone.now()
+    return "due now" if (eta - now).total_seconds() < 60 else f"in {until(eta, now)}"
+
+
+@register.filter
+def duration(seconds: float | None) -> str:
+    """Seconds in a few words: "42 s", "3 min", "2 h" (quotas.services.duration_words)."""
+    from quotas.services import duration_words
+
+    return "" if seconds is None else duration_words(seconds)
 
 
 _SHORT_S = 27 * 86400  # under 4 weeks timesince's words depend only on the whole minutes between

@@ -16,6 +16,11 @@
   var layout = { margin: { l: 40, r: 10, t: 10, b: 30 }, paper_bgcolor: "rgba(0,0,0,0)",
                  plot_bgcolor: "rgba(0,0,0,0)", font: { family: "system-ui, sans-serif", size: 12 } };
   function merge(extra) { return Object.assign({}, layout, extra); }
+  // "#rrggbb" mixed with white: share 0 is the colour, 1 is white.
+  function lighten(hex, share) {
+    var n = parseInt(hex.slice(1), 16), parts = [n >> 16, (n >> 8) & 255, n & 255];
+    return "rgb(" + parts.map(function (c) { return Math.round(c + (255 - c) * share); }).join(",") + ")";
+  }
 
   var draw = {
     sankey: function (el, area) {
@@ -35,20 +40,27 @@
                  y: d.series[name], line: { width: 0.5, color: colour(colours[name]) } };
       });
       Plotly.react(area, traces, merge({ xaxis: { type: "date", range: [d.start, d.end] },
-                   yaxis: { title: "GPUs", rangemode: "tozero" },
+                   yaxis: { title: { text: "GPUs" }, rangemode: "tozero" },
                    legend: { orientation: "h" } }), config);
     },
     timeline: function (el, area) {
       var d = data(el);
-      var outcomes = { SUCCEEDED: "#27ae60", FAILED: "#eb5757", PREEMPTED: "#f2994a",
+      var outcomes = { SUCCEEDED: "#27ae60", FAILED: "#eb5757", PREEMPTED: "#f2994a", STOPPING: "#f2994a",
                        NODE_LOST: "#9b51e0", CANCELLED: "#9aa5b1", TIMED_OUT: "#eb5757" };
+      function strong(b) { return outcomes[b.outcome] || "#2f80ed"; }
+      // A light fill with the outcome's colour in its outline, grey hatching where borrowed, and dark
+      // words: white words on a strong colour crossed by white hatching could not be read.
       Plotly.react(area, [{
         type: "bar", orientation: "h", base: d.bars.map(function (b) { return b.start; }),
         x: d.bars.map(function (b) { return b.ms; }), y: d.bars.map(function (b) { return b.label; }),
         text: d.bars.map(function (b) { return b.outcome + (b.borrowed ? " · borrowed" : "") + " · " + b.nodes; }),
-        textposition: "inside", hoverinfo: "text+y",
-        marker: { color: d.bars.map(function (b) { return outcomes[b.outcome] || "#2f80ed"; }),
-                  pattern: { shape: d.bars.map(function (b) { return b.borrowed ? "/" : ""; }) } }
+        textposition: "inside", insidetextanchor: "start", hoverinfo: "text+y",
+        insidetextfont: { color: "#1f2933" },
+        marker: { color: d.bars.map(function (b) { return lighten(strong(b), 0.78); }),
+                  line: { color: d.bars.map(strong), width: 1.5 },
+                  pattern: { shape: d.bars.map(function (b) { return b.borrowed ? "/" : ""; }),
+                             fillmode: "overlay", fgcolor: "#52606d", fgopacity: 0.45, size: 10,
+                             solidity: 0.15 } }
       }], merge({ xaxis: { type: "date" }, yaxis: { autorange: "reversed" }, margin: { l: 80, r: 10, t: 10, b: 30 } }), config);
     },
     whatif: function (el, area) {
@@ -56,7 +68,7 @@
       Plotly.react(area, [
         { type: "bar", name: "simulated, as is", x: d.shares, y: d.before, marker: { color: "#9aa5b1" } },
         { type: "bar", name: "simulated, with the change", x: d.shares, y: d.after, marker: { color: "#2f80ed" } }
-      ], merge({ barmode: "group", yaxis: { title: "mean wait (s)", rangemode: "tozero" },
+      ], merge({ barmode: "group", yaxis: { title: { text: "mean wait (s)" }, rangemode: "tozero" },
                  legend: { orientation: "h" } }), config);
     }
   };

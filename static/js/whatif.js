@@ -15,11 +15,15 @@
       { type: "scatter", mode: "lines+markers", name: "cluster utilisation (%)", x: x, y: d.utilisation,
         yaxis: "y2", line: { color: "#f2994a" } }
     ], {
-      margin: { l: 50, r: 50, t: 10, b: 40 }, paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
+      margin: { l: 60, r: 60, t: 10, b: 50 }, paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
       font: { family: "system-ui, sans-serif", size: 12 }, legend: { orientation: "h" },
-      xaxis: { type: "category" },
-      yaxis: { title: "p95 wait (s)", rangemode: "tozero" },
-      yaxis2: { title: "utilisation (%)", overlaying: "y", side: "right", range: [0, 100] }
+      // Titles as objects (plotly.js 3 ignores a plain string), the swept setting under the values; the
+      // utilisation axis keeps its own round ticks (as an overlaying axis it took the wait axis's, at
+      // 29.1, 58.2, ...) and draws no second grid.
+      xaxis: { type: "category", title: { text: el.dataset.xTitle || "value" } },
+      yaxis: { title: { text: "p95 wait of " + d.share + " (s)" }, rangemode: "tozero", tickformat: ",d" },
+      yaxis2: { title: { text: "cluster utilisation (%)" }, overlaying: "y", side: "right", range: [0, 100],
+                tickmode: "linear", tick0: 0, dtick: 20, showgrid: false }
     }, { displayModeBar: false, responsive: true });
     el.dataset.drawn = "1";
   }

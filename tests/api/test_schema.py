@@ -1,5 +1,8 @@
 """The OpenAPI schema and Swagger UI, and a short schemathesis run against the schema: no input it
-generates gets a 500 or a response that contradicts the schema."""
+generates gets a 500 or a response that contradicts the schema. The run is the same every time (a
+fixed derivation of its examples, no example database carried between runs), and the paging values a
+random run found only by chance (a huge ?limit= was a 500) are tried on every paginated list, every
+run."""
 
 import os
 
@@ -73,7 +76,65 @@ CHECKS = [
     max_examples=int(os.environ.get("SCHEMATHESIS_EXAMPLES", 4)),
     deadline=None,
     suppress_health_check=list(HealthCheck),
+    # The same examples every run: a failure is found on every run or on none, never by chance.
+    derandomize=True,
+    database=None,
 )
 @pytest.mark.django_db
 def test_no_generated_request_breaks_the_api(case, world):
     case.call_and_validate(headers=world, checks=CHECKS)
+
+
+# Every list the schema pages (limit/offset), and what a client may send as a page: `page` too, which
+# these lists do not take (it must be ignored, not break them).
+PAGINATED = sorted(
+    op.path
+    for op in (result.ok() for result in schema.get_all_operations())
+    if op.method.upper() == "GET" and {"limit", "offset"} <= {p.name for p in op.query}
+)
+PAGING_VALUES = {
+    "huge": "391960203974471862714368",  # the value the random run once found: beyond a 64-bit integer
+    "huge-64-bit": str(2**63),
+    "negative": "-1",
+    "not-a-number": "ten",
+    "fraction": "1.5",
+    "empty": "",
+}
+
+
+def _paging_cases():
+    for path in PAGINATED:
+        for param in ("limit", "offset", "page"):
+            for name, value in PAGING_VALUES.items():
+                # A limit past a 64-bit integer once reached the database (500: "bigint out of range" on
+                # PostgreSQL, "Python int too large" on SQLite): now a 400 (config.pagination).
+                yield pytest.param(path, param, value, id=f"{path}?{param}={name}")
+
+
+def test_every_paginated_list_is_tried():
+    assert {"/api/v1/jobs/", "/api/v1/teams/", "/api/v1/shares/", "/api/v1/nodes/", "/api/v1/arrays/"} <= set(
+        PAGINATED
+    )
+
+
+@pytest.fixture
+def full_lists(alice, bob, vision_share, language_share, nodes):
+    """An admin's token and a row in every list (an empty list never reaches the database's paging)."""
+    from jobs.services import job_array_submit
+    from quotas import services
+
+    submit(bob, vision_share, gpus=1)
+    job_array_submit(user=bob, share=vision_share, size=2, gpus=1, gpu_type="a10g", command=["x"])
+    services.share_update(share=vision_share, actor=alice, borrow_limit=50)  # an audit entry
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    yield {"Authorization": f"Token {AuthToken.objects.create(user=alice)[1]}"}
+    request_started.connect(close_old_connections)
+    request_finished.connect(close_old_connections)
+
+
+@pytest.mark.parametrize(("path", "param", "value"), list(_paging_cases()))
+@pytest.mark.django_db
+def test_no_paging_value_breaks_a_list(path, param, value, full_lists):
+    case = schema[path]["GET"].Case(query={param: value})
+    case.call_and_validate(headers=full_lists, checks=CHECKS)

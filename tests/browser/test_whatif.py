@@ -68,6 +68,9 @@ def test_a_preview_shows_its_progress_then_the_result(page, alice, history, work
     expect(page.locator('[data-testid="whatif-run"]')).to_have_attribute("data-state", "done")
     expect(page.locator('[data-plot="whatif"] .js-plotly-plot')).to_be_visible()
     expect(page.locator("#whatif-result")).to_contain_text("Replayed 200 submissions")
+    assert (
+        page.locator('[data-plot="whatif"] .js-plotly-plot').evaluate(AXES)["titles"]["y"] == "mean wait (s)"
+    )
     screenshot(page, "whatif-result")
 
 
@@ -92,7 +95,29 @@ def test_a_sweep_shows_bad_input_beside_the_field_then_progress_then_the_trade_o
     expect(table.locator("tbody tr")).to_have_count(3)
     expect(page.locator('[data-plot="sweep"] .js-plotly-plot')).to_be_visible()
     expect(page.locator('[data-testid="sweep-run"]')).to_have_attribute("data-state", "done")
+    axes = page.locator('[data-plot="sweep"] .js-plotly-plot').evaluate(AXES)
+    # Each axis says what it shows; ticks are round numbers, not the wait axis's ticks mapped onto
+    # the utilisation axis (24.6, 49.2).
+    assert axes["titles"] == {
+        "x": "Strategy",
+        "y": f"p95 wait of {history} (s)",
+        "y2": "cluster utilisation (%)",
+    }, axes
+    assert axes["y2"] == ["0", "20", "40", "60", "80", "100"], axes
+    assert axes["y"] and all(t.replace(",", "").isdigit() for t in axes["y"]), axes
     screenshot(page, "whatif-sweep")
+
+
+# A drawn chart's axis titles and tick labels, as the reader sees them.
+AXES = """plot => {
+  const texts = sel => [...plot.querySelectorAll(sel)].map(t => t.textContent.trim()).filter(Boolean);
+  const title = sel => { const t = plot.querySelector(sel); return t ? t.textContent.trim() : null; };
+  return {
+    titles: {x: title(".g-xtitle text"), y: title(".g-ytitle text"), y2: title(".g-y2title text")},
+    y: texts(".yaxislayer-above .ytick text"),
+    y2: texts(".overaxes-above .y2tick text, .yaxislayer-above .y2tick text"),
+  };
+}"""
 
 
 def test_preview_twice_each_preview_replaces_the_previous_one(page, alice, bob, vision_share, nodes):

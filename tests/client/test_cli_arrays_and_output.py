@@ -62,7 +62,15 @@ def test_wait_on_a_failure_prints_its_exit_code(logged_in, bob, vision_share):
     job = submit(bob, vision_share)
     Job.objects.filter(pk=job.pk).update(state=JobState.FAILED, exit_code=3, state_reason="exit code 3")
     code, out, _ = logged_in("wait", job.pk, "--poll", 0.01)
-    assert code == 1 and f"job {job.pk}: FAILED, exit code 3" in out
+    assert code == 1 and out == f"job {job.pk}: FAILED, exit code 3\n"  # not "(exit code 3)" again
+    Job.objects.filter(pk=job.pk).update(state_reason="could not start '/x/train.py': not found")
+    code, out, _ = logged_in("wait", job.pk, "--poll", 0.01)
+    assert out == f"job {job.pk}: FAILED, exit code 3 (could not start '/x/train.py': not found)\n"
+
+
+def test_a_missing_array_is_said_in_words(logged_in):
+    code, _, err = logged_in("status", "A999999")
+    assert code == 2 and "No such job array." in err
 
 
 def test_a_rejected_token_says_to_log_in_again(logged_in, config_file, monkeypatch):

@@ -80,7 +80,12 @@ def test_a_killed_agent_loses_its_node_requeues_its_jobs_and_comes_back_ready(cl
         )
         for i in range(4)
     ]
-    wait_for(lambda: Attempt.objects.filter(state=AttemptState.RUNNING).count() == 4, 30, what="4 running")
+    wait_for(
+        lambda: Attempt.objects.filter(state=AttemptState.RUNNING).count() == 4,
+        30,
+        what="4 running",
+        jobs=jobs,
+    )
     on_n1 = [a.job_id for a in Attempt.objects.filter(nodes__name="n1", number=1)]
     assert len(on_n1) == 2
     orphans = [e["pgid"] for e in json.loads(cluster.agent_state_file("n1").read_text())]

@@ -53,6 +53,7 @@ def start_running(cluster, django_user_model, prefix: str) -> tuple[Ledger, list
         60,
         every=0.5,
         what="4 running",
+        jobs=jobs,
     )
     return ledger, jobs, (user, share)
 

@@ -32,15 +32,18 @@ def four_ledger_jobs(cluster, django_user_model, team: str) -> tuple[Ledger, lis
     share, [(user, _)] = make_team(django_user_model, team, capacity=4)
     cluster.start({f"{team}1": 2, f"{team}2": 2})
     ledger = Ledger(cluster.jobs / "ledger")
-    for _ in range(4):
+    jobs = [
         job_submit(
             user=user, share=share, gpus=1, gpu_type="a10g", command=[ledger.command()], use_shell=True
         )
+        for _ in range(4)
+    ]
     wait_for(
         lambda: Attempt.objects.filter(state=AttemptState.RUNNING).count() == 4,
         60,
         every=0.5,
         what="4 running",
+        jobs=jobs,
     )
     on_first = sorted(
         Attempt.objects.filter(nodes__name=f"{team}1", number=1).values_list("job_id", flat=True)

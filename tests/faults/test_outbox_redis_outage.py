@@ -64,7 +64,13 @@ def test_every_finished_report_survives_a_redis_outage_longer_than_every_window(
     succeed = [submit(say.format(ok.command())) for _ in range(2)]
     fail = [submit(say.format(bad.command()) + "; exit 3") for _ in range(2)]
     fenced = [submit(long.command()) for _ in range(2)]
-    wait_for(lambda: Attempt.objects.filter(state="RUNNING").count() == 6, 60, every=0.5, what="6 running")
+    wait_for(
+        lambda: Attempt.objects.filter(state="RUNNING").count() == 6,
+        60,
+        every=0.5,
+        what="6 running",
+        jobs=succeed + fail + fenced,
+    )
 
     cluster.redis.kill()
     down_at = time.monotonic()

@@ -171,3 +171,12 @@ def test_a_restarted_agent_kills_the_orphans_of_the_previous_one(tmp_path, repor
     first._procs[1].popen.wait(timeout=5)
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)
+
+
+def test_a_shutdown_reports_its_attempts_stopped_at_the_shutdown(tmp_path, reports):
+    r = make_runner(tmp_path, reports)
+    assert start(r, [sys.executable, "-c", "import time; time.sleep(60)"]) == "started"
+    r.shutdown(grace_s=1)
+    finished = reports.of(FINISHED)[-1]
+    assert finished["how"] == "unknown"  # re-queued on the control side, as before
+    assert finished["detail"] == "stopped at the shutdown of the agent on n1"

@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
 
 
 def _database_url() -> str:
@@ -49,6 +50,12 @@ class LiveCluster:
         # The jobs' directories must be reachable by their uids (a root agent): not under pytest's 0700 tmp.
         self.jobs = Path(tempfile.mkdtemp(prefix="gpuquota-live-", dir="/var/tmp"))
         self.jobs.chmod(0o711)
+        # So must the programs they run: a copy of examples/, whatever the checkout's own place and
+        # permissions (a clone under `mktemp -d`, 0700, or under /root: the job's uid reads nothing there).
+        self.programs = self.jobs / "programs"
+        shutil.copytree(EXAMPLES, self.programs)
+        for path in [self.programs, *self.programs.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
         self.env = {
             **os.environ,
             "DATABASE_URL": _database_url(),
@@ -68,6 +75,10 @@ class LiveCluster:
             "PYTHONUNBUFFERED": "1",
             **env,
         }
+
+    def program(self, name: str) -> str:
+        """The absolute path of examples/<name> as the jobs' uids can read it (see __init__)."""
+        return str(self.programs / name)
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
         out = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
@@ -169,14 +180,42 @@ class LiveCluster:
         )
 
 
-def wait_for(predicate, timeout: float = 30, every: float = 0.1, what: str = "condition"):
+def wait_for(predicate, timeout: float = 30, every: float = 0.1, what: str = "condition", jobs=()):
+    """Wait until `predicate()` is true. Giving up, say what it waited for and, for each of `jobs`,
+    what it saw: the job's state and reason, its attempts and its last events, so that a CI excerpt
+    shows the cause (a job that could not start says why there, not only "timed out")."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         value = predicate()
         if value:
             return value
         time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    seen = "".join(f"\n  {job_story(job)}" for job in jobs)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}{seen}")
+
+
+def job_story(job, events: int = 5) -> str:
+    """One job as the database has it now: state and reason, each attempt, the last few events."""
+    from jobs.models import Attempt, Job, JobEvent
+
+    pk = getattr(job, "pk", job)
+    job = Job.objects.filter(pk=pk).first()
+    if job is None:
+        return f"job {pk}: not in the database"
+    text = f"job {job.pk} {job.name}: {job.state}" + (f" ({job.state_reason})" if job.state_reason else "")
+    attempts = [
+        f"#{a.number} {a.state}"
+        + (f" {a.outcome}" if a.outcome else "")
+        + (f", exit code {a.exit_code}" if a.exit_code is not None else "")
+        + (f" ({a.end_reason})" if a.end_reason else "")
+        for a in Attempt.objects.filter(job=job).order_by("number")
+    ]
+    text += "; attempts: " + (", ".join(attempts) or "none")
+    last = list(JobEvent.objects.filter(job=job).order_by("-at", "-id")[:events])[::-1]
+    text += "; last events: " + " | ".join(
+        f"{e.at:%H:%M:%S} {e.kind}" + (f" {e.reason}" if e.reason else "") for e in last
+    )
+    return text
 
 
 @pytest.fixture

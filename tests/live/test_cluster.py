@@ -14,17 +14,18 @@ from jobs.models import Attempt, Job, LogChunk
 from jobs.services import job_submit
 from quotas.choices import Role
 from quotas.models import Membership, Share, ShareCapacity, Team
-from tests.live.conftest import ROOT, wait_for
+from tests.live.conftest import wait_for
 from tests.security.agent_helpers import job_python
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
 
-def train(steps, step_s=0.25):
-    # Absolute: a job starts in its own private directory. The Python must be one the jobs' uids can run.
+def train(cluster, steps, step_s=0.25):
+    # Absolute: a job starts in its own private directory. The Python and the program must be ones the
+    # jobs' uids can run and read, wherever the checkout sits (LiveCluster.program).
     return [
         job_python(),
-        str(ROOT / "examples" / "train.py"),
+        cluster.program("train.py"),
         "--steps",
         str(steps),
         "--step-seconds",
@@ -73,22 +74,28 @@ def test_three_projects_borrow_and_reclaim_live(cluster, django_user_model):
     submit = dict(user=user_a, share=shares["a"], gpus=1, gpu_type="a10g", preemption_grace_s=5)
     # a1 and a2 run long enough to still hold their GPUs when b1 arrives, and a3 to still be running
     # when it is reclaimed, even on the file broker (SQLite runs), whose messages take a second or so.
-    a1 = job_submit(name="a1", command=train(160), **submit)
-    a2 = job_submit(name="a2", command=train(160), **submit)
-    wait_for(lambda: state(a1) == state(a2) == JobState.RUNNING, 30, what="a1 and a2 running")
-    a3 = job_submit(name="a3", command=train(100), **submit)
-    wait_for(lambda: state(a3) == JobState.RUNNING, 30, what="a3 running on borrowed capacity")
+    a1 = job_submit(name="a1", command=train(cluster, 160), **submit)
+    a2 = job_submit(name="a2", command=train(cluster, 160), **submit)
+    wait_for(lambda: state(a1) == state(a2) == JobState.RUNNING, 30, what="a1 and a2 running", jobs=[a1, a2])
+    a3 = job_submit(name="a3", command=train(cluster, 100), **submit)
+    wait_for(lambda: state(a3) == JobState.RUNNING, 30, what="a3 running on borrowed capacity", jobs=[a3])
     assert Attempt.objects.get(job=a3, number=1).borrowed
-    wait_for(lambda: "step 10/" in log_text(a3, 1), 30, what="a3 making progress")
+    wait_for(lambda: "step 10/" in log_text(a3, 1), 30, what="a3 making progress", jobs=[a3])
 
     b1 = job_submit(
-        user=teams["b"][1], share=shares["b"], name="b1", gpus=1, gpu_type="a10g", command=train(8, 0.1)
+        user=teams["b"][1],
+        share=shares["b"],
+        name="b1",
+        gpus=1,
+        gpu_type="a10g",
+        command=train(cluster, 8, 0.1),
     )
     # The newest borrowed attempt is reclaimed: SIGTERM, checkpoint saved, re-queued.
     wait_for(
         lambda: Attempt.objects.filter(job=a3, number=1, outcome=Outcome.PREEMPTED).exists(),
         30,
         what="a3 pre-empted",
+        jobs=[a3, b1],
     )
     first = Attempt.objects.get(job=a3, number=1)
     assert first.preemption_reason == PreemptionReason.RECLAIM and first.preempted_by_id == b1.pk
@@ -97,13 +104,15 @@ def test_three_projects_borrow_and_reclaim_live(cluster, django_user_model):
     assert (EventKind.PREEMPTING, f"PREEMPTED_RECLAIM by job {b1.pk} of share project-b") in events
     assert any(kind == EventKind.REQUEUED for kind, _ in events)
     assert Attempt.objects.filter(job=a1, number=1, outcome="").exists()  # own work untouched
-    wait_for(lambda: state(b1) == JobState.SUCCEEDED, 30, what="b1 to finish")
+    wait_for(lambda: state(b1) == JobState.SUCCEEDED, 30, what="b1 to finish", jobs=[b1, a3])
     assert b1.events.filter(kind=EventKind.ADMITTED, reason__startswith="ADMITTED_OWN").exists()
 
     # a3 resumes from its checkpoint once project-a has room again, and finishes.
-    wait_for(lambda: state(a3) == JobState.SUCCEEDED, 90, what="a3 to finish")
+    wait_for(lambda: state(a3) == JobState.SUCCEEDED, 90, what="a3 to finish", jobs=[a3])
     assert "resuming from step" in log_text(a3, 2)
-    wait_for(lambda: state(a1) == state(a2) == JobState.SUCCEEDED, 90, what="a1 and a2 to finish")
+    wait_for(
+        lambda: state(a1) == state(a2) == JobState.SUCCEEDED, 90, what="a1 and a2 to finish", jobs=[a1, a2]
+    )
     assert Job.objects.get(pk=a3.pk).submitted_at == a3.submitted_at
 
 
@@ -114,8 +123,8 @@ def test_a_killed_agent_requeues_its_jobs_and_comes_back_ready(cluster, django_u
     cluster.start_agent("n1", 1)
     cluster.start_agent("n2", 1)
     wait_for(lambda: nodes_ready("n1", "n2"), 60, what="two READY nodes")
-    job = job_submit(user=user, share=s, name="long", gpus=1, gpu_type="a10g", command=train(400))
-    wait_for(lambda: state(job) == JobState.RUNNING, 30, what="the job running")
+    job = job_submit(user=user, share=s, name="long", gpus=1, gpu_type="a10g", command=train(cluster, 400))
+    wait_for(lambda: state(job) == JobState.RUNNING, 30, what="the job running", jobs=[job])
     victim = Attempt.objects.get(job=job, number=1).placement[0]["node"]
     state_file = settings.VAR_DIR / "agent" / victim / "running.json"
     orphan_pgid = json.loads(state_file.read_text())[0]["pgid"]
@@ -126,7 +135,9 @@ def test_a_killed_agent_requeues_its_jobs_and_comes_back_ready(cluster, django_u
     assert first.outcome == Outcome.NODE_LOST
     assert job.events.filter(kind=EventKind.NODE_LOST).exists()
     # Re-queued with its submit time, and started again on the other node.
-    wait_for(lambda: Attempt.objects.filter(job=job, number=2).exists(), 30, what="a second attempt")
+    wait_for(
+        lambda: Attempt.objects.filter(job=job, number=2).exists(), 30, what="a second attempt", jobs=[job]
+    )
     assert Job.objects.get(pk=job.pk).submitted_at == job.submitted_at
 
     cluster.start_agent(victim, 1)

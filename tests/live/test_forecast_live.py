@@ -17,7 +17,13 @@ def test_the_control_worker_stores_a_forecast_after_a_pass(cluster, django_user_
     cluster.start_agent("f1", 1)
     wait_for(lambda: nodes_ready("f1"), 60, what="node READY")
     job_submit(
-        user=user, share=s, name="busy", gpus=1, gpu_type="a10g", command=train(200), max_runtime_s=600
+        user=user,
+        share=s,
+        name="busy",
+        gpus=1,
+        gpu_type="a10g",
+        command=train(cluster, 200),
+        max_runtime_s=600,
     )
     waiting = job_submit(user=user, share=s, name="waits", gpus=1, gpu_type="a10g", command=["true"])
     # A forecast that read the queue before "busy" was admitted may be stored first (it counts "busy"
@@ -26,6 +32,7 @@ def test_the_control_worker_stores_a_forecast_after_a_pass(cluster, django_user_
         lambda: QueueForecast.objects.filter(job=waiting, position_in_share=1).exists(),
         30,
         what="a stored forecast after busy was admitted",
+        jobs=[waiting],
     )
     f = QueueForecast.objects.get(job=waiting)
     assert (f.position_in_share, f.position_overall, f.kind) == (1, 1, "bound")

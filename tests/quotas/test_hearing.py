@@ -123,3 +123,56 @@ def test_the_read_side_says_outage_then_resumed_then_normal(running, settings):
     scheduler.run_pass("test")  # heard again: hearing starts now
     heard = hearing.hearing(timezone.now())
     assert not heard.outage and heard.suspended and heard.resumed_s == pytest.approx(0, abs=5)
+
+
+def booted(name: str, at) -> None:
+    """The node's agent started at `at` (its boot id begins with its start time in milliseconds)."""
+    Node.objects.filter(name=name).update(boot_id=f"{int(at.timestamp() * 1000):014d}-abc")
+
+
+def test_hearing_that_begins_with_a_first_start_follows_no_silence(bob, vision_share, nodes, settings):
+    settings.NODE_LOST_AFTER_S = 30
+    Node.objects.update(last_heartbeat=timezone.now())
+    scheduler.run_pass("first")  # no pass before it ever heard a node
+    heard = hearing.hearing(timezone.now())
+    assert heard.suspended and heard.resumed_s is not None
+    assert heard.silence_before_s is None
+
+
+def test_hearing_after_a_restart_of_the_whole_cluster_follows_no_silence(running):
+    """Ctrl-C, then `make run` an hour later: the agents started after the last pass that heard them."""
+    pass_long_ago(3600)
+    for name in ("node-1", "node-2"):
+        booted(name, timezone.now() - timedelta(seconds=20))
+    scheduler.run_pass("test")
+    heard = hearing.hearing(timezone.now())
+    assert heard.suspended and heard.resumed_s == pytest.approx(0, abs=5)
+    assert heard.silence_before_s is None
+
+
+def test_hearing_again_after_agents_ran_unheard_follows_a_silence(running, settings):
+    """The control worker was away 10 minutes while the agents ran on: that is a silence."""
+    for name in ("node-1", "node-2"):
+        booted(name, timezone.now() - timedelta(hours=2))
+    pass_long_ago(600)
+    scheduler.run_pass("test")
+    heard = hearing.hearing(timezone.now())
+    assert heard.silence_before_s == pytest.approx(600, abs=5)
+    assert heard.checks_resume_in_s == pytest.approx(settings.NODE_LOST_AFTER_S, abs=5)
+
+
+def test_one_agent_that_ran_through_a_restart_makes_it_a_silence(running):
+    pass_long_ago(600)
+    booted("node-1", timezone.now() - timedelta(seconds=20))
+    booted("node-2", timezone.now() - timedelta(hours=2))
+    scheduler.run_pass("test")
+    assert hearing.hearing(timezone.now()).silence_before_s == pytest.approx(600, abs=5)
+
+
+def test_the_agent_start_time_is_read_from_its_boot_id():
+    from gpunodes.agent.main import new_boot_id
+
+    before = timezone.now()
+    started = hearing.agent_started_at(new_boot_id())
+    assert before - timedelta(seconds=1) <= started <= timezone.now()
+    assert hearing.agent_started_at("") is None and hearing.agent_started_at("older-style-id") is None

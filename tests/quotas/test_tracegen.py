@@ -2,6 +2,7 @@
 
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -72,10 +73,68 @@ def test_no_job_is_larger_than_its_share_could_ever_hold(trace):
             assert job["gpus"] <= share["capacity"]["v100"]
 
 
+def test_the_data_is_read_from_shared_beside_the_checkout():
+    checkout = Path(tracegen.__file__).resolve().parents[2]
+    assert checkout.parent / "shared" / "data" == tracegen.SHARED_DATA
+    assert tracegen.VENUS_CSV.exists() and tracegen.ITP_CSV.exists(), f"no {tracegen.SHARED_DATA}"
+
+
 def test_the_built_in_vc_table_is_the_csv_row():
-    if not tracegen.VENUS_CSV.exists():
-        pytest.skip("shared/data is not there")
     assert tracegen.venus_vc_sizes() == tracegen.VENUS_VC_GPUS
+
+
+def test_another_vc_day_reads_the_csv(capsys):
+    assert tracegen.main(["--teams", "4", "--gpus", "64", "--jobs", "50", "--vc-day", "2020-06-01"]) == 0
+    assert "--vc-day 2020-06-01" in json.loads(capsys.readouterr().out)["description"]
+    assert sum(tracegen.venus_vc_sizes("2020-06-01").values()) != sum(tracegen.VENUS_VC_GPUS.values())
+
+
+@pytest.fixture(scope="module")
+def itp():
+    return tracegen.itp_scenario()
+
+
+def test_the_itp_trace_is_replayed_as_its_readme_describes_it(itp):
+    """../shared/data/README.md: 69,351 jobs in 10 clusters; run time median 10,537 s, mean 18,722 s,
+    p99 210,241 s, none under 600 s; GPUs median 1, mean 2.14, 83% one GPU, 1.2% wider than 8, all
+    powers of two; 1,632,720 GPU-hours."""
+    jobs = itp["jobs"]
+    runs = sorted(j["duration_s"] for j in jobs)
+    gpus = [j["gpus"] for j in jobs]
+    assert len(jobs) == 69_351 and {s["name"] for s in itp["shares"]} == {f"c{i:02d}" for i in range(1, 11)}
+    assert statistics.median(runs) == 10_537 and round(statistics.mean(runs)) == 18_722
+    assert runs[int(0.99 * len(runs))] == 210_241 and runs[0] >= 600
+    assert statistics.median(gpus) == 1 and round(statistics.mean(gpus), 2) == 2.14
+    assert (
+        round(gpus.count(1) / len(gpus), 2) == 0.83
+        and round(sum(g > 8 for g in gpus) / len(gpus), 3) == 0.012
+    )
+    assert all(g & (g - 1) == 0 for g in gpus)
+    assert round(sum(j["gpus"] * j["duration_s"] for j in jobs) / 3600) == 1_632_720
+    times = [j["submit_at"] for j in jobs]
+    assert times == sorted(times) and times[0] == 0
+
+
+def test_the_itp_shares_split_the_cluster_by_each_clusters_work(itp):
+    scenario = sc.parse(itp)
+    assert sum(n.gpus for n in scenario.nodes) == tracegen.ITP_GPUS
+    caps = {s.name: s.capacity["v100"] for s in scenario.shares}
+    assert sum(caps.values()) == tracegen.ITP_GPUS and all(c % 8 == 0 and c > 0 for c in caps.values())
+    work = {}
+    for j in itp["jobs"]:
+        work[j["share"]] = work.get(j["share"], 0) + j["gpus"] * j["duration_s"]
+    busiest = max(work, key=work.get)
+    assert caps[busiest] == max(caps.values())
+    assert {s.strategy for s in scenario.shares} == {policy.LEND_AND_BORROW}
+
+
+def test_a_slice_of_the_itp_trace_simulates(capsys):
+    assert tracegen.main(["--itp", "--gpus", "256", "--jobs", "2000"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["jobs"]) == 2000 and "ITP" in data["description"]
+    result = simulate(sc.parse(data))
+    assert {r.final for r in result.jobs.values()} == {"SUCCEEDED"} and len(result.jobs) == 2000
+    assert 0 < result.cluster["utilisation"] <= 1
 
 
 def test_it_works_without_the_csv(tmp_path):

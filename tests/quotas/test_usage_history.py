@@ -75,3 +75,29 @@ def test_the_tasks_run_and_are_scheduled(vision_share, nodes):
     beat = {v["task"]: v["schedule"] for v in settings.CELERY_BEAT_SCHEDULE.values()}
     assert beat["quotas.tasks.sample_usage"] == 60.0
     assert "quotas.tasks.compact_usage" in beat
+
+
+def test_a_young_clusters_history_starts_at_its_first_sample(vision_share):
+    for minutes in (20, 10, 0):
+        UsageSample.objects.create(
+            at=NOW - timedelta(minutes=minutes), share=vision_share, gpu_type="a10g", own=1
+        )
+    h = usage.history(hours=24, now=NOW)
+    assert h["since"] == NOW - timedelta(minutes=20)
+    start = datetime.fromisoformat(h["start"])
+    assert NOW - timedelta(minutes=22) < start < NOW - timedelta(minutes=20)  # a little room before it
+
+
+def test_a_first_sample_a_minute_ago_still_shows_ten_minutes(vision_share):
+    UsageSample.objects.create(at=NOW - timedelta(minutes=1), share=vision_share, gpu_type="a10g", own=1)
+    start = datetime.fromisoformat(usage.history(hours=24, now=NOW)["start"])
+    assert NOW - start == usage.HISTORY_MIN_SPAN * 1.05
+
+
+def test_a_cluster_sampled_all_day_shows_the_whole_day(vision_share):
+    for hours in (23.9, 1):
+        UsageSample.objects.create(
+            at=NOW - timedelta(hours=hours), share=vision_share, gpu_type="a10g", own=1
+        )
+    h = usage.history(hours=24, now=NOW)
+    assert h["since"] is None and datetime.fromisoformat(h["start"]) == NOW - timedelta(hours=24)

@@ -104,11 +104,15 @@ def reachable_by_others(path: str) -> bool:
 
 
 def job_python() -> str:
-    """A Python the jobs' uids can run: this one, unless it lives somewhere private (pyenv in /root)."""
+    """A Python the jobs' uids can run: this one, by its real path (a venv's link may sit in a private
+    checkout the jobs cannot enter), unless it lives somewhere private (pyenv in /root)."""
     import sys
 
-    if os.geteuid() != 0 or reachable_by_others(sys.executable):
+    if os.geteuid() != 0:
         return sys.executable
+    real = os.path.realpath(sys.executable)
+    if reachable_by_others(real):
+        return real
     return shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or sys.executable
 
 

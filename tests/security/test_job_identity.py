@@ -126,10 +126,12 @@ def test_a_start_whose_paths_escape_their_root_is_refused(root_runner, reports, 
     assert root_runner.start(attempt_id=1, number=1, job_id=9, command=["true"]) == "failed"
     assert os.stat(outside).st_uid == 0 and stat.S_IMODE(os.stat(outside).st_mode) == 0o755  # not chowned
     assert reports.finished(1)["how"] == "failed_to_start"
-    # A job id that is a path: refused before any directory is made.
-    bad = "0/../../../../tmp/x"
+    # A job id that is a path: refused before any directory is made. (A name of its own: /tmp/x may be
+    # where the checkout running this sits.)
+    target = f"/tmp/gpuquota-escaped-{os.getpid()}"
+    bad = f"0/../../../..{target}"
     assert root_runner.start(attempt_id=2, number=1, job_id=bad, command=["true"]) == "failed"
-    assert not Path("/tmp/x").exists() and reports.finished(2)["how"] == "failed_to_start"
+    assert not Path(target).exists() and reports.finished(2)["how"] == "failed_to_start"
 
 
 def test_python_jobs_work_as_a_uid_without_an_account(root_runner, reports):
@@ -179,3 +181,28 @@ def test_a_job_sees_its_own_processes_only(root_runner, reports):
     out = reports.log_of(2)
     assert "LEAK" not in out and "secret-in-argv" not in out, out
     assert int(out.split()[-1]) < 10  # its shell, ls, grep: not the host's processes
+
+
+def test_jobs_whose_files_are_under_tmp_start_without_a_warning_each(root_runner, reports, caplog):
+    """With a checkout under /tmp (`make run` in a CI clone) every job's program lies under the host's
+    /tmp: the attempt sees that entry through its own /tmp (test_private_dirs), and no start logs a
+    WARNING about it (it used to, at every job start)."""
+    import logging
+    import shutil
+    import tempfile
+
+    here = Path(tempfile.mkdtemp(prefix="gpuquota-tmp-job-", dir="/tmp"))
+    try:
+        here.chmod(0o755)
+        program = here / "job.sh"
+        program.write_text("#!/bin/sh\necho ran\n")
+        program.chmod(0o755)
+        with caplog.at_level(logging.DEBUG, logger="gpunodes.agent.runner"):
+            for attempt in (1, 2, 3):
+                root_runner.start(attempt_id=attempt, number=1, job_id=attempt, command=[str(program)])
+                wait_until(lambda a=attempt: reports.finished(a), runner=root_runner)
+                assert reports.finished(attempt)["exit_code"] == 0, reports.log_of(attempt)
+    finally:
+        shutil.rmtree(here, ignore_errors=True)
+    said = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not said, [r.getMessage() for r in said]

@@ -1,6 +1,7 @@
 """The overview: share cards with capacity bars, cluster totals, lending Sankey, history, pre-emption
 feed; live partials for htmx; the same numbers without JavaScript; constant queries."""
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -112,13 +113,63 @@ def test_overview_runs_constant_queries(as_bob, bob, vision_share, language_shar
 def test_a_silence_of_every_node_shows_a_banner_not_lost_nodes(as_bob, vision_share, nodes):
     from gpunodes.models import Node
     from quotas import scheduler
+    from quotas.models import SchedulerPass
 
     Node.objects.update(last_heartbeat=timezone.now())
     scheduler.run_pass("test")
     body = as_bob.get("/").content.decode()
     assert 'data-testid="hearing-outage"' not in body
-    assert 'data-testid="hearing-resumed"' in body  # heard from now on: nobody may be declared lost yet
+    assert 'data-testid="hearing-resumed"' not in body  # a first start: there was no silence
+    # The control worker away 2 minutes while the agents (never restarted) ran on, then back.
+    SchedulerPass.objects.update(started_at=timezone.now() - timedelta(seconds=125))
+    scheduler.run_pass("test")
+    body = as_bob.get("/").content.decode()
+    banner = body.split('data-testid="hearing-resumed">', 1)[1].split("</p>", 1)[0]
+    assert banner.startswith("Heartbeats heard again 0 s ago, after 2 min in which no node was heard")
+    assert "no node is declared lost for 3 min more" in banner and "NODE_LOST_AFTER_S" not in banner
     Node.objects.update(last_heartbeat=timezone.now() - timedelta(seconds=90))
     body = as_bob.get("/").content.decode()
     assert 'data-testid="hearing-outage"' in body and "No heartbeat from any node for 90 s" in body
     assert 'data-testid="hearing-outage"' in hx(as_bob, "/?part=live").content.decode()
+
+
+def _feed_badges(client) -> list[str]:
+    return re.findall(r'<span class="badge [^"]*">([^<]*)</span>', hx(client, "/?part=feed").content.decode())
+
+
+def test_feed_says_agent_restarted_for_jobs_a_clean_shutdown_stopped(as_bob, bob, vision_share, nodes):
+    from jobs.tasks import attempt_finished
+
+    attempt = run(submit(bob, vision_share), nodes[0], [0])
+    # What a Ctrl-C'd agent reports from its outbox once it is back (gpunodes.agent.runner.shutdown).
+    detail = "stopped at the shutdown of the agent on node-1"
+    assert attempt_finished(attempt.pk, 1, "node-1", how="unknown", exit_code=-9, detail=detail)
+    assert _feed_badges(as_bob) == ["agent restarted"]
+    body = hx(as_bob, "/?part=feed").content.decode()
+    assert detail in body and "no longer runs it" not in body and 'class="badge off"' not in body
+
+
+def test_feed_says_agent_restarted_for_jobs_a_restarted_agent_no_longer_runs(
+    as_bob, bob, vision_share, nodes
+):
+    from gpunodes.services import fake_inventory, node_heartbeat
+
+    run(submit(bob, vision_share), nodes[0], [0])
+    inventory = fake_inventory("node-1", 4)
+    node_heartbeat(name="node-1", gpu_type="a10g", inventory=inventory, running=[(1, 1)], boot_id="boot-1")
+    node_heartbeat(name="node-1", gpu_type="a10g", inventory=inventory, running=[], boot_id="boot-2")
+    assert _feed_badges(as_bob) == ["agent restarted"]
+
+
+def test_feed_says_node_lost_for_a_node_that_stopped_heartbeating(as_bob, bob, vision_share, nodes):
+    from gpunodes.models import Node
+    from quotas import scheduler
+    from tests.conftest import heard_all_along
+
+    run(submit(bob, vision_share), nodes[0], [0])
+    Node.objects.update(last_heartbeat=timezone.now())
+    Node.objects.filter(name="node-1").update(last_heartbeat=timezone.now() - timedelta(hours=1))
+    heard_all_along()
+    assert scheduler.run_pass("test").lost_nodes == ["node-1"]
+    assert _feed_badges(as_bob) == ["node lost"]
+    assert 'class="badge off">node lost' in hx(as_bob, "/?part=feed").content.decode()

@@ -225,6 +225,16 @@ def test_an_over_committing_capacity_is_warned_before_it_is_saved(as_alice, visi
     assert response.status_code == 204
 
 
+def test_a_taken_name_is_a_field_error_before_any_over_commit_warning(as_alice, vision, vision_share, nodes):
+    data = dict(NEW, name="vision-main", cap_a10g="6")  # taken, and it would over-commit too
+    response = as_alice.post("/shares/new/", data, HTTP_HX_REQUEST="true")
+    body = response.content.decode()
+    assert response.status_code == 400
+    assert 'id="id_name-error"' in body and "already exists" in body
+    assert 'data-testid="share-warnings"' not in body and "Over-committed" not in body
+    assert Share.objects.filter(name="vision-main").count() == 1
+
+
 def test_editing_a_share_counts_its_own_capacity_once(as_alice, vision_share, nodes):
     data = dict(NEW, name="vision-main", cap_a10g="8")
     response = as_alice.post("/shares/vision-main/", data, HTTP_HX_REQUEST="true")

@@ -63,3 +63,36 @@ def test_another_team_cannot_cancel_the_array(as_charlie, bob, vision_share, nod
     array = job_array_submit(user=bob, share=vision_share, size=2, gpus=1, gpu_type="a10g", command=["x"])
     assert as_charlie.post(f"/arrays/{array.pk}/cancel/").status_code == 404
     assert not Job.objects.filter(state=JobState.CANCELLED).exists()
+
+
+def test_one_array_row_is_not_the_first_1_of_its_queued_tasks(as_bob, bob, vision_share, nodes):
+    job_array_submit(user=bob, share=vision_share, size=5, gpus=1, gpu_type="a10g", command=["x"])
+    body = hx(as_bob, "/teams/vision/?part=queue").content.decode()
+    assert 'data-testid="queued-count">5 queued' in body
+    assert "Showing the first" not in body  # the row stands for all five
+
+
+def test_beyond_the_rows_shown_the_count_is_of_jobs_not_rows(as_bob, bob, vision_share, nodes, monkeypatch):
+    monkeypatch.setattr("quotas.views.QUEUE_SHOWN", 3)
+    job_array_submit(user=bob, share=vision_share, size=5, gpus=1, gpu_type="a10g", command=["x"])
+    for _ in range(4):
+        job_submit(user=bob, share=vision_share, gpus=1, gpu_type="a10g", command=["y"])
+    body = hx(as_bob, "/teams/vision/?part=queue").content.decode()
+    # Three rows read: the array's first tasks fold into its one row (it stands for all 5 tasks), then
+    # the singles as far as the rows allow.
+    shown = body.split('data-testid="queue-shown">', 1)[1].split("</p>", 1)[0]
+    assert shown == "Showing the first 5 of 9 queued jobs."
+
+
+def test_the_share_cards_refresh_with_the_queue_after_a_submit(as_bob, vision_share, nodes):
+    """The form's answer triggers queue-changed: the cards follow at once, not up to 3 s later (the
+    queue said "5 queued" beside a card's "0 queued")."""
+    body = as_bob.get("/teams/vision/").content.decode()
+    cards = body.split('<section id="cards"', 1)[1].split(">", 1)[0]
+    queue = body.split('<section id="team-queue"', 1)[1].split(">", 1)[0]
+    assert 'hx-trigger="every 3s, queue-changed from:body"' in cards
+    assert "queue-changed from:body" in queue
+    response = as_bob.post("/teams/vision/submit/", {**FORM, "array_size": "5"}, HTTP_HX_REQUEST="true")
+    assert response["HX-Trigger"] == "queue-changed"
+    card = hx(as_bob, "/teams/vision/?part=cards").content.decode()
+    assert "5 queued" in card.split('data-share="vision-main"', 1)[1]

@@ -57,6 +57,31 @@ def parse_grace(text: str) -> int:
 ARRAY_RE = r"^(\d+)(?:-(\d+))?$"
 
 
+def parse_count(text: str) -> int:
+    """A whole number of at least 1."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise _usage_error(f"{text!r} is not a whole number of 1 or more")
+    return int(text)
+
+
+def parse_since(text: str):
+    """'2h' (back from now), '2026-12-01' or '2026-12-01T09:30' (local time unless zoned) -> an aware
+    datetime."""
+    import re
+    from datetime import datetime, timedelta
+
+    text = text.strip()
+    if text and re.match(DURATION_RE, text.lower()):
+        return datetime.now().astimezone() - timedelta(seconds=parse_duration(text))
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise _usage_error(
+            f"{text!r} is neither a duration (2h, 1d) nor a date/time (2026-12-01T09:30)"
+        ) from None
+    return moment if moment.tzinfo else moment.astimezone()
+
+
 def parse_array(text: str) -> dict[str, int]:
     """'0-999' -> {"start": 0, "size": 1000}; '100' -> 100 tasks from index 0."""
     import re
@@ -105,10 +130,27 @@ def clean(value: Any) -> str:
 
 
 def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
-    cells = [[str(h) for h in headers]] + [["-" if c is None else clean(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
-    return "\n".join(lines)
+    return "\n".join(Table(headers).lines(rows))
+
+
+class Table:
+    """A table printed a page at a time: the columns as wide as the first page needs, widened where a
+    later page needs more (a long listing starts printing before its last page is read)."""
+
+    def __init__(self, headers: Sequence[str]) -> None:
+        self.headers = [str(h) for h in headers]
+        self.widths = [0] * len(self.headers)
+        self.started = False
+
+    def lines(self, rows: Sequence[Sequence[Any]]) -> list[str]:
+        cells = [["-" if c is None else clean(c) for c in row] for row in rows]
+        if not self.started:
+            cells.insert(0, self.headers)
+            self.started = True
+        self.widths = [max([w] + [len(r[i]) for r in cells]) for i, w in enumerate(self.widths)]
+        return [
+            "  ".join(c.ljust(w) for c, w in zip(row, self.widths, strict=True)).rstrip() for row in cells
+        ]
 
 
 def when(value: str | None) -> str | None:
@@ -173,8 +215,9 @@ def job_line(job: dict) -> str:
     text += eta_text(job)
     if job.get("waiting_reason"):
         text += f" ({clean(job['waiting_reason'])})"
-    if job["state"] == "FAILED" and job.get("state_reason"):
-        text += f" ({clean(job['state_reason'])})"
+    reason = job.get("state_reason")
+    if job["state"] == "FAILED" and reason and reason != f"exit code {job.get('exit_code')}":
+        text += f" ({clean(reason)})"  # only what the exit code above does not say already
     return text
 
 
@@ -340,29 +383,37 @@ def cmd_submit(args, out) -> int:
 
 
 def cmd_jobs(args, out) -> int:
-    jobs = args.client().jobs(
+    pages = args.client().job_pages(
         states=None if args.all_states else OPEN_STATES,
         share=args.share,
         mine=True if args.mine else None,
         array=args.array[1] if args.array else None,
+        limit=args.limit,
+        since=args.since,
     )
     if args.json:
-        out(jobs)
+        out([j for page in pages for j in page])
         return 0
-    rows = [
-        (
-            j["id"],
-            f"{j['name']}[A{j['array']}:{j['array_index']}]" if j.get("array") else j["name"],
-            j["share"],
-            j["submitted_by"],
-            f"{j['gpus']} {j['gpu_type']}",
-            j["priority"],
-            j["state"],
-            when(j["submitted_at"]),
-        )
-        for j in jobs
-    ]
-    out(table(rows, ["ID", "NAME", "SHARE", "USER", "GPUS", "PRIO", "STATE", "SUBMITTED"]))
+    printed = Table(["ID", "NAME", "SHARE", "USER", "GPUS", "PRIO", "STATE", "SUBMITTED"])
+    for page in pages:
+        rows = [
+            (
+                j["id"],
+                f"{j['name']}[A{j['array']}:{j['array_index']}]" if j.get("array") else j["name"],
+                j["share"],
+                j["submitted_by"],
+                f"{j['gpus']} {j['gpu_type']}",
+                j["priority"],
+                j["state"],
+                when(j["submitted_at"]),
+            )
+            for j in page
+        ]
+        out("\n".join(printed.lines(rows)))
+        # Each page reaches the reader before the next is asked for: `| head` ends it after one page.
+        sys.stdout.flush()
+    if not printed.started:
+        out("\n".join(printed.lines([])))
     return 0
 
 
@@ -571,10 +622,22 @@ def _submit(p) -> None:
 
 
 def _jobs(p) -> None:
-    p.add_argument("--all-states", action="store_true")
-    p.add_argument("--share")
+    p.add_argument(
+        "--all-states",
+        action="store_true",
+        help="also jobs that have ended (SUCCEEDED, FAILED, CANCELLED); without it only open ones",
+    )
+    p.add_argument("--share", metavar="SHARE", help="only jobs of this share")
     p.add_argument("--mine", action="store_true", help="only jobs you submitted")
     p.add_argument("--array", type=parse_target, metavar="A12", help="only the tasks of this array")
+    p.add_argument("--limit", type=parse_count, metavar="N", help="at most N jobs, the newest")
+    p.add_argument(
+        "--since",
+        type=parse_since,
+        metavar="WHEN",
+        help="only jobs submitted since then: a duration back from now (30m, 2h, 1d) or a date/time "
+        "(2026-12-01, 2026-12-01T09:30, local time unless it names its zone)",
+    )
 
 
 def _one_target(p) -> None:

@@ -16,10 +16,12 @@ from gpuquota_client import quickjson as jsonlib  # json.dumps/loads without imp
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence
+    from datetime import datetime
     from typing import Any
 
 OPEN_STATES = ("QUEUED", "HELD", "ADMITTED", "RUNNING", "PREEMPTING", "CANCELLING")
 TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
+JOB_PAGE = 100  # the API's page size (PAGE_SIZE)
 
 
 class ClientError(Exception):
@@ -294,14 +296,17 @@ class Client:
             raise ClientError(f"{url} did not answer JSON (is {self.url} a gpuquota server?)")
         return data
 
-    def _all(self, path: str, params: Mapping[str, Any] | None = None) -> list[dict]:
-        """Every item of a paginated list."""
+    def _pages(self, path: str, params: Mapping[str, Any] | None = None) -> Iterator[list[dict]]:
+        """A paginated list, page by page: the next page is asked for only when the caller wants it."""
         data = self.request("GET", path, params=dict(params or {}))
-        items = list(data["results"])
+        yield list(data["results"])
         while data.get("next"):
             data = self.request("GET", data["next"])
-            items += data["results"]
-        return items
+            yield list(data["results"])
+
+    def _all(self, path: str, params: Mapping[str, Any] | None = None) -> list[dict]:
+        """Every item of a paginated list."""
+        return [item for page in self._pages(path, params) for item in page]
 
     # --- auth ------------------------------------------------------------------------------------
 
@@ -328,7 +333,11 @@ class Client:
     def nodes(self) -> list[dict]:
         return self._all("nodes/")
 
-    def jobs(
+    def jobs(self, **filters: Any) -> list[dict]:
+        """Jobs you may see; by default only those not yet finished (states=None: all). See job_pages."""
+        return [job for page in self.job_pages(**filters) for job in page]
+
+    def job_pages(
         self,
         *,
         states: Sequence[str] | None = OPEN_STATES,
@@ -336,9 +345,34 @@ class Client:
         team: str | None = None,
         mine: bool | None = None,
         array: int | None = None,
-    ) -> list[dict]:
-        """Jobs you may see; by default only those not yet finished (states=None: all)."""
+        limit: int | None = None,
+        since: datetime | None = None,
+    ) -> Iterator[list[dict]]:
+        """Jobs you may see, newest first, a page at a time (a long history starts printing before its
+        last page is read); at most `limit` of them, and none submitted before `since`. The API lists
+        jobs newest first, so the pages stop at the first job older than `since`."""
+        pages = self._pages("jobs/", self._job_params(states, share, team, mine, array, limit))
+        left = limit
+        for page in pages:
+            older = False
+            if since is not None:
+                from datetime import datetime
+
+                kept = [j for j in page if datetime.fromisoformat(j["submitted_at"]) >= since]
+                older, page = len(kept) < len(page), kept
+            if left is not None:
+                page = page[:left]
+                left -= len(page)
+            if page:
+                yield page
+            if older or left == 0:
+                return
+
+    @staticmethod
+    def _job_params(states, share, team, mine, array, limit) -> dict[str, Any]:
         params: dict[str, Any] = {}
+        if limit is not None:
+            params["limit"] = min(limit, JOB_PAGE)  # a short listing is one short page
         if array is not None:
             params["array"] = int(array)
         if states:
@@ -349,7 +383,7 @@ class Client:
             params["team"] = team
         if mine is not None:
             params["mine"] = "true" if mine else "false"
-        return self._all("jobs/", params)
+        return params
 
     def job(self, job_id: int) -> dict:
         return self.request("GET", f"jobs/{int(job_id)}/")
