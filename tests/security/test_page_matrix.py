@@ -41,6 +41,8 @@ PAGES = [
         {"priority": "5"},
         expect("ok", "ok", "denied", "denied", "denied"),
     ),
+    # Only an admin releases a HELD job (a job that is not held answers 409: allowed, state said no).
+    ("job_release", "post", "/jobs/{job}/release/", {}, ADMINS),
     ("array_cancel", "post", "/arrays/{array}/cancel/", {}, VISION),
     ("array_priority", "post", "/arrays/{array}/priority/", {"priority": "5"}, VISION),
     ("nodes", "get", "/nodes/", None, EVERYONE),
