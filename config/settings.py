@@ -230,6 +230,13 @@ MESSAGE_TRUSTED_CERTS = os.environ.get("MESSAGE_TRUSTED_CERTS", "")
 if MESSAGE_SIGNING_KEY:
     CELERY_TASK_SERIALIZER = "gpuquota-auth"
     CELERY_ACCEPT_CONTENT = ["gpuquota-auth"]
+    # Refused messages logged as refusals (sender, cause), not as undecodable ones.
+    CELERY_WORKER_CONSUMER = "gpunodes.signing:Consumer"
+# A signed message issued longer ago than this is refused (its nonce is remembered this long), and one
+# dated more than MESSAGE_CLOCK_SKEW_S ahead: hosts need synchronised clocks (NTP). A heartbeat dated
+# ahead holds its node's order of heartbeats for at most MESSAGE_CLOCK_SKEW_S, signed or not.
+MESSAGE_MAX_AGE_S = env_int("MESSAGE_MAX_AGE_S", 300)
+MESSAGE_CLOCK_SKEW_S = env_int("MESSAGE_CLOCK_SKEW_S", 30)
 
 # --- gpuquota ---------------------------------------------------------------------------------
 SCHEDULER_INTERVAL_S = env_int("SCHEDULER_INTERVAL_S", 2)

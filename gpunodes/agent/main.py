@@ -14,6 +14,7 @@ from pathlib import Path
 from django.conf import settings
 
 from config.celery import CONTROL_QUEUE, app, node_queue
+from gpunodes import signing
 from gpunodes.agent import AGENT_VERSION, inventory
 from gpunodes.agent import tasks as agent_tasks
 from gpunodes.agent.fence import FENCED_FILE, Watchdog
@@ -95,6 +96,9 @@ class Agent:
         self.labels = labels or {}
         self.boot_id = new_boot_id()
         state_dir = Path(settings.VAR_DIR) / "agent" / name
+        if settings.MESSAGE_SIGNING_KEY:
+            # The nonces of the messages it ran, kept across restarts: a captured start is refused then too.
+            signing.use_nonce_store(signing.SqliteNonces(state_dir / "seen-messages.sqlite3"))
         self.runner = Runner(
             node=name,
             log_dir=settings.JOB_LOG_DIR,
