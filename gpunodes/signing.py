@@ -21,7 +21,8 @@ its node's certificate (subject CN `node:<name>`). Who trusts whom:
 
 Whatever fails a check is refused: the deserializer raises Refused (Consumer logs it and drops the
 message); SignedTask logs it and returns without running. Each cause is logged once per sender and
-minute (`refused`), with a count of the repeats.
+minute (`refused`), with a count of the repeats. A job's env is sealed to its node's key (`seal`,
+`unseal`): other nodes cannot read it on the broker.
 
 Enabled by MESSAGE_SIGNING_KEY / MESSAGE_SIGNING_CERT / MESSAGE_TRUSTED_CERTS (README, "Signed control
 messages"); `python manage.py message_credentials NAME` makes a key and certificate.
@@ -29,7 +30,9 @@ messages"); `python manage.py message_credentials NAME` makes a key and certific
 
 from __future__ import annotations
 
+import base64
 import datetime
+import json
 import logging
 import math
 import os
@@ -115,6 +118,7 @@ class BoundSerializer(SecureSerializer):
     def __init__(self, *args, nodes: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
         self.nodes = nodes
+        self._node_certs: dict[str, Certificate] | None = None
 
     def deserialize(self, data):
         try:
@@ -138,6 +142,14 @@ class BoundSerializer(SecureSerializer):
         else:
             raise Refused(signer, "a sender this process does not take messages from")
         return body
+
+    def node_certificate(self, node: str) -> Certificate:
+        if self._node_certs is None:
+            self._node_certs = {common_name(c): c for c in self._cert_store._certs.values()}
+        try:
+            return self._node_certs[f"{NODE_PREFIX}{node}"]
+        except KeyError:
+            raise SecurityError(f"no certificate of node {node!r} in the trusted directory") from None
 
 
 def _stamp(body, signer: str) -> None:
@@ -331,7 +343,63 @@ def nonce_store() -> CacheNonces | SqliteNonces:
     return _nonces
 
 
+# --- a job's env, sealed to its node --------------------------------------------------------------
+
+SEALED_PREFIX = "gq-sealed-1."
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode()
+
+
+def _aad(node: str, attempt_id, number) -> bytes:
+    return f"{node}/{attempt_id}/{number}".encode()
+
+
+def seal(env: dict, *, node: str, attempt_id: int, number: int) -> str:
+    """`env` encrypted for `node` alone: AES-256-GCM under a fresh key, that key wrapped with RSA-OAEP
+    for the node's certificate, the attempt bound in as associated data."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import padding
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    public = _serializer().node_certificate(node)._cert.public_key()
+    key, iv = AESGCM.generate_key(bit_length=256), os.urandom(12)
+    data = AESGCM(key).encrypt(iv, json.dumps(env).encode(), _aad(node, attempt_id, number))
+    oaep = padding.OAEP(mgf=padding.MGF1(hashes.SHA256()), algorithm=hashes.SHA256(), label=None)
+    return SEALED_PREFIX + ".".join(_b64(x) for x in (public.encrypt(key, oaep), iv, data))
+
+
+def unseal(sealed: str, *, node: str, attempt_id: int, number: int) -> dict:
+    """What seal() made for this node and attempt, opened with this process's key; ValueError if it
+    cannot be (another node's, another attempt's, no key, damaged)."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import padding
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    try:
+        wrapped, iv, data = (
+            base64.urlsafe_b64decode(p) for p in sealed.removeprefix(SEALED_PREFIX).split(".")
+        )
+        oaep = padding.OAEP(mgf=padding.MGF1(hashes.SHA256()), algorithm=hashes.SHA256(), label=None)
+        key = _serializer()._key._key.decrypt(wrapped, oaep)
+        env = json.loads(AESGCM(key).decrypt(iv, data, _aad(node, attempt_id, number)))
+    except Exception as e:
+        raise ValueError(f"the sealed env cannot be opened here ({type(e).__name__})") from None
+    if not isinstance(env, dict):
+        raise ValueError("the sealed env is not a mapping")
+    return env
+
+
 # --- keys, certificates, the serializer --------------------------------------------------------------
+
+_registered: BoundSerializer | None = None
+
+
+def _serializer() -> BoundSerializer:
+    if _registered is None:
+        raise SecurityError("message signing is not set up in this process")
+    return _registered
 
 
 def make_serializer(
@@ -346,11 +414,12 @@ def make_serializer(
 
 
 def register(key: str, cert: str, trusted: str, *, nodes: bool = True) -> None:
-    s = make_serializer(key, cert, trusted, nodes=nodes)
+    global _registered
+    _registered = make_serializer(key, cert, trusted, nodes=nodes)
     registry.register(
         SERIALIZER,
-        s.serialize,
-        s.deserialize,
+        _registered.serialize,
+        _registered.deserialize,
         content_type="application/x-gpuquota-auth",
         content_encoding="utf-8",
     )
