@@ -31,6 +31,20 @@ def route_task(name, args, kwargs, options, task=None, **kw):
     return {"queue": CONTROL_QUEUE}
 
 
+def consume_as(consumer: str) -> None:
+    """This process consumes as `consumer` ('control', or 'node:<name>' in an agent): on Redis, kombu
+    keeps what it took but has not acknowledged under keys of its own (config/redisbroker.py)."""
+    from django.conf import settings
+
+    if settings.REDIS_URL:
+        from config.redisbroker import unacked_keys
+
+        app.conf.broker_transport_options = {
+            **settings.CELERY_BROKER_TRANSPORT_OPTIONS,
+            **unacked_keys(consumer),
+        }
+
+
 app = Celery("gpuquota", task_cls="gpunodes.signing:SignedTask")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.task_routes = (route_task,)

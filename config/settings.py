@@ -185,6 +185,8 @@ else:
 # --- Celery -----------------------------------------------------------------------------------
 BROKER_DIR = VAR_DIR / "broker"
 if REDIS_URL:
+    from config.redisbroker import unacked_keys
+
     CELERY_BROKER_URL = REDIS_URL
     # kombu's Redis transport with a fix: a Redis restart is a reconnect, never a dead worker.
     CELERY_BROKER_TRANSPORT = "config.redisbroker:Transport"
@@ -199,6 +201,12 @@ if REDIS_URL:
         "socket_connect_timeout": 5,
         "socket_keepalive": True,
         "health_check_interval": 5,
+        # One queue key per queue (no priority sub-queues: nothing here sets a priority), so that a
+        # node's ACL user can be granted its queue by its exact name (README, "Redis").
+        "priority_steps": [0],
+        # Where kombu keeps what a consumer took but has not acknowledged: the control side's own keys
+        # (an agent uses its node's, config.celery.consume_as): never one hash that every node reads.
+        **unacked_keys("control"),
     }
 else:
     for sub in ("queue", "processed", "control"):
