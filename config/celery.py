@@ -1,7 +1,10 @@
 """The Celery app: the `control` queue for the central worker, one queue per GPU node (`node.<name>`),
 and `whatif` for the what-if replays, consumed by a worker of its own (a replay of a week takes minutes:
 on the control worker it would hold the threads heartbeats and passes need; more workers on it fan a
-sweep out)."""
+sweep out).
+
+Every task's base class is gpunodes.signing.SignedTask: with signed messages on, a task runs a message
+only if the envelope inside its signed body names that task, is fresh and was never seen before."""
 
 import os
 import warnings
@@ -36,7 +39,21 @@ def route_task(name, args, kwargs, options, task=None, **kw):
     return {"queue": CONTROL_QUEUE}
 
 
-app = Celery("gpuquota")
+def consume_as(consumer: str) -> None:
+    """This process consumes as `consumer` ('control', or 'node:<name>' in an agent): on Redis, kombu
+    keeps what it took but has not acknowledged under keys of its own (config/redisbroker.py)."""
+    from django.conf import settings
+
+    if settings.REDIS_URL:
+        from config.redisbroker import unacked_keys
+
+        app.conf.broker_transport_options = {
+            **settings.CELERY_BROKER_TRANSPORT_OPTIONS,
+            **unacked_keys(consumer),
+        }
+
+
+app = Celery("gpuquota", task_cls="gpunodes.signing:SignedTask")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.task_routes = (route_task,)
 app.autodiscover_tasks()

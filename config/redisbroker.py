@@ -13,16 +13,40 @@ so here, the close goes on, the consumer reconnects, and the messages left unack
 through Redis' visibility timeout (a lost start is also sent again by the heartbeat, see
 gpunodes.services.node_heartbeat).
 
+Two more things keep one node's messages away from another (README, "Redis"): each consumer keeps
+what it took but has not acknowledged under keys of its own (`unacked_keys`; kombu's default is one
+`unacked` hash for every consumer, which every node's ACL user had to be granted), and a message taken
+from a queue goes back to that queue when it is restored, whatever its own delivery_info says (a node
+writes the messages it publishes, delivery_info included).
+
 Selected by settings.CELERY_BROKER_TRANSPORT when REDIS_URL is set.
 """
 
 from __future__ import annotations
 
+import logging
+
 import redis
 from kombu.transport import redis as kombu_redis
 
+log = logging.getLogger(__name__)
+
+
+class QoS(kombu_redis.QoS):
+    def restore_by_tag(self, tag, client=None, leftmost=False):
+        # An entry this consumer's Redis user may not push back where it names (planted in its own keys:
+        # nothing it took says so) would stop every start of its worker: dropped, with a log line.
+        try:
+            super().restore_by_tag(tag, client=client, leftmost=leftmost)
+        except redis.exceptions.NoPermissionError as e:
+            log.warning("dropped unacknowledged message %s: this consumer may not put it back (%s)", tag, e)
+            with self.channel.conn_or_acquire(client) as conn:
+                self._remove_from_indices(tag, conn.pipeline()).execute()
+
 
 class Channel(kombu_redis.Channel):
+    QoS = QoS
+
     def _connparams(self, asynchronous: bool = False) -> dict:
         if self.connection.client is None:
             raise redis.exceptions.ConnectionError("the broker connection was closed while in use")
@@ -31,3 +55,19 @@ class Channel(kombu_redis.Channel):
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
+
+    def _deliver(self, message, queue):
+        info = message.get("properties", {}).get("delivery_info") if isinstance(message, dict) else None
+        if isinstance(info, dict) and queue:
+            info["exchange"], info["routing_key"] = "", queue
+        super()._deliver(message, queue)
+
+
+def unacked_keys(consumer: str) -> dict[str, str]:
+    """kombu's Redis transport options for where `consumer` ('control', or 'node:<name>' for an agent;
+    ':' is in no node name) keeps its unacknowledged messages, their index and its restore lock."""
+    return {
+        "unacked_key": f"{consumer}:unacked",
+        "unacked_index_key": f"{consumer}:unacked_index",
+        "unacked_mutex_key": f"{consumer}:unacked_mutex",
+    }

@@ -187,6 +187,8 @@ else:
 # --- Celery -----------------------------------------------------------------------------------
 BROKER_DIR = VAR_DIR / "broker"
 if REDIS_URL:
+    from config.redisbroker import unacked_keys
+
     CELERY_BROKER_URL = REDIS_URL
     # kombu's Redis transport with a fix: a Redis restart is a reconnect, never a dead worker.
     CELERY_BROKER_TRANSPORT = "config.redisbroker:Transport"
@@ -201,6 +203,12 @@ if REDIS_URL:
         "socket_connect_timeout": 5,
         "socket_keepalive": True,
         "health_check_interval": 5,
+        # One queue key per queue (no priority sub-queues: nothing here sets a priority), so that a
+        # node's ACL user can be granted its queue by its exact name (README, "Redis").
+        "priority_steps": [0],
+        # Where kombu keeps what a consumer took but has not acknowledged: the control side's own keys
+        # (an agent uses its node's, config.celery.consume_as): never one hash that every node reads.
+        **unacked_keys("control"),
     }
 else:
     for sub in ("queue", "processed", "control"):
@@ -232,6 +240,13 @@ MESSAGE_TRUSTED_CERTS = os.environ.get("MESSAGE_TRUSTED_CERTS", "")
 if MESSAGE_SIGNING_KEY:
     CELERY_TASK_SERIALIZER = "gpuquota-auth"
     CELERY_ACCEPT_CONTENT = ["gpuquota-auth"]
+    # Refused messages logged as refusals (sender, cause), not as undecodable ones.
+    CELERY_WORKER_CONSUMER = "gpunodes.signing:Consumer"
+# A signed message issued longer ago than this is refused (its nonce is remembered this long), and one
+# dated more than MESSAGE_CLOCK_SKEW_S ahead: hosts need synchronised clocks (NTP). A heartbeat dated
+# ahead holds its node's order of heartbeats for at most MESSAGE_CLOCK_SKEW_S, signed or not.
+MESSAGE_MAX_AGE_S = env_int("MESSAGE_MAX_AGE_S", 300)
+MESSAGE_CLOCK_SKEW_S = env_int("MESSAGE_CLOCK_SKEW_S", 30)
 
 # --- gpuquota ---------------------------------------------------------------------------------
 SCHEDULER_INTERVAL_S = env_int("SCHEDULER_INTERVAL_S", 2)

@@ -1,12 +1,18 @@
 """Messages from the control side to the GPU hosts, each on its node's own queue (`node.<name>`).
 
 Sent by task name so that the control side never imports the agent's code. Every message carries
-the attempt id and number; the agent ignores one for an attempt number it is not running.
+the attempt id and number; the agent ignores one for an attempt number it is not running. With signed
+messages a start's env is sealed to its node's key (gpunodes.signing.seal): no other node reads it on
+the broker; without signing (the embedded file broker, one user) it travels as it is.
 """
 
 from __future__ import annotations
 
+import logging
+
 from config.celery import app, node_queue
+
+log = logging.getLogger(__name__)
 
 START = "gpunodes.agent.tasks.start_attempt"
 PREEMPT = "gpunodes.agent.tasks.preempt_attempt"
@@ -14,7 +20,20 @@ NODE_STATE = "gpunodes.agent.tasks.node_state"
 
 
 def start_attempt(node: str, payload: dict) -> None:
-    app.send_task(START, kwargs={**payload, "node": node}, queue=node_queue(node))
+    from gpunodes import signing
+
+    kwargs = {**payload, "node": node}
+    if kwargs.get("env") and signing.signing_on():
+        try:
+            kwargs["env"] = signing.seal(
+                kwargs["env"], node=node, attempt_id=kwargs["attempt_id"], number=kwargs["number"]
+            )
+        except Exception:  # no certificate of the node: the start waits (sent again by its heartbeats)
+            log.exception(
+                "cannot seal the env of attempt %s for %s: its start is not sent", kwargs["attempt_id"], node
+            )
+            return
+    app.send_task(START, kwargs=kwargs, queue=node_queue(node))
 
 
 def preempt_attempt(node: str, attempt_id: int, number: int, grace_s: int) -> None:

@@ -22,6 +22,9 @@ class Node(models.Model):
     agent_version = models.CharField(max_length=32, blank=True)
     # Changes every time the agent process starts: a new boot means the host forgot what it ran.
     boot_id = models.CharField(max_length=64, blank=True)
+    # When its agent sent the last heartbeat applied (the host's clock, at most MESSAGE_CLOCK_SKEW_S
+    # ahead of ours): one sent before it is late, and dropped (gpunodes.services.node_heartbeat).
+    last_sent_at = models.FloatField(null=True, blank=True)
     labels = models.JSONField(default=dict, blank=True)
     registered_at = models.DateTimeField(auto_now_add=True)
     state_changed_at = models.DateTimeField(auto_now_add=True)

@@ -4,34 +4,26 @@ from __future__ import annotations
 
 import hmac
 import logging
+import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from gpunodes.choices import NodeState
 from gpunodes.models import Gpu, Node
+from gpunodes.signing import refused
 
 log = logging.getLogger(__name__)
-
-
-def is_older_boot(boot_id: str, than: str) -> bool:
-    """Whether `boot_id` names an agent process that started before the one `than` names. Boot ids
-    begin with their start time in milliseconds (gpunodes.agent.main.new_boot_id); ids without it
-    (older agents) are never taken for older."""
-    a, b = boot_id.split("-", 1)[0], than.split("-", 1)[0]
-    if boot_id == than or len(a) != 14 or len(b) != 14 or not (a.isdigit() and b.isdigit()):
-        return False
-    return a < b
 
 
 def start_resend_after_s() -> float:
     """How long an admitted attempt may wait for its host to report it running before the heartbeat
     sends its start again (a few heartbeats: long enough for a start still in the queue)."""
-    from django.conf import settings
-
     return max(10.0, 3.0 * settings.HEARTBEAT_INTERVAL_S)
 
 
@@ -50,50 +42,82 @@ def fake_inventory(
     return [GpuInfo(i, f"GPU-fake-{node_name}-{i}", model, memory_mb) for i in range(count)]
 
 
-@transaction.atomic
-def node_register(
-    *,
-    name: str,
-    gpu_type: str,
-    gpus: Sequence[GpuInfo],
-    hostname: str = "",
-    agent_version: str = "",
-    labels: dict | None = None,
-    state: str | None = None,
-    initial_state: str | None = None,
-) -> tuple[Node, bool]:
-    """Create or update a node and make its GPU rows match the inventory. Returns (node, created).
-    GPUs the host no longer reports are removed unless an attempt still holds them. `initial_state`
-    applies only to a node created here, `state` to any."""
-    node, created = Node.objects.select_for_update().get_or_create(
-        name=name,
-        defaults={
-            "gpu_type": gpu_type,
-            "state": state or initial_state or NodeState.READY,
-            "hostname": hostname,
-            "agent_version": agent_version,
-            "labels": labels or {},
-        },
-    )
-    if not created:
-        changed = []
-        for field, value in (
-            ("gpu_type", gpu_type),
-            ("hostname", hostname),
-            ("agent_version", agent_version),
+# What one heartbeat may register (a host reports its own inventory; a PENDING one too): bounded, so
+# that no agent, accepted or not, can grow the database or fail its own heartbeats on a column's size.
+MAX_GPUS_PER_NODE = 64
+MAX_RUNNING = 4096  # attempts one heartbeat may report running
+MAX_LABELS = 32
+GPU_FIELDS = frozenset({"index", "uuid", "model", "memory_mb"})
+
+
+class Malformed(ValueError):
+    """A heartbeat field that is not what an agent sends: names the field (the refusal's cause)."""
+
+
+def _text(what: str, value, limit: int, *, empty: bool = True) -> str:
+    if not isinstance(value, str) or len(value) > limit or (not empty and not value):
+        raise Malformed(f"{what} must be a string of {'' if empty else '1 to '}at most {limit} characters")
+    return value
+
+
+def parse_inventory(inventory) -> list[GpuInfo]:
+    """The GPUs a heartbeat reports, checked against what the GPU rows hold."""
+    if not isinstance(inventory, list):
+        raise Malformed("the inventory must be a list of GPUs")
+    if len(inventory) > MAX_GPUS_PER_NODE:
+        raise Malformed(f"{len(inventory)} GPUs reported, at most {MAX_GPUS_PER_NODE} per node")
+    gpus: list[GpuInfo] = []
+    for g in inventory:
+        if not isinstance(g, dict) or not {"index", "uuid"} <= set(g) <= GPU_FIELDS:
+            raise Malformed(f"a GPU must have the fields {', '.join(sorted(GPU_FIELDS))} and no other")
+        index, memory = g["index"], g.get("memory_mb", 0)
+        if (
+            type(index) is not int
+            or not 0 <= index < MAX_GPUS_PER_NODE
+            or any(x.index == index for x in gpus)
         ):
-            if value and getattr(node, field) != value:
-                setattr(node, field, value)
-                changed.append(field)
-        if labels is not None and node.labels != labels:
-            node.labels = labels
-            changed.append("labels")
-        if state and node.state != state:
-            node.state = state
-            node.state_changed_at = timezone.now()
-            changed += ["state", "state_changed_at"]
-        if changed:
-            node.save(update_fields=changed)
+            raise Malformed(f"a GPU index must be a distinct int from 0 to {MAX_GPUS_PER_NODE - 1}")
+        if type(memory) is not int or not 0 <= memory < 2**31:
+            raise Malformed("a GPU's memory_mb must be an int from 0 to 2^31 - 1")
+        uuid = _text("a GPU uuid", g["uuid"], 64, empty=False)
+        gpus.append(GpuInfo(index, uuid, _text("a GPU model", g.get("model", ""), 100), memory))
+    if len({g.uuid for g in gpus}) != len(gpus):
+        raise Malformed("a GPU uuid must be distinct")
+    return gpus
+
+
+def parse_heartbeat(
+    *, inventory, running, boot_id, hostname, agent_version, labels, sent_at
+) -> tuple[list[GpuInfo], list[tuple[int, int]], float | None]:
+    """A heartbeat's fields, checked: (GPUs, running [(attempt id, number)], sent_at). Raises Malformed."""
+    gpus = parse_inventory(inventory)
+    if not isinstance(running, list) or len(running) > MAX_RUNNING:
+        raise Malformed(f"running must list at most {MAX_RUNNING} [attempt id, number] pairs of ints")
+    pairs = []
+    for r in running:
+        if not (isinstance(r, list | tuple) and len(r) == 2 and all(type(x) is int for x in r)):
+            raise Malformed(f"running must list at most {MAX_RUNNING} [attempt id, number] pairs of ints")
+        pairs.append((r[0], r[1]))
+    _text("boot_id", boot_id, 64)
+    _text("hostname", hostname, 255)
+    _text("agent_version", agent_version, 32)
+    if labels is not None and not (
+        isinstance(labels, dict)
+        and len(labels) <= MAX_LABELS
+        and all(
+            isinstance(k, str) and 0 < len(k) <= 63 and isinstance(v, str) and len(v) <= 255
+            for k, v in labels.items()
+        )
+    ):
+        raise Malformed(f"labels must map at most {MAX_LABELS} names (63 characters) to strings (255)")
+    if sent_at is not None and (type(sent_at) not in (int, float) or not math.isfinite(sent_at)):
+        raise Malformed("sent_at must be a number")
+    return gpus, pairs, sent_at
+
+
+def sync_gpus(node: Node, gpus: Sequence[GpuInfo]) -> None:
+    """Make the node's GPU rows match its inventory. GPUs the host no longer reports are removed unless
+    an attempt still holds them."""
     existing = {g.index: g for g in node.gpus.all()}
     reported = {g.index: g for g in gpus}
     for index, info in reported.items():
@@ -108,14 +132,66 @@ def node_register(
     gone = [i for i in existing if i not in reported]
     if gone:
         node.gpus.filter(index__in=gone, claim__isnull=True).delete()
+
+
+def _lock_node(
+    *, name: str, gpu_type: str, hostname: str, agent_version: str, labels, state: str
+) -> tuple[Node, bool]:
+    """The node's row, locked (created with `state` if new): (node, created)."""
+    return Node.objects.select_for_update().get_or_create(
+        name=name,
+        defaults={
+            "gpu_type": gpu_type,
+            "state": state,
+            "hostname": hostname,
+            "agent_version": agent_version,
+            "labels": labels or {},
+        },
+    )
+
+
+def _update_node(node: Node, *, gpu_type: str, hostname: str, agent_version: str, labels, state=None) -> None:
+    changed = []
+    for field, value in (("gpu_type", gpu_type), ("hostname", hostname), ("agent_version", agent_version)):
+        if value and getattr(node, field) != value:
+            setattr(node, field, value)
+            changed.append(field)
+    if labels is not None and node.labels != labels:
+        node.labels = labels
+        changed.append("labels")
+    if state and node.state != state:
+        node.state = state
+        node.state_changed_at = timezone.now()
+        changed += ["state", "state_changed_at"]
+    if changed:
+        node.save(update_fields=changed)
+
+
+@transaction.atomic
+def node_register(
+    *,
+    name: str,
+    gpu_type: str,
+    gpus: Sequence[GpuInfo],
+    hostname: str = "",
+    agent_version: str = "",
+    labels: dict | None = None,
+    state: str | None = None,
+    initial_state: str | None = None,
+) -> tuple[Node, bool]:
+    """Create or update a node and make its GPU rows match the inventory. Returns (node, created).
+    `initial_state` applies only to a node created here, `state` to any."""
+    meta = {"gpu_type": gpu_type, "hostname": hostname, "agent_version": agent_version, "labels": labels}
+    node, created = _lock_node(name=name, state=state or initial_state or NodeState.READY, **meta)
+    if not created:
+        _update_node(node, state=state, **meta)
+    sync_gpus(node, gpus)
     return node, created
 
 
 def join_state(join_token: str = "") -> str:
     """The state a node heard of for the first time joins in: READY with the join token, or where new
     nodes are accepted at once (the embedded file broker); else PENDING until an admin accepts it."""
-    from django.conf import settings
-
     expected = settings.NODE_JOIN_TOKEN
     if expected and join_token and hmac.compare_digest(expected.encode(), str(join_token).encode()):
         return NodeState.READY
@@ -145,8 +221,11 @@ def node_heartbeat(
 ) -> dict:
     """Register or refresh a node from its agent's heartbeat, and reconcile what it runs:
 
+    - a heartbeat sent before the last one applied (`sent_at`, the host's clock) is late: dropped. The
+      boot id only tells a restart (a new one) from the same process, never which boot is older;
     - a new node joins PENDING (no work) until an admin accepts it, or READY with the join token (or on
-      the embedded broker, join_state); a PENDING node's reports change nothing else;
+      the embedded broker, join_state); a PENDING node's heartbeat is its join request, and changes
+      nothing but its own row (no GPU rows until it is accepted);
     - a LOST node that heartbeats again is READY; cordoned/draining nodes stay so, and their agent is
       told (it refuses starts);
     - after an agent restart (a new boot id), attempts the host no longer reports are lost;
@@ -164,37 +243,48 @@ def node_heartbeat(
 
     now = timezone.now()
     joining = join_state(join_token)
+    meta = {"gpu_type": gpu_type, "hostname": hostname, "agent_version": agent_version, "labels": labels}
     with transaction.atomic():
-        node, created = node_register(
-            name=name,
-            gpu_type=gpu_type,
-            gpus=inventory,
-            hostname=hostname,
-            agent_version=agent_version,
-            labels=labels,
-            initial_state=joining,
-        )
+        node, created = _lock_node(name=name, state=joining, **meta)
+        if (
+            not created
+            and sent_at is not None
+            and node.last_sent_at is not None
+            and sent_at < node.last_sent_at
+        ):
+            # Sent before the last one applied: the last words of a previous agent process handled
+            # after its successor's first heartbeat (several threads handle heartbeats), or a replay.
+            refused(
+                f"node {name}",
+                "late heartbeat",
+                f"sent {node.last_sent_at - sent_at:.1f} s before the last one applied",
+                level=logging.INFO,
+            )
+            return {"state": node.state, "lost": [], "stop": [], "resent": [], "ignored": True}
+        if not created:
+            _update_node(node, **meta)
+        heard = {"last_heartbeat": now, "boot_id": boot_id}
+        if sent_at is not None:
+            # Dated ahead of our clock, it holds the node's order for at most MESSAGE_CLOCK_SKEW_S.
+            heard["last_sent_at"] = min(sent_at, time.time() + settings.MESSAGE_CLOCK_SKEW_S)
         if node.state == NodeState.PENDING:
             if joining != NodeState.READY:
+                # A join request: its own row, and nothing else (no GPU rows) until an admin accepts it.
                 if created:
                     log.warning(
                         "node %s (host %r) asked to join: PENDING until an admin accepts it", name, hostname
                     )
-                Node.objects.filter(pk=node.pk).update(last_heartbeat=now, boot_id=boot_id)
+                Node.objects.filter(pk=node.pk).update(**heard)
                 tell_agent(name, NodeState.PENDING)
                 return {"state": NodeState.PENDING, "lost": [], "stop": [], "resent": [], "ignored": True}
             log.info("node %s joined with the join token", name)
             Node.objects.filter(pk=node.pk).update(state=NodeState.READY, state_changed_at=now)
             node.state = NodeState.READY
             created = True  # as good as new: READY from now on
-        previous_boot = node.boot_id  # read under the row lock node_register took
-        if previous_boot and is_older_boot(boot_id, previous_boot):
-            # The last words of a previous agent process on this host, applied after its successor's
-            # first heartbeat (heartbeats are handled on several threads): not a restart, ignored.
-            log.info("ignoring a late heartbeat of %s from a previous agent boot", name)
-            return {"state": node.state, "lost": [], "stop": [], "resent": [], "ignored": True}
+        sync_gpus(node, inventory)
+        previous_boot = node.boot_id  # read under the row lock
         came_back = created or node.state == NodeState.LOST
-        fields = {"last_heartbeat": now, "boot_id": boot_id}
+        fields = dict(heard)
         if came_back:
             fields.update(state=NodeState.READY, state_changed_at=now)
         Node.objects.filter(pk=node.pk).update(**fields)

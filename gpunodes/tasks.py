@@ -18,6 +18,7 @@ OUTBOX_ACK = "gpunodes.agent.tasks.outbox_ack"
 MAX_REPORTS = 1000  # one heartbeat's worth (the agent sends at most outbox.BATCH)
 MAX_GAPS = 100  # log gaps asked for in one ack (the rest with the next heartbeats)
 _WARNED_NEWER: set[tuple[str, frozenset]] = set()  # (node, unknown heartbeat fields) already logged
+MAX_WARNED_NEWER = 1000  # a node that makes up new fields at every heartbeat grows it no further
 
 
 @shared_task(name="gpunodes.tasks.node_heartbeat", ignore_result=True)
@@ -39,19 +40,36 @@ def node_heartbeat(
 ) -> dict:
     """`newer`: fields of an agent newer than this control side (a rolling upgrade reaches the hosts
     first): ignored with a warning, once per node and set of fields, instead of failing every heartbeat
-    of that host (a TypeError here would have it declared LOST and its jobs re-queued)."""
+    of that host (a TypeError here would have it declared LOST and its jobs re-queued). A heartbeat with
+    a field out of bounds (services.parse_heartbeat) is refused whole, and logged."""
     from django.core.exceptions import ValidationError
 
     from gpunodes.models import node_name_validator
+    from gpunodes.signing import refused
     from quotas.models import gpu_type_validator
 
     try:
         node_name_validator(name)
         gpu_type_validator(gpu_type)
     except (ValidationError, TypeError):
-        log.warning("refusing a heartbeat with a malformed node name or GPU type: %r, %r", name, gpu_type)
+        refused("an unknown node", "malformed node name or GPU type", f"{name!r:.80}, {gpu_type!r:.40}")
         return {"refused": True}
-    if newer and (name, frozenset(newer)) not in _WARNED_NEWER:
+    try:
+        gpus, running, sent_at = services.parse_heartbeat(
+            inventory=inventory,
+            running=running,
+            boot_id=boot_id,
+            hostname=hostname,
+            agent_version=agent_version,
+            labels=labels,
+            sent_at=sent_at,
+        )
+        if not isinstance(join_token, str) or not all(isinstance(x or [], list) for x in (outbox, finished)):
+            raise services.Malformed("join_token must be a string, outbox and finished lists")
+    except services.Malformed as e:
+        refused(f"node {name}", "malformed heartbeat", str(e))
+        return {"refused": True}
+    if newer and (name, frozenset(newer)) not in _WARNED_NEWER and len(_WARNED_NEWER) < MAX_WARNED_NEWER:
         _WARNED_NEWER.add((name, frozenset(newer)))
         log.warning(
             "the heartbeat of %s carries fields this control side does not know (%s): its agent is newer;"
@@ -73,8 +91,8 @@ def node_heartbeat(
     result = services.node_heartbeat(
         name=name,
         gpu_type=gpu_type,
-        inventory=[services.GpuInfo(**g) for g in inventory],
-        running=[(int(a), int(n)) for a, n in running],
+        inventory=gpus,
+        running=running,
         boot_id=boot_id,
         agent_version=agent_version,
         hostname=hostname,

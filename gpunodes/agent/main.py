@@ -15,7 +15,8 @@ from pathlib import Path
 from celery.exceptions import SecurityWarning
 from django.conf import settings
 
-from config.celery import CONTROL_QUEUE, app, node_queue
+from config.celery import CONTROL_QUEUE, app, consume_as, node_queue
+from gpunodes import signing
 from gpunodes.agent import AGENT_VERSION, inventory
 from gpunodes.agent import tasks as agent_tasks
 from gpunodes.agent.containment import LimitPolicy, protect_from_oom
@@ -63,9 +64,10 @@ def new_boot_id() -> str:
 
 
 def send_report(name: str, kwargs: dict) -> bool:
-    """Whether the broker took it."""
+    """Whether the broker took it. Pushed straight onto the control queue, declaring nothing (a node's
+    Redis ACL user may push there and nothing more: README, "Redis")."""
     try:
-        app.send_task(name, kwargs=kwargs, queue=CONTROL_QUEUE)
+        app.send_task(name, kwargs=kwargs, queue=CONTROL_QUEUE, declare=[])
     except Exception:
         log.exception("could not send %s", name)
         return False
@@ -98,6 +100,10 @@ class Agent:
         self.labels = labels or {}
         self.boot_id = new_boot_id()
         state_dir = Path(settings.VAR_DIR) / "agent" / name
+        consume_as(f"node:{name}")
+        if settings.MESSAGE_SIGNING_KEY:
+            # The nonces of the messages it ran, kept across restarts: a captured start is refused then too.
+            signing.use_nonce_store(signing.SqliteNonces(state_dir / "seen-messages.sqlite3"))
         self.runner = Runner(
             node=name,
             log_dir=settings.JOB_LOG_DIR,
@@ -209,6 +215,9 @@ class Agent:
         # Celery's "running the worker with superuser privileges: absolutely not recommended" is wrong
         # here: an agent runs as root by design, each job under a uid of its own (README).
         warnings.filterwarnings("ignore", category=SecurityWarning)
+        # No remote control (pidbox) and no worker events: the agent then needs no Redis pub/sub channel,
+        # and its ACL user is granted none (README, "Redis").
+        app.conf.worker_enable_remote_control = False
         try:
             app.worker_main(
                 [
@@ -223,6 +232,7 @@ class Agent:
                     f"agent.{self.name}@%h",
                     "--without-gossip",
                     "--without-mingle",
+                    "--without-heartbeat",
                     "-l",
                     "INFO",
                 ]

@@ -2,7 +2,8 @@
 threads pool, so they share the one Runner), refuse a message meant for another node, refuse starts
 while the node is not READY (cordoned, draining, pending), and validate every field before anything
 touches the host: ints are ints, names match their pattern, the command is a list of strings, the
-environment maps valid names to strings. A refused message is logged."""
+environment maps valid names to strings (opened first if the control side sealed it to this node). A
+refused message is logged."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import logging
 import re
 
 from celery import shared_task
+from celery.exceptions import SecurityError
 
 from gpunodes.agent.runner import Runner
 
@@ -98,12 +100,29 @@ def _mine(node) -> bool:
     return True
 
 
+def open_env(fields: dict, node: str) -> dict:
+    """The start's fields with its env opened, if the control side sealed it to this node (signed
+    messages: gpunodes.signing.seal); Invalid if it cannot be opened here."""
+    env = fields.get("env")
+    if not isinstance(env, str):
+        return fields
+    from gpunodes import signing
+
+    try:
+        opened = signing.unseal(
+            env, node=node, attempt_id=fields.get("attempt_id"), number=fields.get("number")
+        )
+    except (ValueError, SecurityError) as e:
+        raise Invalid(f"env: {e}") from None
+    return {**fields, "env": opened}
+
+
 @shared_task(name="gpunodes.agent.tasks.start_attempt", ignore_result=True, acks_late=True)
 def start_attempt(*, node: str, **fields) -> str:
     if not _mine(node):
         return "refused"
     try:
-        msg = validate_start(fields)
+        msg = validate_start(open_env(fields, node))
     except Invalid as e:
         log.error("refusing a start message: %s", e)
         return "refused"

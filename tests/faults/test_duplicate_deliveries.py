@@ -205,10 +205,12 @@ def test_a_late_heartbeat_of_a_previous_agent_boot_is_ignored(bob, vision_share,
     a = admitted(bob, vision_share, run_pass)
     name = node_of(a)
     inv = [g.__dict__ for g in fake_inventory(name, 4)]
-    node_heartbeat(name, "a10g", inv, [[a.pk, 1]], new)
+    sent = time.time()
+    node_heartbeat(name, "a10g", inv, [[a.pk, 1]], new, sent_at=sent)
     attempt_started(a.pk, 1, name)
     before = state_of_everything()
-    result = node_heartbeat(name, "a10g", inv, [], old)  # the old agent's last words, applied late
+    # The old agent's last words (sent before the new agent's first heartbeat), applied late.
+    result = node_heartbeat(name, "a10g", inv, [], old, sent_at=sent - 0.5)
     assert state_of_everything() == before and result.get("ignored")
     assert Node.objects.get(name=name).boot_id == new
 

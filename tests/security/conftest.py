@@ -83,3 +83,11 @@ def client_as(world, role: str) -> APIClient:
 @pytest.fixture(autouse=True)
 def _quiet(no_messages):
     return no_messages
+
+
+@pytest.fixture(autouse=True)
+def _refusals_unlogged(monkeypatch):
+    """Each test starts with no refusal logged yet (gpunodes.signing logs each cause once a minute)."""
+    from gpunodes import signing
+
+    monkeypatch.setattr(signing, "_logged", {})

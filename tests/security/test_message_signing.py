@@ -4,9 +4,10 @@ itself; unsigned or forged messages are refused."""
 
 import pytest
 from celery.exceptions import SecurityError
-from kombu.serialization import dumps, loads
+from kombu.serialization import dumps, loads, registry
 
 from gpunodes import signing
+from tests.security.signing_helpers import body
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +33,14 @@ def pki(tmp_path_factory):
     }
 
 
-def body(**kwargs):
-    """A Celery protocol-2 body: (args, kwargs, embed)."""
-    return [[], kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
-
-
-START = body(node="gpu-1", attempt_id=1, number=1, job_id=7, command=["true"])
+FINISHED, HEARTBEAT, LOG = (
+    "jobs.tasks.attempt_finished",
+    "gpunodes.tasks.node_heartbeat",
+    "jobs.tasks.attempt_log",
+)
+START = body(
+    "gpunodes.agent.tasks.start_attempt", node="gpu-1", attempt_id=1, number=1, job_id=7, command=["true"]
+)
 
 
 def test_an_agent_accepts_a_start_the_control_side_signed(pki):
@@ -68,18 +71,20 @@ def test_an_unsigned_or_tampered_message_is_refused(pki):
 
 
 def test_the_control_side_accepts_a_nodes_report_about_itself(pki):
-    report = body(attempt_id=1, number=1, node="gpu-1", how="exited", exit_code=0)
+    report = body(FINISHED, attempt_id=1, number=1, node="gpu-1", how="exited", exit_code=0)
     assert pki["control"].deserialize(pki["agent"]["gpu-1"].serialize(report))[1]["node"] == "gpu-1"
-    beat = body(name="gpu-1", gpu_type="a10g", inventory=[], running=[], boot_id="x")
+    beat = body(HEARTBEAT, name="gpu-1", gpu_type="a10g", inventory=[], running=[], boot_id="x")
     assert pki["control"].deserialize(pki["agent"]["gpu-1"].serialize(beat))[1]["name"] == "gpu-1"
 
 
 @pytest.mark.parametrize(
     "forged",
     [
-        body(attempt_id=1, number=1, node="gpu-2", how="exited", exit_code=137),  # a report as gpu-2
-        body(name="evil", gpu_type="a10g", inventory=[], running=[], boot_id="x"),  # a heartbeat as evil
-        body(attempt_id=1, number=1, offset=0, text="forged line"),  # speaking for nobody
+        body(
+            FINISHED, attempt_id=1, number=1, node="gpu-2", how="exited", exit_code=137
+        ),  # a report as gpu-2
+        body(HEARTBEAT, name="evil", gpu_type="a10g", inventory=[], running=[], boot_id="x"),  # as evil
+        body(LOG, attempt_id=1, number=1, offset=0, text="forged line"),  # speaking for nobody
     ],
 )
 def test_a_node_cannot_speak_for_another_node(pki, forged):
@@ -88,21 +93,24 @@ def test_a_node_cannot_speak_for_another_node(pki, forged):
 
 
 def test_a_node_that_was_never_accepted_is_refused(pki):
-    report = body(attempt_id=1, number=1, node="rogue", how="exited", exit_code=0)
-    with pytest.raises(SecurityError, match="Unknown certificate"):
+    report = body(FINISHED, attempt_id=1, number=1, node="rogue", how="exited", exit_code=0)
+    with pytest.raises(SecurityError, match="unknown certificate"):
         pki["control"].deserialize(pki["agent"]["rogue"].serialize(report))
 
 
-def test_it_works_through_kombus_serializer_registry(pki, monkeypatch):
+def test_it_works_through_kombus_serializer_registry(pki, request):
     """What Celery does with CELERY_TASK_SERIALIZER / ACCEPT_CONTENT set to the signed serializer."""
     keys = pki["keys"]
     signing.register(str(keys / "control.key"), str(keys / "control.pem"), str(keys / "control-trusts"))
-    content_type, encoding, data = dumps(body(node="gpu-1", attempt_id=1), serializer=signing.SERIALIZER)
+    request.addfinalizer(lambda: registry.unregister(signing.SERIALIZER))
+    content_type, encoding, data = dumps(
+        body(FINISHED, node="gpu-1", attempt_id=1), serializer=signing.SERIALIZER
+    )
     assert loads(data, content_type, encoding, accept=[content_type])[1]["attempt_id"] == 1
     # A plain JSON message, where only signed ones are accepted: refused by kombu itself.
     from kombu.exceptions import ContentDisallowed
 
-    content_type, encoding, data = dumps(body(node="gpu-1"), serializer="json")
+    content_type, encoding, data = dumps(body(FINISHED, node="gpu-1"), serializer="json")
     with pytest.raises(ContentDisallowed):
         loads(data, content_type, encoding, accept=["application/x-gpuquota-auth"])
 

@@ -16,18 +16,9 @@ pytestmark = pytest.mark.skipif(not shutil.which("redis-server"), reason="needs 
 
 def node_acl(name: str, password: str) -> list[str]:
     """The ACL of the README for node `name`."""
-    return [
-        "on",
-        f">{password}",
-        f"~node.{name}*",
-        f"~agent.{name}@*",
-        "~_kombu.*",
-        "~unacked*",
-        "&*",
-        "+@all",
-        "-@dangerous",
-        "(~control* +lpush +llen)",
-    ]
+    from tests.security.test_broker_isolation import documented_acl
+
+    return documented_acl(name, password)
 
 
 @pytest.fixture

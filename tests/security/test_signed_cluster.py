@@ -91,4 +91,4 @@ def test_a_signed_cluster_runs_jobs_and_refuses_unsigned_or_unknown_senders(
     assert not Node.objects.filter(name__in=["evil-json", "rogue"]).exists()
     log = (cluster.tmp / "control.log").read_text(errors="replace")
     assert "Refusing to deserialize untrusted content of type json" in log  # the unsigned one, logged
-    assert "Unknown certificate: b'node:rogue" in log  # the one from a node never accepted, logged
+    assert "unknown certificate (b'node:rogue" in log  # the one from a node never accepted, logged
