@@ -530,8 +530,8 @@ class Runner:
     def _end_unstarted(
         self, key: tuple[int, int], how: str, detail: str, exit_code: int | None = None
     ) -> str:
-        """Report the end of an attempt that never ran here: "unknown" (refused: the job is re-queued)
-        or "failed_to_start" (the job ends FAILED)."""
+        """Report the end of an attempt that never ran here: "unknown" (refused: the job is re-queued),
+        "gpu_failed" (refused: its GPU is broken; re-queued) or "failed_to_start" (the job ends FAILED)."""
         self._finished.add(key)
         self._report_finished(
             {
@@ -543,7 +543,7 @@ class Runner:
                 "detail": detail,
             },
         )
-        return "refused" if how == "unknown" else "failed"
+        return "failed" if how == "failed_to_start" else "refused"
 
     def _gpus_in_use(self, gpus: list[int]) -> dict[int, list[int]]:
         """The given GPUs a process still uses (NVML), which are not handed out: with a cgroup per
