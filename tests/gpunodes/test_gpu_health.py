@@ -288,3 +288,29 @@ def test_metrics_count_gpus_by_health_and_failures_by_reason(client, settings, n
     assert 'gpuquota_gpu_failures_total{reason="ecc"} 0.0' in text
     assert 'gpuquota_node_gpus{gpu_type="a10g",node="node-1",state="unhealthy"} 1.0' in text
     assert 'gpuquota_node_gpus{gpu_type="a10g",node="node-1",state="free"} 3.0' in text
+
+
+def test_the_django_admin_marks_healthy_through_the_service_and_cannot_edit_health(client, alice, nodes):
+    from django.urls import reverse
+
+    beat(unhealthy=[XID_79])
+    broken = gpu(2)
+    client.force_login(alice)
+    url = reverse("admin:gpunodes_gpu_changelist")
+    r = client.post(url, {"action": "mark_healthy", "_selected_action": [broken.pk]})
+    assert r.status_code == 302
+    assert gpu(2).health == GpuHealth.CHECKING
+    assert AuditEntry.objects.filter(action="gpu_mark_healthy", actor=alice).exists()
+    change = reverse("admin:gpunodes_gpu_change", args=[broken.pk])
+    client.post(
+        change,
+        {
+            "node": nodes[0].pk,
+            "index": 2,
+            "uuid": broken.uuid,
+            "model": "x",
+            "memory_mb": 1,
+            "health": "HEALTHY",
+        },
+    )
+    assert gpu(2).health == GpuHealth.CHECKING  # read-only there
