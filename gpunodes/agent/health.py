@@ -360,6 +360,13 @@ class HealthWatcher:
             for index in indexes:
                 self._releasing[index] = (deadline, attempt)
 
+    def claimed(self, indexes: Iterable[int]) -> None:
+        """A new attempt was given these GPUs after the runner found no process on them: what an earlier
+        attempt left is gone, and the new attempt's own processes are not stuck ones."""
+        with self._lock:
+            for index in indexes:
+                self._releasing.pop(index, None)
+
     def check_released(self) -> None:
         with self._lock:
             watched = dict(self._releasing)

@@ -355,6 +355,8 @@ class Runner:
                 # an attempt whose GPU failed, and this host's heartbeat says why.
                 log.error("refusing attempt %s/%s: %s", attempt_id, number, broken)
                 return self._end_unstarted(key, "gpu_failed", f"refused: {broken}")
+            if self.gpu_health is not None:
+                self.gpu_health.claimed(gpus)
             user = cgroup = workdir = devices = limits = checkpoint_dir = sink = None
             name = f"attempt-{attempt_id}-{number}"
             attempt_limits = self.limit_policy.for_attempt(len(gpus), len(self.gpu_indexes or ()) or None)

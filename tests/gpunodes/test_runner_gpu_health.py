@@ -67,11 +67,17 @@ def test_a_start_on_a_gpu_held_broken_is_refused_as_gpu_failed(setup):
     assert runner.start(attempt_id=6, number=1, job_id=6, command=["true"], gpus=[0]) == "started"
 
 
-def test_the_gpus_an_attempt_gave_back_are_watched(setup):
+def test_the_gpus_an_attempt_gave_back_are_watched_until_the_next_attempt_takes_them(setup):
     runner, reports, nvml, watcher = setup
-    runner.start(attempt_id=1, number=1, job_id=1, command=["true"], gpus=[1])
+    runner.start(attempt_id=1, number=1, job_id=1, command=["true"], gpus=[1, 2])
     finished(runner, reports, 1)
-    assert set(watcher._releasing) == {1}
+    assert set(watcher._releasing) == {1, 2}
+    # The next attempt on GPU 1 starts only where no process holds it: its own are not stuck ones.
+    assert runner.start(attempt_id=2, number=1, job_id=2, command=["sleep", "60"], gpus=[1]) == "started"
+    assert set(watcher._releasing) == {2}
+    nvml.inject({"gpu": 2, "processes": [4242]})
+    assert runner.start(attempt_id=3, number=1, job_id=3, command=["true"], gpus=[2]) == "refused"
+    assert set(watcher._releasing) == {2}  # still watched: a stuck process there is found in time
 
 
 def test_an_attempt_whose_processes_cannot_be_killed_makes_its_gpus_unhealthy(setup, monkeypatch):
