@@ -314,3 +314,12 @@ def test_the_django_admin_marks_healthy_through_the_service_and_cannot_edit_heal
         },
     )
     assert gpu(2).health == GpuHealth.CHECKING  # read-only there
+
+
+def test_the_overview_feed_says_the_gpu_failed(client, bob, two_running):
+    broken, _ = two_running
+    beat(unhealthy=[XID_79])
+    client.force_login(bob)
+    body = client.get("/").content.decode()
+    assert '<span class="badge off">GPU failed</span>' in body
+    assert "GPU 2 of node-1 failed: critical Xid 79" in body
