@@ -10,7 +10,9 @@ in the simulator. Times are seconds (epoch in production, virtual in the simulat
 Where SEMANTICS leaves room, this module decides:
 - Borrowed attempts (`borrowed_attempts`): per share and type the over-capacity part is filled by
   attempts admitted as borrowed first, then the most recently started (ties: later in queue order).
-  An attempt with any GPU in that part is borrowed as a whole.
+  An attempt with any GPU in that part is borrowed as a whole. Which attempts are borrowed does not
+  depend on checkpoints; the order in which borrowed ones are taken does (rule 3: most recent safe
+  point first).
 - Victims follow rules 3, 4 and 9 exactly (`_reclaim_candidates`, `_in_share_candidates`,
   `_minimal_victims`): the order first, then the backward walk; no victim is chosen for being smaller
   or cheaper. What is left to this module: "borrowed" is per attempt (above), so a share's victims
@@ -33,6 +35,7 @@ Where SEMANTICS leaves room, this module decides:
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Iterator, Mapping
+from dataclasses import replace
 
 # The package's layout: views.py (what the policy sees and decides, and the accounting read from a
 # snapshot), state.py (a GPU type's pass state, kept by Engine), rules.py (one pass: rules 1-9). The names
@@ -259,6 +262,20 @@ class Engine:
             base.add_run(run)
             if not base.regular:
                 self._sh = None
+
+    def checkpoint(self, attempt_id: Hashable, at: float) -> RunningView:
+        """A running attempt reported a checkpoint at `at`: its safe point moves (SEMANTICS "Checkpoints
+        and safe points"), and with it its place in the victim orders of rules 3 and 4. Returns the new
+        view. A report older than the one it has changes nothing."""
+        run = self.running[attempt_id]
+        if run.last_checkpoint_at is not None and at <= run.last_checkpoint_at:
+            return run
+        run = replace(run, last_checkpoint_at=at)
+        self.running[attempt_id] = run
+        base = self._base(run.gpu_type, run.share)
+        if base is not None:
+            base.checkpoint(run)
+        return run
 
     def remove_running(self, attempt_id: Hashable) -> RunningView:
         run = self.running.pop(attempt_id)

@@ -525,7 +525,7 @@ class _TypePass:
     def _reclaim_candidates(self, s_job: int) -> Iterator[_Att]:
         """Rule 3's order: borrowed attempts of the other shares, the share with the most borrowed GPUs
         first (counted now, when the reclaim starts; ties: share name), inside a share lowest priority
-        first, then most recently started, then later in queue order (rule 8)."""
+        first, then the most recent safe point, then later in queue order (rule 8)."""
         order = sorted(
             (s for s in self.vshares if s != s_job and self._borrowed(s) > 0),
             key=lambda s: (-self._borrowed(s), s),  # share indexes follow name order
@@ -539,7 +539,7 @@ class _TypePass:
 
     def _in_share_candidates(self, s: int, n: int) -> Iterator[_Att]:
         """Rule 4's order: the share's first n attempts of its in-share victim order (those of strictly
-        lower priority: lowest first, then most recently started, then later in queue order), which is
+        lower priority: lowest first, then the most recent safe point, then later in queue order), which is
         `vatts` from the end."""
         lst = self.vatts[s]
         last = len(lst) - 1

@@ -512,6 +512,29 @@ class _TypeBase:
             if sched[i]:
                 self._free_changed(i, m.bit_count())
 
+    def checkpoint(self, run: RunningView) -> None:
+        """A new view of an attempt that only moved its safe point (a checkpoint was reported): it moves
+        in the share's victim order, and rule 3's order of its share is refreshed if it is borrowed
+        (rule 8's order, and so which attempts are borrowed, does not depend on safe points)."""
+        if run.preempting:
+            return  # never a candidate again: nothing to reorder
+        s = self.sh.sidx[run.share]
+        att = self.atts[s][run.attempt_id]
+        key = _victim_key(run)
+        att.view = run
+        if key == att.vkey:
+            return
+        keys = self.vkeys[s]
+        pos = bisect_left(keys, att.vkey)
+        del keys[pos], self.vatts[s][pos], self.vnprio[s][pos]
+        att.vkey = key
+        pos = bisect_left(keys, key)
+        keys.insert(pos, key)
+        self.vatts[s].insert(pos, att)
+        self.vnprio[s].insert(pos, -att.prio)
+        if att.bnow:
+            self.dirty.add(s)
+
     def victim_orders(self) -> None:
         """Rule 8's borrowed part and rule 3's victim order, for the shares whose attempts changed
         since they were last ordered (rule 4's order is `vatts` read from the end)."""

@@ -66,10 +66,20 @@ class RunningView:
     preempting: bool = False
     # The job the pre-emption made room for (rule 7), when preempting.
     beneficiary_job_id: Hashable | None = None
+    # When the attempt last reported a checkpoint (SEMANTICS "Checkpoints and safe points"); None:
+    # never. One before the attempt started (a stale report) counts as none.
+    last_checkpoint_at: float | None = None
 
     @property
     def gpus(self) -> int:
         return sum(len(idx) for _, idx in self.placement)
+
+    @property
+    def safe_point(self) -> float:
+        """The later of its start and its last reported checkpoint: what a stop now loses is the work
+        since then."""
+        at = self.last_checkpoint_at
+        return self.started_at if at is None or at < self.started_at else at
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,8 +180,9 @@ def _borrowed_order_key(run: RunningView) -> tuple:
 
 
 def _victim_key(run: RunningView) -> tuple:
-    # Sorted descending: lowest priority first, then most recently started, then later in queue order.
-    return (-run.priority, run.started_at, run.submitted_at, run.job_id, run.attempt_id)
+    # Sorted descending (rules 3 and 4): lowest priority first, then the most recent safe point (the
+    # least work lost; with no checkpoints, the most recently started), then later in queue order.
+    return (-run.priority, run.safe_point, run.submitted_at, run.job_id, run.attempt_id)
 
 
 def _borrowed_part(runs: list[RunningView], capacity: int) -> list[RunningView]:

@@ -117,6 +117,8 @@ def snapshots(
                 borrowed=rng.random() < 0.3,
                 preempting=preempting,
                 beneficiary_job_id=rng.choice(queued_ids) if preempting and queued_ids else None,
+                # Now and then a checkpoint (or a stale one, from before the start): the safe point.
+                last_checkpoint_at=rng.uniform(started - 50, NOW) if rng.random() < 0.3 else None,
             )
         )
     queue_shares = [rng.choice(names)] if one_queue else names + ["ghost"]

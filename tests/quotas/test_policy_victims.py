@@ -448,8 +448,14 @@ def _candidates(snapshot: Snapshot, q: QueuedView, in_share: bool) -> list[Runni
     return out
 
 
+def _safe_point(r: RunningView) -> float:
+    """The later of the start and the last checkpoint (SEMANTICS "Checkpoints and safe points")."""
+    return max(r.started_at, r.started_at if r.last_checkpoint_at is None else r.last_checkpoint_at)
+
+
 def _tie_sorted(runs: list[RunningView]) -> list[RunningView]:
-    key = lambda r: (-r.priority, r.started_at, r.submitted_at, r.job_id, r.attempt_id)  # noqa: E731
+    # Rules 3 and 4 inside a share: lowest priority, then the most recent safe point, then rule 8.
+    key = lambda r: (-r.priority, _safe_point(r), r.submitted_at, r.job_id, r.attempt_id)  # noqa: E731
     return sorted(runs, key=key, reverse=True)
 
 
@@ -525,6 +531,7 @@ def contended(draw) -> Snapshot:
                     borrowed=rng.random() < 0.5,
                     preempting=preempting,
                     beneficiary_job_id="q" if preempting and rng.random() < 0.3 else None,
+                    last_checkpoint_at=float(rng.randint(0, 200)) if rng.random() < 0.4 else None,
                 )
             )
     q = QueuedView(
