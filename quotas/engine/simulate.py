@@ -6,7 +6,9 @@ sleeps: `python -m quotas.simulate SCENARIO.json --out RESULT.json [--report REP
 
 The loop keeps a heap of timed events and jumps from one instant to the next; idle time costs nothing.
 At one instant it applies, in this order: attempt ends, grace expiries, node losses, node arrivals,
-submissions, then the scenario's events in file order. Then, at a tick (`settings.tick_s`) at which
+submissions, the scenario's events in file order, then checkpoints (an attempt with
+`checkpoint_every_s` reports one at each whole multiple of it since its start; the policy is told, so
+its safe point moves, but no pass is asked for). Then, at a tick (`settings.tick_s`) at which
 anything changed and jobs are queued, it runs passes: snapshot -> planner -> apply, repeated until a
 pass decides nothing new (so a zero-grace victim stops and its beneficiary starts at the same instant).
 A victim keeps its GPUs for its whole grace and then stops, losing the work since its last periodic
@@ -81,7 +83,7 @@ PREEMPTED = "PREEMPTED"
 NODE_LOST = "NODE_LOST"
 
 # Event kinds, in the order they apply at one instant.
-_END, _GRACE, _LOST, _READY, _SUBMIT, _EVENT, _TICK = range(7)
+_END, _GRACE, _LOST, _READY, _SUBMIT, _EVENT, _CHECKPOINT, _TICK = range(8)
 
 # Passes at one instant that still decide something new: beyond this the policy is looping.
 MAX_PASSES_PER_INSTANT = 1000
@@ -266,6 +268,7 @@ class _Run:
     job: _Job
     base_progress: int  # work saved before this attempt started
     view: RunningView
+    end_at: int  # when it ends if nothing stops it first (it succeeds, or its max_runtime_s runs out)
 
 
 @dataclass(slots=True)
@@ -326,6 +329,7 @@ def simulate(
     forecast: bool = False,
     profile: Profile | None = None,
     on_pass: Callable[[int], None] | None = None,
+    report_checkpoints: bool = True,
 ) -> SimResult:
     """Replay a scenario (a `Scenario` or its decoded JSON) and return the result.
 
@@ -333,19 +337,27 @@ def simulate(
     `policy.plan`); tests may pass a stand-in that takes a snapshot. With `forecast`, the production
     forecast (quotas.engine.forecast) runs at each job's submit and its error against the actual start is
     reported (SCENARIO.md `--forecast`). `on_pass` hears the virtual time before each pass (progress,
-    a deadline: what it raises ends the run). Raises `ScenarioError` for an invalid scenario and
-    `PolicyError` for a decision that cannot be applied.
+    a deadline: what it raises ends the run). With `report_checkpoints=False` the policy is not told
+    the periodic checkpoints (every safe point is its attempt's start: victims in the order before
+    safe points, for comparisons); the work lost is counted from the checkpoints either way. Raises
+    `ScenarioError` for an invalid scenario and `PolicyError` for a decision that cannot be applied.
     """
     if not isinstance(scenario, sc.Scenario):
         scenario = sc.parse(scenario)
+    options = {
+        "forecast": forecast,
+        "profile": profile,
+        "on_pass": on_pass,
+        "report_checkpoints": report_checkpoints,
+    }
     if profile is None or not profile.detail:
-        return _Simulator(scenario, planner, forecast=forecast, profile=profile, on_pass=on_pass).run()
+        return _Simulator(scenario, planner, **options).run()
     # Time the planner, the event handlers, the accounting and the forecast; "reasons" times the
     # policy's own waiting-reason writer (patched for the run only: the policy has no hooks).
     wait = policy._TypePass._wait
     policy._TypePass._wait = profile.timed("reasons (in passes)", wait)
     try:
-        return _Simulator(scenario, planner, forecast=forecast, profile=profile, on_pass=on_pass).run()
+        return _Simulator(scenario, planner, **options).run()
     finally:
         policy._TypePass._wait = wait
 
@@ -366,9 +378,11 @@ class _Simulator:
         forecast: bool = False,
         profile: Profile | None = None,
         on_pass: Callable[[int], None] | None = None,
+        report_checkpoints: bool = True,
     ) -> None:
         self.scenario = scenario
         self.on_pass = on_pass
+        self.report_checkpoints = report_checkpoints
         self.planner = planner
         self.profile = profile
         self.forecasting = forecast
@@ -444,6 +458,7 @@ class _Simulator:
             _READY: self.on_ready,
             _SUBMIT: self.on_submit,
             _EVENT: self.on_event,
+            _CHECKPOINT: self.on_checkpoint,
             _TICK: lambda ref: None,
         }
         if self.profile is not None and self.profile.detail:
@@ -454,6 +469,7 @@ class _Simulator:
                 _READY: "events: node ready",
                 _SUBMIT: "events: submit",
                 _EVENT: "events: scenario",
+                _CHECKPOINT: "events: checkpoint",
             }
             for kind, name in names.items():
                 handlers[kind] = self.profile.timed(name, handlers[kind])
@@ -615,6 +631,17 @@ class _Simulator:
         if run is not None:
             self.stop(run, PREEMPTED)
 
+    def on_checkpoint(self, attempt_id: str) -> None:
+        """A running attempt saved its state (every `checkpoint_every_s` of its run): its safe point
+        moves, and the policy is told. Nothing to decide for it: no pass is asked for."""
+        run = self.running.get(attempt_id)
+        if run is None:
+            return  # it stopped before this checkpoint
+        run.view = self.engine.checkpoint(attempt_id, self.now)
+        every = run.job.spec.checkpoint_every_s
+        if self.now + every < run.end_at:
+            self.push(self.now + every, _CHECKPOINT, attempt_id)
+
     def on_ready(self, name: str) -> None:
         node = self.node_specs[name]
         self.ready[name] = NodeView(name=name, gpu_type=node.gpu_type, gpus=node.gpus)
@@ -732,7 +759,10 @@ class _Simulator:
             placement=admission.placement,
             borrowed=admission.borrowed,
         )
-        run = _Run(record=record, job=job, base_progress=job.saved, view=view)
+        finish = t + spec.duration_s - job.saved
+        failing = spec.max_runtime_s is not None and t + spec.max_runtime_s < finish
+        end_at = t + spec.max_runtime_s if failing else finish
+        run = _Run(record=record, job=job, base_progress=job.saved, view=view, end_at=end_at)
         job.run = run
         job.beneficiary = False
         job.record.attempts.append(record)
@@ -742,11 +772,10 @@ class _Simulator:
         started[job_id] = None
         self.running[attempt_id] = run
         self.engine.add_running(view)
-        finish = t + spec.duration_s - job.saved
-        if spec.max_runtime_s is not None and t + spec.max_runtime_s < finish:
-            self.push(t + spec.max_runtime_s, _END, (attempt_id, FAILED))
-        else:
-            self.push(finish, _END, (attempt_id, SUCCEEDED))
+        self.push(end_at, _END, (attempt_id, FAILED if failing else SUCCEEDED))
+        every = spec.checkpoint_every_s
+        if every and self.report_checkpoints and t + every < end_at:
+            self.push(t + every, _CHECKPOINT, attempt_id)
         self.invalidate(usage=True)
 
     def preempt(self, preemption: Preemption) -> None:

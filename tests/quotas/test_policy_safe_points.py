@@ -110,7 +110,9 @@ def test_in_share_victims_are_the_lowest_priority_then_the_most_recent_safe_poin
 def test_a_reported_checkpoint_moves_the_attempt_in_the_engines_kept_order():
     engine = Engine.from_snapshot(_reclaim())
     assert victims(engine.plan(5)) == [("a-2", RECLAIM)]
+    before = engine.running["a-1"]
     view = engine.checkpoint("a-1", 4)
+    assert view == dataclasses.replace(before, last_checkpoint_at=4)  # every other field kept
     assert view.safe_point == 4 and engine.running["a-1"] is view
     assert victims(engine.plan(5)) == [("a-1", RECLAIM)]
     assert engine.plan(5).preemptions == plan(engine.snapshot(5)).preemptions
