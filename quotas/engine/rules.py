@@ -190,6 +190,7 @@ class _TypePass:
         self._bk_mine = 0  # bit v: bucket v is this pass's own copy
         self._mf = -1  # cached largest free count; -1 = stale
         self._whole = base.whole  # nodes with all M GPUs free, kept by _set_free
+        self.free_total = base.free_total  # free GPUs not reserved for anyone, kept by _set_free
         self._taken: dict[int, list] = {}  # reclaim victims of the current decision: share -> [b0, atts]
         # Bumped by every change of the shares' numbers or of free GPUs (_chg, _set_free): what was
         # learnt at one version holds while it stays the same.
@@ -364,6 +365,7 @@ class _TypePass:
         if self.M:
             M = self.M
             self._whole += (v == M) - (self.free_u[i] == M)
+        self.free_total += v - self.free_u[i]
         self.free_u[i] = v
         if v:
             heapq.heappush(self._bucket(v), i)
@@ -449,17 +451,19 @@ class _TypePass:
         extra: dict[int, int] | None = None,
         use_pend: bool = False,
         prefer: set[int] | None = None,
+        wait: bool = False,
     ) -> list[tuple[int, int]] | None:
         """Where g GPUs would go (rule 9's last sentence): on free GPUs, and if asked on GPUs being
         freed (`pend_u`, and `extra` from victims chosen for this job). A node where the job can start
-        now (its GPUs free, not being freed) comes first; then, for a beneficiary of an earlier pass,
-        the nodes its victims free (`prefer`); then best fit (fewest GPUs left free on the node);
-        ties: node name. Single node, or whole nodes for a gang."""
+        now (its GPUs free, not being freed) comes first, unless the job is to `wait` for GPUs being
+        freed; then, for a beneficiary of an earlier pass, the nodes its victims free (`prefer`); then
+        best fit (fewest GPUs left free on the node); ties: node name. Single node, or whole nodes for a
+        gang."""
         if g > self.M:
-            return self._place_gang(g // self.M, extra, use_pend)
+            return self._place_gang(g // self.M, extra, use_pend, wait)
         fu = self.free_u
         best = None
-        i = self._best_free(g)
+        i = None if wait else self._best_free(g)
         if i is not None:
             # Every node with g free GPUs is in the first tier; among them, best fit on free GPUs.
             if prefer:
@@ -485,14 +489,15 @@ class _TypePass:
         return None if best is None else [(best[3], g)]
 
     def _place_gang(
-        self, k: int, extra: dict[int, int] | None, use_pend: bool
+        self, k: int, extra: dict[int, int] | None, use_pend: bool, wait: bool = False
     ) -> list[tuple[int, int]] | None:
-        """k whole nodes of the type's largest size: wholly free ones first, then those whose GPUs are
-        all free or being freed; each group by node name."""
+        """k whole nodes of the type's largest size: wholly free ones first (none if the gang is to
+        `wait` for GPUs being freed), then those whose GPUs are all free or being freed; each group by
+        node name."""
         M = self.M
         fu = self.free_u
         chosen: list[int] = []
-        if self.maxk >= M:
+        if self.maxk >= M and not wait:
             h = self._bucket(M)
             popped: list[int] = []
             while h and len(chosen) < k:
@@ -714,9 +719,11 @@ class _TypePass:
         self.status[s][k] = _ADMITTED
         return _ADMITTED
 
-    def _hold(self, placement: list[tuple[int, int]]) -> tuple[tuple[tuple[str, int], ...], int]:
-        """Reserve GPUs on these nodes for one waiting job: GPUs being freed first, then free ones.
-        Returns what was held and how many of those GPUs were being freed."""
+    def _hold(
+        self, placement: list[tuple[int, int]], free_too: bool = True
+    ) -> tuple[tuple[tuple[str, int], ...], int]:
+        """Reserve GPUs on these nodes for one waiting job: GPUs being freed first, then free ones (not
+        `free_too`: none). Returns what was held and how many of those GPUs were being freed."""
         self._own_pend()
         held = []
         from_pend = 0
@@ -726,18 +733,29 @@ class _TypePass:
             self.pend_u[i] -= take
             if not self.pend_u[i]:
                 self.pend_nodes.discard(i)
-            if c > take:
+            if not free_too:
+                c = take
+            elif c > take:
                 self._set_free(i, self.free_u[i] - (c - take))
-            held.append((self.node_names[i], c))
+            if c:
+                held.append((self.node_names[i], c))
         return tuple(held), from_pend
 
     def _earmark(
-        self, s: int, k: int, placement: list[tuple[int, int]], victims: list[tuple[_Att, str]]
+        self,
+        s: int,
+        k: int,
+        placement: list[tuple[int, int]],
+        victims: list[tuple[_Att, str]],
+        hold_free: bool = True,
     ) -> int:
-        """q[s][k] (already in `pend[s]`) waits for the GPUs being freed on `placement`."""
+        """q[s][k] (already in `pend[s]`) waits for the GPUs being freed on `placement` (and holds the
+        free ones there too, unless not `hold_free`)."""
         job = self.q[s][k]
         added = self._commit_victims(victims, job) if victims else 0
-        self.out.reserved[job.job_id], from_pend = self._hold(placement)
+        held, from_pend = self._hold(placement, hold_free)
+        if held:
+            self.out.reserved[job.job_id] = held
         if added > from_pend:
             self.epoch += 1  # more GPUs being freed than this job takes: others may now fit
         reclaim = sorted({a.view.share for a, r in victims if r == RECLAIM})
@@ -996,9 +1014,7 @@ class _TypePass:
             # GPUs), the minimal set is empty; _minimal_victims would say so after building its walk.
             placement = self._place(g, None, True, self.ben_nodes.get(job.job_id))
             if placement is not None:
-                if can_now and all(self.free_u[i] >= c for i, c in placement):
-                    return self._admit(s, k, placement, False, [])
-                return self._earmark(s, k, placement, [])
+                return self._start_or_wait(s, k, placement, [], can_now, None)
             fits = False if g <= self.M else None  # (a gang's node test counts its nodes itself)
         found = self._minimal_victims(
             s, g, tol, ((a, RECLAIM) for a in self._reclaim_candidates(s)), own_limit=False, fits=fits
@@ -1015,11 +1031,35 @@ class _TypePass:
             return self._blocked_on_placement(s, k, tol)
         victims, fit = found
         placement = self._place(g, fit.extra, True, self.ben_nodes.get(job.job_id))
-        # GPUs in grace count as freed: with its share's limit holding now, the job starts at once on
-        # free GPUs while its victims (if any, for the cover) stop.
-        if can_now and all(self.free_u[i] >= c for i, c in placement):
-            return self._admit(s, k, placement, False, victims)
-        return self._earmark(s, k, placement, victims)
+        return self._start_or_wait(s, k, placement, victims, can_now, fit.extra)
+
+    def _start_or_wait(
+        self,
+        s: int,
+        k: int,
+        placement: list[tuple[int, int]],
+        victims: list[tuple[_Att, str]],
+        can_now: bool,
+        extra: dict[int, int] | None,
+    ) -> int:
+        """Rule 9's last paragraph, for a job of rules 2-3 with its placement (its victims, if any, are
+        marked). GPUs in grace count as freed: with its share's limit holding now, it starts at once on
+        free GPUs while its victims stop; but a beneficiary (victims now, or earlier ones still in
+        grace) does so only where the free GPUs left after it still cover every RESERVE share's idle
+        capacity of the type, so that a RESERVE share's next job starts at once. Otherwise it waits for
+        its victims' GPUs, holding none of the free ones."""
+        if not can_now or not all(self.free_u[i] >= c for i, c in placement):
+            return self._earmark(s, k, placement, victims)
+        job = self.q[s][k]
+        if (
+            self.ridle > 0
+            and self.free_total - job.gpus < self.ridle
+            and (victims or job.job_id in self.base.ben_count)
+        ):
+            ben = self.ben_nodes.get(job.job_id)
+            waits = self._place(job.gpus, extra, True, ben, wait=True)
+            return self._earmark(s, k, waits or placement, victims, hold_free=False)
+        return self._admit(s, k, placement, False, victims)
 
     def _in_share(self, s: int, k: int) -> bool:
         """Rule 4: pre-empt strictly lower-priority work of the share, only if that makes the job fit

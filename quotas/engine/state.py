@@ -313,6 +313,7 @@ class _TypeBase:
                 self.bkeys[s] = [a.bkey for a in order]
                 self.batts[s] = order
         self.free = [st.size[i] - self.used[i].bit_count() if st.sched[i] else 0 for i in range(n_nodes)]
+        self.free_total = sum(self.free)  # rule 9's last paragraph counts the free GPUs of the type
         self._rebuild_buckets()
         # Nodes with all their GPUs free (only nodes of the largest size M can be): a blocked gang's
         # reason and node test ask for it, so it is kept here, and by each pass from here on.
@@ -388,6 +389,7 @@ class _TypeBase:
 
     def _free_changed(self, i: int, d: int) -> None:
         v = self.free[i] + d
+        self.free_total += d
         if self.M:
             self.whole += (v == self.M) - (self.free[i] == self.M)
         self.free[i] = v

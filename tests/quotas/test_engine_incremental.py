@@ -49,8 +49,9 @@ def _queues(engine: Engine) -> dict:
                     base.suf[s],
                     base.by_size[s],
                 )
-        if base.size:  # the count of wholly free nodes, kept as attempts start and end
+        if base.size:  # the count of wholly free nodes and of free GPUs, kept as attempts start and end
             out[(t, "whole")] = base.whole
+            out[(t, "free")] = base.free_total
         if base.qinfo or base.bens or base.waiting:
             out[t] = ({j: key for j, (_, key) in base.qinfo.items()}, base.bens, set(base.waiting))
     return out

@@ -14,7 +14,6 @@ from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 from quotas.engine.policy import (
-    ADMITTED_OWN,
     LEND,
     LEND_AND_BORROW,
     PRIORITY,
@@ -61,7 +60,9 @@ def test_reclaim_takes_first_from_the_share_that_borrows_the_most():
     )
     p = plan(s)
     assert victims(p) == [("a-2", RECLAIM)]  # a's most recently started
-    assert admitted(p)["c1"].placement == (("n3", (0, 1, 2, 3)),)  # it starts now on a free node
+    # n3 is free, but taking it would leave 3 GPUs free for d's 4 idle ones: c1 waits for a-2's GPU
+    # (rule 9's last paragraph), holding none of the free ones.
+    assert not p.admissions and "c1" not in p.reserved
 
 
 def test_reclaim_order_beats_a_smaller_loss_on_another_share():
@@ -103,7 +104,7 @@ def test_shares_that_borrow_the_same_are_taken_in_name_order():
     )
     p = plan(s)
     assert victims(p) == [("a-1", RECLAIM)]
-    assert admitted(p)["c1"].placement == (("n2", (0, 1)),)
+    assert not p.admissions  # n2's free GPUs are d's idle ones: c1 waits for a-1's (rule 9)
 
 
 def test_inside_a_share_the_lowest_priority_goes_first_even_if_a_higher_one_loses_less():
@@ -241,9 +242,11 @@ def test_when_the_whole_list_cannot_make_the_job_run_nothing_is_preempted():
     assert not plan(s).preemptions
 
 
-def test_the_job_starts_now_on_a_free_node_rather_than_wait_on_its_victims_node():
-    # The cover needs a-b back (c takes 2 of its own: L 1 < B 2), and a-b's node would fit c1 exactly;
-    # but n2 has 4 free GPUs now, so c1 is admitted there at once while a-b stops.
+def test_the_job_waits_on_its_victims_node_rather_than_take_reserve_idle_gpus():
+    # The cover needs a-b back (c takes 2 of its own: L 1 < B 2), and a-b's node would fit c1 exactly.
+    # n2 has 4 free GPUs now, but 3 of them are RESERVE d's idle capacity: c1 started there would leave
+    # 2 free for them, so it waits for a-b's GPUs on n1 instead (rule 9's last paragraph; where the free
+    # GPUs cover the RESERVE idle ones it starts at once: tests/quotas/test_policy_reserve_grace.py).
     s = snap(
         [node("n1", 3), node("n2", 4)],
         [share("a", 1), share("c", 2), share("d", 3, RESERVE)],
@@ -255,8 +258,7 @@ def test_the_job_starts_now_on_a_free_node_rather_than_wait_on_its_victims_node(
     )
     p = plan(s)
     assert victims(p) == [("a-b", RECLAIM)]
-    a = admitted(p)["c1"]
-    assert a.reason == ADMITTED_OWN and a.placement == (("n2", (0, 1)),)
+    assert not p.admissions and p.reserved["c1"] == (("n1", 2),)
 
 
 def test_among_nodes_being_freed_the_best_fit_then_the_node_name_wins():
