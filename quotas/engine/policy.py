@@ -30,6 +30,18 @@ Where SEMANTICS leaves room, this module decides:
   would only borrow the same GPUs back).
 - Beneficiaries of earlier pre-emptions go first, and may borrow ahead of everyone; while a job
   waits for GPUs held for it, jobs behind it in its share do not borrow in that pass.
+- Rule 10: a job "could run with protected candidates" when rule 9's walk, made again with the
+  protected attempts in their places in the list, finds a set; the windows "that matter" are those of
+  the protected attempts in that set (Plan.protected: the first of them ends at Plan.recheck_at, when
+  the walk is made again; the last bounds the wait). Its GPUs are not held for it meanwhile. "No new
+  borrowing" holds from the moment the pass finds such a job: beneficiaries of earlier passes, which
+  go first (rule 7), may still borrow. A protection window is the attempt's own share's, from the
+  attempt's start.
+- Rule 9's last paragraph counts GPUs per type: the free GPUs of the type left after the beneficiary
+  (free now, not being freed, not held for another job) against the sum of RESERVE shares' idle
+  capacity. A beneficiary that cannot start on free GPUs then waits on the nodes its victims free if
+  one fits it, else without a node (its victims' GPUs free more than it needs on no node): it holds
+  no free GPU either way.
 """
 
 from __future__ import annotations
@@ -65,6 +77,7 @@ from quotas.engine.views import (  # noqa: F401
     Placement,
     Plan,
     Preemption,
+    ProtectionWait,
     QueuedView,
     RunningView,
     ShareUsage,
@@ -72,6 +85,7 @@ from quotas.engine.views import (  # noqa: F401
     Snapshot,
     _borrow_cap,
     _usage,
+    at_time,
     borrowed_attempts,
     lending,
     never_fits,
@@ -82,7 +96,7 @@ from quotas.engine.views import (  # noqa: F401
 
 
 def plan(snapshot: Snapshot) -> Plan:
-    """One scheduling pass (SEMANTICS "One scheduling pass", rules 1-9). Pure and deterministic.
+    """One scheduling pass (SEMANTICS "One scheduling pass", rules 1-10). Pure and deterministic.
 
     GPU types are independent (capacity, cover, limits and nodes are all per type), so the pass runs
     once per type, in type-name order. Within a type:

@@ -71,6 +71,7 @@ class Share:
     strategy: str = policy.LEND_AND_BORROW
     borrow_limit: int = policy.UNLIMITED
     in_share_preemption: bool = False
+    min_runtime_s: int = 0
     state: str = ENABLED
 
 
@@ -240,6 +241,7 @@ _SHARE_FIELDS = {
     "strategy": (False, _choice(policy.STRATEGIES)),
     "borrow_limit": (False, _int(policy.UNLIMITED)),
     "in_share_preemption": (False, _bool),
+    "min_runtime_s": (False, _int(0)),
     "state": (False, _choice(SHARE_STATES)),
 }
 _JOB_FIELDS = {
@@ -259,7 +261,8 @@ _JOB_FIELDS = {
 }
 # What update_share / update_job may set: the share fields a running system can change, and priority.
 _SHARE_UPDATES = {
-    k: _SHARE_FIELDS[k] for k in ("capacity", "strategy", "borrow_limit", "in_share_preemption", "state")
+    k: _SHARE_FIELDS[k]
+    for k in ("capacity", "strategy", "borrow_limit", "in_share_preemption", "min_runtime_s", "state")
 }
 _JOB_UPDATES = {"priority": _JOB_FIELDS["priority"]}
 _EVENT_FIELDS = {

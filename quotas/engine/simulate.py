@@ -39,7 +39,9 @@ Definitions used in the result (all times are integer seconds of virtual time):
 
 Passes: at an instant where something changed and jobs are queued, passes run until one decides
 nothing (so admitting a lone job costs two passes: the one that admits it and the one that finds nothing
-new). `RunningView.borrowed` is passed as admitted; the policy re-classifies with
+new); and at the instant a protection window that matters to a job waiting for protection ends
+(`Plan.recheck_at`, SEMANTICS rule 10), though nothing else changed then. A plan that pre-empts a
+protected attempt is refused (`PolicyError`), as any other decision that breaks the contract. `RunningView.borrowed` is passed as admitted; the policy re-classifies with
 `borrowed_attempts()` itself. The timeline (`SimResult.timeline`) records `policy.usage()` per share
 and type after each instant at which it changed, for the report.
 """
@@ -83,7 +85,7 @@ PREEMPTED = "PREEMPTED"
 NODE_LOST = "NODE_LOST"
 
 # Event kinds, in the order they apply at one instant.
-_END, _GRACE, _LOST, _READY, _SUBMIT, _EVENT, _CHECKPOINT, _TICK = range(8)
+_END, _GRACE, _LOST, _READY, _SUBMIT, _EVENT, _CHECKPOINT, _RECHECK, _TICK = range(9)
 
 # Passes at one instant that still decide something new: beyond this the policy is looping.
 MAX_PASSES_PER_INSTANT = 1000
@@ -112,6 +114,10 @@ class AttemptRecord:
     outcome: str | None = None
     preempted_by: str | None = None
     preemption_reason: str | None = None
+    # Not in the result: the first instant of the queue stay before this attempt at which the job's
+    # admission needed a reclaim (a RECLAIM pre-emption named it, or it waited for protection), for
+    # the owners' wait for reclaimed GPUs (bench/bench_itp.py).
+    needed_reclaim_at: int | None = None
 
     @property
     def attempt_id(self) -> str:
@@ -279,6 +285,7 @@ class _Job:
     saved: int = 0  # work kept by checkpoints
     run: _Run | None = None
     beneficiary: bool = False
+    needs_reclaim_since: int | None = None  # see AttemptRecord.needed_reclaim_at
 
 
 class Profile:
@@ -424,6 +431,7 @@ class _Simulator:
         self.dirty = True  # since the last accounting: usage may have changed
         self.cluster_caps: dict[tuple[str, str, str], float] | None = None
         self.tick_pending: set[int] = set()
+        self.rechecks: set[int] = set()  # instants at which a protection window that matters ends
 
         for node in scenario.nodes:
             self.push(node.ready_at, _READY, node.name)
@@ -459,6 +467,7 @@ class _Simulator:
             _SUBMIT: self.on_submit,
             _EVENT: self.on_event,
             _CHECKPOINT: self.on_checkpoint,
+            _RECHECK: self.on_recheck,
             _TICK: lambda ref: None,
         }
         if self.profile is not None and self.profile.detail:
@@ -511,10 +520,32 @@ class _Simulator:
             decided = self.decide()
             self.passes += 1
             self.last_waiting = decided.waiting
+            if decided.protected:
+                self.note_reclaims(decided.protected)
             if not decided.admissions and not decided.preemptions:
+                if decided.recheck_at is not None:
+                    self.recheck(decided.recheck_at)
                 return
             self.apply(decided)
         raise PolicyError(f"t={t}: more than {MAX_PASSES_PER_INSTANT} passes still decided something new")
+
+    def recheck(self, at: float) -> None:
+        """Rule 10: a job waits for protection until `at` at the earliest; the walk is made again then
+        (a pass at that instant), whatever else happens."""
+        t = math.ceil(at)
+        if t not in self.rechecks:
+            self.rechecks.add(t)
+            self.push(t, _RECHECK, t)
+
+    def on_recheck(self, t: int) -> None:
+        self.rechecks.discard(t)
+        self.invalidate()
+
+    def note_reclaims(self, job_ids: Iterable[Hashable]) -> None:
+        for job_id in job_ids:
+            job = self.jobs.get(job_id)
+            if job is not None and job.needs_reclaim_since is None and job.run is None:
+                job.needs_reclaim_since = self.now
 
     # -- state the policy sees -----------------------------------------------------------------------
 
@@ -545,6 +576,7 @@ class _Simulator:
             strategy=share.strategy,
             borrow_limit=share.borrow_limit,
             in_share_preemption=share.in_share_preemption,
+            min_runtime_s=share.min_runtime_s,
         )
 
     def queue(self, job: _Job) -> None:
@@ -765,6 +797,7 @@ class _Simulator:
         run = _Run(record=record, job=job, base_progress=job.saved, view=view, end_at=end_at)
         job.run = run
         job.beneficiary = False
+        record.needed_reclaim_at, job.needs_reclaim_since = job.needs_reclaim_since, None
         job.record.attempts.append(record)
         job.record.final = RUNNING
         if job.record.first_start is None:
@@ -784,10 +817,18 @@ class _Simulator:
         if run is None or run.view.preempting:
             state = "already pre-empting" if run is not None else "not running"
             raise PolicyError(f"t={t}: pre-empted attempt {preemption.attempt_id!r}, which is {state}")
+        share = self.share_specs[run.job.spec.share]
+        if t < run.record.start + share.min_runtime_s:
+            raise PolicyError(
+                f"t={t}: pre-empted attempt {preemption.attempt_id!r}, started at {run.record.start}, "
+                f"within share {share.name}'s protection window of {share.min_runtime_s} s"
+            )
         run.record.preempted_by = preemption.beneficiary_job_id
         run.record.preemption_reason = preemption.reason
         self.set_view(run, preempting=True, beneficiary_job_id=preemption.beneficiary_job_id)
         beneficiary = self.jobs.get(preemption.beneficiary_job_id)
+        if preemption.reason == policy.RECLAIM:
+            self.note_reclaims((preemption.beneficiary_job_id,))
         if beneficiary is not None and not beneficiary.beneficiary and beneficiary.spec.id in self.qviews:
             beneficiary.beneficiary = True
             self.queue(beneficiary)

@@ -18,6 +18,7 @@ from quotas.engine.views import (
     Admission,
     NodeView,
     Preemption,
+    ProtectionWait,
     QueuedView,
     RunningView,
     ShareView,
@@ -137,11 +138,12 @@ def _node_table(gpu_type: str, nodes: list[NodeView] | tuple[NodeView, ...]) -> 
 class _Att:
     """A running attempt as the pass sees it (mutable: it may become a victim)."""
 
-    __slots__ = ("view", "s", "gpus", "prio", "on", "victim", "bnow", "masks", "vkey", "bkey")
+    __slots__ = ("view", "s", "gpus", "prio", "on", "victim", "bnow", "masks", "vkey", "bkey", "until")
 
-    def __init__(self, view: RunningView, s: int, on: list[tuple[int, int]], gpus: int) -> None:
+    def __init__(self, view: RunningView, s: int, on: list[tuple[int, int]], gpus: int, until: float) -> None:
         self.view = view
         self.s = s
+        self.until = until  # rule 10: protected (never a candidate) while the pass's now is before this
         self.gpus = gpus
         self.prio = view.priority
         self.on = on  # [(node index, GPUs on it)] for the nodes of this type that it holds
@@ -153,13 +155,15 @@ class _Att:
 
 
 class _Out:
-    __slots__ = ("admissions", "preemptions", "waiting", "reserved", "later")
+    __slots__ = ("admissions", "preemptions", "waiting", "reserved", "later", "protected", "recheck_at")
 
     def __init__(self) -> None:
         self.admissions: list[Admission] = []
         self.preemptions: list[Preemption] = []
         self.waiting: dict[Hashable, str] = {}
         self.reserved: dict[Hashable, tuple[tuple[str, int], ...]] = {}
+        self.protected: dict[Hashable, ProtectionWait] = {}
+        self.recheck_at: float | None = None
         # Reasons not written during the pass: (function, share, queue indexes) run on first read.
         self.later: list[tuple[Callable[[int, int], int], int, Iterable[int]]] = []
 
@@ -263,6 +267,10 @@ class _TypeBase:
         self.reserve = [v.strategy == RESERVE for v in views]
         self.lab = [v.strategy == LEND_AND_BORROW for v in views]
         self.in_share = [v.in_share_preemption for v in views]
+        # Rule 10: each share's protection window; `protects`: some share has one (else the pass never
+        # looks at protection at all).
+        self.min_run = [max(0, v.min_runtime_s) for v in views]
+        self.protects = any(self.min_run)
         limits = [_borrow_cap(v, c) for v, c in zip(views, cap, strict=True)]
         self.bcap = [_NO_LIMIT if b is None else b for b in limits]
         self.pool = max(0, self.C - sum(cap))
@@ -447,7 +455,7 @@ class _TypeBase:
                     nodes[i] = nodes.get(i, 0) + 1
             self.pre[run.attempt_id] = (s, masks, on, gpus, b)
             return
-        att = _Att(run, s, on, gpus)
+        att = _Att(run, s, on, gpus, run.started_at + self.min_run[s])
         att.masks = masks
         self.held[s] += gpus
         self.atts[s][run.attempt_id] = att

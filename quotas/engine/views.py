@@ -4,6 +4,7 @@ which attempts are borrowed, whether a job can ever fit a share. Pure, like the 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -44,6 +45,9 @@ class ShareView:
     strategy: str = LEND_AND_BORROW
     borrow_limit: int = UNLIMITED  # percent of own capacity per type; -1 = no limit
     in_share_preemption: bool = False
+    # An attempt of this share is protected (rule 10) until it has run this long since it started: no
+    # reclaim or in-share pre-emption takes it before then.
+    min_runtime_s: float = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +140,30 @@ class Plan:
     # for a beneficiary (rule 7) and the node(s) a starving head job reserves (rule 6). Informational:
     # the next pass recomputes it from the snapshot.
     reserved: Mapping[Hashable, tuple[tuple[str, int], ...]] = field(default_factory=dict)
+    # job_id -> what a job that waits for protection (rule 10) waits for.
+    protected: Mapping[Hashable, ProtectionWait] = field(default_factory=dict)
+    # The earliest instant at which a protection window that matters to a waiting job ends: the walk
+    # is to be made again then (a pass at that instant), even if nothing else changes. None: none.
+    recheck_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProtectionWait:
+    """Rule 10: a job that could run with protected candidates among its victims but cannot without
+    them. Nothing is pre-empted for it yet; until it runs, no new borrowing of its GPU type starts."""
+
+    attempts: tuple[Hashable, ...]  # the protected attempts its walk needs
+    shares: tuple[str, ...]  # their shares, by name
+    until: float  # when the last of their windows ends: a bound on this wait
+    next_at: float  # when the first of them ends: the walk is made again then
+
+
+def at_time(t: float) -> str:
+    """An instant as a waiting reason says it: local HH:MM for epoch seconds (production), t=N s for
+    the small virtual times of the simulator and the forecast's replay of it."""
+    if t >= 1e9:
+        return time.strftime("%H:%M", time.localtime(t))
+    return f"t={t:,.0f} s"
 
 
 @dataclass(frozen=True, slots=True)

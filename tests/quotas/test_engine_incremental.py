@@ -68,6 +68,7 @@ def _check(engine: Engine, now: float, kept: list) -> policy.Plan:
     assert incremental.admissions == rebuilt.admissions
     assert incremental.preemptions == rebuilt.preemptions
     assert incremental.reserved == rebuilt.reserved
+    assert (incremental.protected, incremental.recheck_at) == (rebuilt.protected, rebuilt.recheck_at)
     assert engine.usage() == policy.usage(engine.snapshot(now))
     # Read the incremental plan's reasons only at the end, after later events changed the engine.
     kept.append((incremental, dict(rebuilt.waiting)))

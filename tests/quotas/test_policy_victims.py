@@ -434,6 +434,12 @@ def _borrowed_part(snapshot: Snapshot, name: str, gpu_type: str, cap: int) -> li
     return out
 
 
+def _open(snapshot: Snapshot, runs: list[RunningView]) -> list[RunningView]:
+    """Rule 10: protected attempts (not yet run their share's min_runtime_s) are no candidates."""
+    window = {s.name: s.min_runtime_s for s in snapshot.shares}
+    return [r for r in runs if snapshot.now >= r.started_at + window.get(r.share, 0)]
+
+
 def _candidates(snapshot: Snapshot, q: QueuedView, in_share: bool) -> list[RunningView]:
     shares = {s.name: s for s in snapshot.shares}
     t = q.gpu_type
@@ -443,10 +449,10 @@ def _candidates(snapshot: Snapshot, q: QueuedView, in_share: bool) -> list[Runni
     out: list[RunningView] = []
     if in_share:
         mine = [r for r in _held(snapshot, set()) if r.share == q.share and r.gpu_type == t]
-        out += _tie_sorted([r for r in mine if r.priority < q.priority])
+        out += _tie_sorted(_open(snapshot, [r for r in mine if r.priority < q.priority]))
     lenders = [n for n in names if n != q.share and held[n] > cap[n]]
     for n in sorted(lenders, key=lambda n: (-(held[n] - cap[n]), n)):
-        out += _tie_sorted(_borrowed_part(snapshot, n, t, cap[n]))
+        out += _tie_sorted(_open(snapshot, _borrowed_part(snapshot, n, t, cap[n])))
     return out
 
 
@@ -507,6 +513,7 @@ def contended(draw) -> Snapshot:
             strategy=rng.choice((LEND_AND_BORROW, LEND_AND_BORROW, LEND, RESERVE)),
             borrow_limit=rng.choice((UNLIMITED, UNLIMITED, 50, 200)),
             in_share_preemption=rng.random() < 0.6,
+            min_runtime_s=rng.choice((0, 0, 0, 50, 150)),  # rule 10 (now=200, starts 0..100)
         )
         for i in range(rng.randint(2, 4))
     ]
