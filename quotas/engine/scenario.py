@@ -86,6 +86,7 @@ class Job:
     priority: int = 0
     max_preemptions: int = -1
     checkpoint_every_s: int | None = None
+    checkpoint_on_stop: bool = False  # it saves when told to stop: a pre-emption loses nothing
     preemption_grace_s: int | None = None  # None: settings.preemption_grace_s
     max_runtime_s: int | None = None
     name: str | None = None
@@ -254,6 +255,7 @@ _JOB_FIELDS = {
     "priority": (False, _int(0, MAX_PRIORITY)),
     "max_preemptions": (False, _int(-1)),
     "checkpoint_every_s": (False, _int(1, nullable=True)),
+    "checkpoint_on_stop": (False, _bool),
     "preemption_grace_s": (False, _int(0, nullable=True)),
     "max_runtime_s": (False, _int(1, nullable=True)),
     "name": (False, _string(nullable=True)),

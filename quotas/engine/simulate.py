@@ -25,8 +25,12 @@ Definitions used in the result (all times are integer seconds of virtual time):
 - ``makespan_s``: the instant the last attempt stopped, or ``until_s`` if the cut left work running.
 - ``utilisation``: GPU-seconds held by attempts (grace periods included) / GPU-seconds of READY
   capacity over ``[0, makespan_s]``.
-- ``lost_gpu_seconds``: GPU time of work that pre-emption or node loss threw away (since the last
-  checkpoint). Cancelled work is not counted.
+- ``lost_gpu_seconds``: GPU time of work that pre-emption or node loss threw away (GPUs x the time
+  since the attempt's safe point: its start or its last checkpoint); per share split by cause
+  (``reclaim``, ``priority``: the pre-emption's reason; ``node_lost``), which add up to the cluster's
+  total. A job with ``checkpoint_on_stop`` saves when told to stop: a pre-emption loses nothing, a
+  lost node still does. Cancelled work is not counted, nor the work of a pre-empted attempt that
+  finished (or was cancelled) within its grace.
 - ``passes``: how many times the planner was called.
 - A job submitted while its share is DISABLED is refused: ``final`` FAILED, no attempts,
   ``end`` = ``submit_at`` (and `SimResult.rejected` says why).
@@ -86,6 +90,11 @@ NODE_LOST = "NODE_LOST"
 
 # Event kinds, in the order they apply at one instant.
 _END, _GRACE, _LOST, _READY, _SUBMIT, _EVENT, _CHECKPOINT, _RECHECK, _TICK = range(9)
+
+# Lost work by cause (the result's shares[].lost_gpu_seconds), from a pre-emption's reason or a lost node.
+LOST_RECLAIM, LOST_PRIORITY, LOST_NODE = "reclaim", "priority", "node_lost"
+LOST_CAUSES = (LOST_RECLAIM, LOST_PRIORITY, LOST_NODE)
+_CAUSE = {policy.RECLAIM: LOST_RECLAIM, policy.PRIORITY: LOST_PRIORITY}
 
 # Passes at one instant that still decide something new: beyond this the policy is looping.
 MAX_PASSES_PER_INSTANT = 1000
@@ -421,6 +430,10 @@ class _Simulator:
         self.passes = 0
         self.busy_gpu_s = 0
         self.lost_gpu_s = 0
+        # share -> cause -> GPU-seconds lost (SCENARIO.md result: shares[].lost_gpu_seconds)
+        self.lost: dict[str, dict[str, int]] = {
+            s.name: dict.fromkeys(LOST_CAUSES, 0) for s in scenario.shares
+        }
         self.last_stop = 0
         self.last_waiting: Mapping[Hashable, str] = {}
         self.rejected: dict[str, str] = {}
@@ -864,9 +877,19 @@ class _Simulator:
         if outcome == SUCCEEDED and self.forecasting:
             self.runtimes.setdefault(spec.share, deque(maxlen=RUNTIME_SAMPLE)).append(elapsed)
         if outcome in (PREEMPTED, NODE_LOST):
-            every = spec.checkpoint_every_s
-            saved = run.base_progress + elapsed // every * every if every else 0
-            self.lost_gpu_s += record.gpus * (run.base_progress + elapsed - saved)
+            progress = run.base_progress + elapsed
+            if outcome == PREEMPTED and spec.checkpoint_on_stop:
+                saved = progress  # it saved when told to stop
+            elif spec.checkpoint_every_s:
+                every = spec.checkpoint_every_s
+                saved = run.base_progress + elapsed // every * every
+            else:
+                saved = run.base_progress  # what it saved when stopped before, if anything
+            lost = record.gpus * (progress - saved)
+            if lost:
+                cause = _CAUSE[record.preemption_reason] if outcome == PREEMPTED else LOST_NODE
+                self.lost[spec.share][cause] += lost
+                self.lost_gpu_s += lost
             job.saved = saved
             if outcome == PREEMPTED:
                 job.record.preemptions += 1
@@ -938,6 +961,7 @@ class _Simulator:
                 "mean_wait_s": round(sum(waits) / len(waits)) if waits else None,
                 "p95_wait_s": percentile(waits, 95),
                 "preempted_jobs": sum(1 for r in records if r.preemptions),
+                "lost_gpu_seconds": dict(self.lost[name]),
             }
         cluster = {
             "makespan_s": end,
@@ -1014,6 +1038,10 @@ def compare_table(results: Sequence[Mapping[str, Any]], labels: Sequence[str]) -
         ("utilisation", [r["cluster"]["utilisation"] for r in results]),
         ("makespan_s", [r["cluster"]["makespan_s"] for r in results]),
         ("lost_gpu_seconds", [r["cluster"]["lost_gpu_seconds"] for r in results]),
+        *(
+            (f"  lost to {cause.replace('_', ' ')}", [_lost_by(r, cause) for r in results])
+            for cause in LOST_CAUSES
+        ),
         ("pre-emptions", [sum(j["preemptions"] for j in r["jobs"].values()) for r in results]),
         (
             "jobs never started",
@@ -1028,6 +1056,7 @@ def compare_table(results: Sequence[Mapping[str, Any]], labels: Sequence[str]) -
             ("preempted_jobs", "pre-empted jobs"),
         ):
             rows.append((f"{name} {label}", [r["shares"].get(name, {}).get(metric) for r in results]))
+        rows.append((f"{name} lost GPU-s", [_lost_by(r, None, name) for r in results]))
 
     def fmt(value: Any) -> str:
         if value is None:
@@ -1054,6 +1083,20 @@ def compare_table(results: Sequence[Mapping[str, Any]], labels: Sequence[str]) -
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines) + "\n"
+
+
+def _lost_by(result: Mapping[str, Any], cause: str | None, share: str | None = None) -> int | None:
+    """GPU-seconds lost in a result, of one cause (None: all) and one share (None: all); None for a
+    result written before lost work was counted by cause."""
+    total = 0
+    for name, stats in result["shares"].items():
+        by_cause = stats.get("lost_gpu_seconds")
+        if share is not None and name != share:
+            continue
+        if by_cause is None:
+            return None
+        total += by_cause[cause] if cause is not None else sum(by_cause.values())
+    return total
 
 
 def variant(scenario: sc.Scenario, spec: str) -> sc.Scenario:
