@@ -138,7 +138,7 @@ def test_sacct_shares_can_be_the_qos_and_the_window_given_as_dates():
 
 def test_a_layout_file_gives_the_shares_and_which_groups_each_takes():
     layout = [
-        {"name": "research", "capacity": {"a100": 24}, "groups": ["c01", "c02"], "borrow_limit": 50},
+        {"name": "research", "capacity": {"a100": 24}, "groups": ["c01", "c02"], "min_runtime_s": 600},
         {"name": "rest", "capacity": {"a100": 8}, "strategy": "LEND", "groups": ["*"]},
     ]
     scenario, _ = _import(ITP, nodes=4, layout=layout)
@@ -149,7 +149,7 @@ def test_a_layout_file_gives_the_shares_and_which_groups_each_takes():
         "j000004": "rest",
         "j000005": "rest",
     }
-    assert scenario["shares"][0]["borrow_limit"] == 50
+    assert sc.parse(scenario).shares[0].min_runtime_s == 600
     narrow = [{"name": "only", "capacity": {"a100": 8}, "groups": ["c02"]}]
     _, report = _import(ITP, nodes=4, layout=narrow)
     assert report.skipped == {"jobs of a group no share of the layout takes": 3}
@@ -161,9 +161,23 @@ def test_the_command_line_writes_the_scenario_and_reports_skips_exit_2_for_nothi
     trace = tmp_path / "t.csv"
     trace.write_text(ITP + "oops,1,1,c01\n")
     out = tmp_path / "s.json"
-    assert it.main([str(trace), "--nodes", "4", "--out", str(out), "--checkpoint-fraction", "1"]) == 0
+    argv = [
+        str(trace),
+        "--nodes",
+        "4",
+        "--out",
+        str(out),
+        "--checkpoint-fraction",
+        "1",
+        "--checkpoint-on-stop",
+    ]
+    assert it.main([*argv, "--min-runtime", "600"]) == 0
     scenario = json.loads(out.read_text())
     assert len(scenario["jobs"]) == 5 and all(j["checkpoint_every_s"] == 1800 for j in scenario["jobs"])
+    parsed = sc.parse(scenario)
+    assert all(j.checkpoint_on_stop for j in parsed.jobs) and all(
+        s.min_runtime_s == 600 for s in parsed.shares
+    )
     err = capsys.readouterr().err
     assert "5 jobs imported" in err and "1 rows whose submit_s" in err and "(lines 7)" in err
     assert it.main([str(tmp_path / "missing.csv")]) == 2
