@@ -33,10 +33,12 @@ Where SEMANTICS leaves room, this module decides:
 - Rule 10: a job "could run with protected candidates" when rule 9's walk, made again with the
   protected attempts in their places in the list, finds a set; the windows "that matter" are those of
   the protected attempts in that set (Plan.protected: the first of them ends at Plan.recheck_at, when
-  the walk is made again; the last bounds the wait). Its GPUs are not held for it meanwhile. "No new
-  borrowing" holds from the moment the pass finds such a job: beneficiaries of earlier passes, which
-  go first (rule 7), may still borrow. A protection window is the attempt's own share's, from the
-  attempt's start.
+  the walk is made again; the last bounds the wait). No GPUs are held for it on any node, but for the
+  rest of the pass it counts as a reclaim under way (its GPUs in its share's accounting, that set
+  claimed), so that the jobs after it find victims of their own rather than wait for the same ones.
+  "No new borrowing" holds from the moment the pass finds such a job: beneficiaries of earlier
+  passes, which go first (rule 7), may still borrow. A protection window is the attempt's own
+  share's, from the attempt's start.
 - Rule 9's last paragraph counts GPUs per type: the free GPUs of the type left after the beneficiary
   (free now, not being freed, not held for another job) against the sum of RESERVE shares' idle
   capacity. A beneficiary that cannot start on free GPUs then waits on the nodes its victims free if

@@ -146,6 +146,16 @@ class _Fit:
         return bool(self.base or self.hits)
 
 
+class _Claim:
+    """Rule 10: the victims (some protected) a job waiting for protection would take: marked for the
+    rest of the pass, never pre-empted."""
+
+    __slots__ = ("victims",)
+
+    def __init__(self, victims: list[tuple[_Att, str]]) -> None:
+        self.victims = victims
+
+
 class _TypePass:
     """The pass for one GPU type.
 
@@ -594,12 +604,12 @@ class _TypePass:
         own_limit: bool,
         fits: bool | None = None,
         protected: bool = False,
-    ) -> tuple[list[tuple[_Att, str]], _Fit] | str | list[_Att]:
+    ) -> tuple[list[tuple[_Att, str]], _Fit] | str | _Claim:
         """Rule 9's walk (_minimal_victims) over the candidates that `walk_inputs` gives (with what they
         add per node, for rule 4), protected attempts left out; then rule 10: if it fails where a
         protected candidate was left out (`protected`: the caller left some out already), the walk is
-        made again with them. If that one succeeds, the job waits for protection: nothing is taken, and
-        the protected attempts its victims would include are returned (a list)."""
+        made again with them. If that one succeeds, the job waits for protection: its victims (some
+        protected) are returned as a _Claim, marked but not pre-empted."""
         self._skipped = protected
         cands, ins = walk_inputs()
         found = self._minimal_victims(s, g, tol, cands, own_limit, ins, fits)
@@ -613,17 +623,18 @@ class _TypePass:
             self._exclude = True
         if isinstance(again, str):
             return found
-        victims, _ = again
-        for a, _ in reversed(victims):
-            self._unmark(a)
-        now = self.now
-        return [a for a, _ in victims if a.until > now]
+        return _Claim(again[0])
 
-    def _protect_wait(self, s: int, k: int, protected: list[_Att]) -> int:
-        """Rule 10: q[s][k] waits for protection (nothing pre-empted for it, its GPUs not held). No new
-        borrowing of the type starts in this pass; the walk is to be made again when the first of these
-        windows ends (Plan.recheck_at), and the last one's end bounds the wait."""
+    def _protect_wait(self, s: int, k: int, claim: _Claim) -> int:
+        """Rule 10: q[s][k] (in `pend[s]`) waits for protection. Nothing is pre-empted for it, and no
+        GPUs are held for it on any node; but for the rest of the pass it counts as a reclaim under way:
+        its GPUs stay in its share's accounting and its victims stay marked (claimed), so that the jobs
+        after it walk for victims of their own instead of waiting for the same ones. No new borrowing
+        of the type starts in this pass; the walk is to be made again when the first of the protected
+        victims' windows ends (Plan.recheck_at), and the last one's end bounds the wait."""
         job = self.q[s][k]
+        now = self.now
+        protected = [a for a, _ in claim.victims if a.until > now]
         ends = [a.until for a in protected]
         shares = tuple(sorted({a.view.share for a in protected}))
         wait = ProtectionWait(tuple(a.view.attempt_id for a in protected), shares, max(ends), min(ends))
@@ -634,6 +645,7 @@ class _TypePass:
         if not self.no_borrow:
             self.no_borrow = True
             self.version += 1  # "could borrow right now", learnt at an earlier version, no longer holds
+        self.held_for[s] = min(self.held_for[s], self.qkey[s][k])
         return self._wait(s, k, ("protected", len(protected), shares, wait.until))
 
     def _minimal_victims(
@@ -1094,8 +1106,7 @@ class _TypePass:
         found = self._walk(
             s, g, tol, lambda: (((a, RECLAIM) for a in self._reclaim_candidates(s)), None), False, fits
         )
-        if isinstance(found, list):
-            self._chg(s, dp=-g)
+        if isinstance(found, _Claim):
             return self._protect_wait(s, k, found)
         if isinstance(found, str):
             self._chg(s, dp=-g)
@@ -1218,8 +1229,7 @@ class _TypePass:
             return cands(), ins
 
         found = self._walk(s, g, tol, walk_inputs, True, protected=protected)
-        if isinstance(found, list):
-            self._chg(s, dp=-g)
+        if isinstance(found, _Claim):
             return self._protect_wait(s, k, found)
         if isinstance(found, str):
             self._chg(s, dp=-g)

@@ -127,6 +127,10 @@ class AttemptRecord:
     # admission needed a reclaim (a RECLAIM pre-emption named it, or it waited for protection), for
     # the owners' wait for reclaimed GPUs (bench/bench_itp.py).
     needed_reclaim_at: int | None = None
+    # Not in the result either: how long the job waited for protection (rule 10: from a pass that found
+    # it waiting for protection to the first pass that did not) in that stay, the longest time if
+    # several, for the bound of rule 10.
+    protection_wait_s: int = 0
 
     @property
     def attempt_id(self) -> str:
@@ -295,6 +299,7 @@ class _Job:
     run: _Run | None = None
     beneficiary: bool = False
     needs_reclaim_since: int | None = None  # see AttemptRecord.needed_reclaim_at
+    protection_wait_s: int = 0  # see AttemptRecord.protection_wait_s
 
 
 class Profile:
@@ -445,6 +450,7 @@ class _Simulator:
         self.cluster_caps: dict[tuple[str, str, str], float] | None = None
         self.tick_pending: set[int] = set()
         self.rechecks: set[int] = set()  # instants at which a protection window that matters ends
+        self.protect_waiting: dict[Hashable, int] = {}  # job waiting for protection -> since when
 
         for node in scenario.nodes:
             self.push(node.ready_at, _READY, node.name)
@@ -533,8 +539,8 @@ class _Simulator:
             decided = self.decide()
             self.passes += 1
             self.last_waiting = decided.waiting
-            if decided.protected:
-                self.note_reclaims(decided.protected)
+            if decided.protected or self.protect_waiting:
+                self.note_protection(decided.protected)
             if not decided.admissions and not decided.preemptions:
                 if decided.recheck_at is not None:
                     self.recheck(decided.recheck_at)
@@ -553,6 +559,18 @@ class _Simulator:
     def on_recheck(self, t: int) -> None:
         self.rechecks.discard(t)
         self.invalidate()
+
+    def note_protection(self, waiting: Mapping[Hashable, Any]) -> None:
+        """After a pass: which jobs wait for protection, and for how long those that no longer do
+        waited."""
+        for job_id, since in list(self.protect_waiting.items()):
+            if job_id not in waiting:
+                del self.protect_waiting[job_id]
+                job = self.jobs[job_id]
+                job.protection_wait_s = max(job.protection_wait_s, self.now - since)
+        for job_id in waiting:
+            self.protect_waiting.setdefault(job_id, self.now)
+        self.note_reclaims(waiting)
 
     def note_reclaims(self, job_ids: Iterable[Hashable]) -> None:
         for job_id in job_ids:
@@ -811,6 +829,7 @@ class _Simulator:
         job.run = run
         job.beneficiary = False
         record.needed_reclaim_at, job.needs_reclaim_since = job.needs_reclaim_since, None
+        record.protection_wait_s, job.protection_wait_s = job.protection_wait_s, 0
         job.record.attempts.append(record)
         job.record.final = RUNNING
         if job.record.first_start is None:

@@ -108,6 +108,22 @@ def test_the_reason_names_every_protected_job_its_walk_needs_and_the_last_window
     ]
 
 
+def test_the_jobs_after_one_that_waits_for_protection_find_victims_of_their_own():
+    # c1 waits for a-2 and a-1 (protected); for the rest of the pass they count as claimed and c1's 4
+    # GPUs as c's. c2 (1 GPU) then needs one more GPU back: b's unprotected b-1 goes for it, and it
+    # starts at once. It would not wait for a's jobs too, behind c1.
+    c2 = job("c2", "c", 1, submitted=6)
+    p = plan(_reclaim(a_window=10, d_cap=5, queued=[c2]))
+    assert p.protected["c1"].attempts == ("a-2", "a-1")
+    assert victims(p) == [("b-1", RECLAIM)] and p.preemptions[0].beneficiary_job_id == "c2"
+    assert [a.job_id for a in p.admissions] == ["c2"]
+    # With b's job protected as well, c2 waits for it, not for c1's.
+    p = plan(_reclaim(a_window=10, b_window=10, d_cap=5, queued=[c2]))
+    assert not p.preemptions
+    assert p.protected["c2"] == ProtectionWait(("b-1",), ("b",), until=13, next_at=13)
+    assert p.recheck_at == 11
+
+
 def test_no_new_borrowing_of_its_gpu_type_starts_while_a_job_waits_for_protection():
     # b2 could borrow one of c's idle GPUs (L 6, B 3), but c1 waits for protection: b2 waits too.
     borrower = job("b2", "b", 1, submitted=4)
@@ -234,6 +250,7 @@ def test_the_simulator_makes_the_walk_again_when_the_window_ends(window, o_start
     assert o1.start == o_start
     assert (x2.end, x2.outcome, x2.preempted_by) == (o_start, "PREEMPTED", "o1")
     assert o1.needed_reclaim_at == 100
+    assert o1.protection_wait_s == (500 if window == 600 else 0)  # from 100 to the window's end
     assert result.cluster["passes"] <= 10
 
 
@@ -384,6 +401,8 @@ def test_property_the_owners_wait_under_protection_never_exceeds_the_longest_win
     if first.needed_reclaim_at is not None:
         assert first.start - first.needed_reclaim_at <= longest
     assert first.start is not None
+    # And for every job: no wait for protection outlasts the longest window.
+    assert all(a.protection_wait_s <= longest for job in result.jobs.values() for a in job.attempts)
 
 
 def test_property_generator_reaches_owners_that_wait_for_protection():
