@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
 import pytest
 from hypothesis import find, given, settings
@@ -27,6 +28,7 @@ from quotas.engine.policy import (
     ProtectionWait,
     ShareView,
     Snapshot,
+    at_time,
     plan,
 )
 from quotas.engine.simulate import PolicyError, main, simulate
@@ -143,6 +145,12 @@ def test_borrowing_of_another_gpu_type_goes_on():
     s = dataclasses.replace(s, nodes=(*s.nodes, node("g1", 1, "a10g")))
     p = plan(s)
     assert "c1" in p.protected and [a.job_id for a in p.admissions] == ["b-a10g"]
+
+
+def test_the_reasons_instant_is_a_clock_time_in_production_and_seconds_in_virtual_time():
+    when = time.mktime((2026, 12, 5, 14, 5, 0, 0, 0, -1))  # 14:05 local time, in epoch seconds
+    assert at_time(when) == "14:05"
+    assert at_time(1_234) == "t=1,234 s"
 
 
 def test_a_job_that_cannot_run_even_with_the_protected_jobs_does_not_wait_for_them():
