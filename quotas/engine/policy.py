@@ -51,7 +51,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 
 # The package's layout: views.py (what the policy sees and decides, and the accounting read from a
-# snapshot), state.py (a GPU type's pass state, kept by Engine), rules.py (one pass: rules 1-9). The names
+# snapshot), state.py (a GPU type's pass state, kept by Engine), rules.py (one pass: rules 1-10). The names
 # below are this module's public interface, as before the split.
 from quotas.engine.rules import _Fit, _pass, _TypePass  # noqa: F401
 from quotas.engine.state import (  # noqa: F401

@@ -1,4 +1,4 @@
-"""One pass over one GPU type's state: rules 1-9 of SEMANTICS.md (phases A, B and C of policy.plan),
+"""One pass over one GPU type's state: rules 1-10 of SEMANTICS.md (phases A, B and C of policy.plan),
 with rule 9's minimal victim sets (_Fit). Reads the state of quotas/engine/state.py; decides into an
 _Out that becomes the Plan."""
 
