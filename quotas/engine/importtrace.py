@@ -162,7 +162,16 @@ def _read_itp(lines: Iterable[str], report: Report) -> list[_Row]:
         raise TraceError(f"not an ITP-shaped CSV: no column {', '.join(missing)} in the header")
     col = {c: names.index(c) for c in ("submit_s", "duration_s", "gpus", "group")}
     rows = []
-    for n, fields in enumerate(reader, start=2):
+    while True:
+        try:
+            fields = next(reader)
+        except StopIteration:
+            break
+        except csv.Error:  # a field over the reader's limit, an unterminated quote: that row only
+            report.rows += 1
+            report.skip(reader.line_num, "rows the CSV reader cannot read")
+            continue
+        n = reader.line_num
         if not fields or not any(f.strip() for f in fields):
             continue
         report.rows += 1

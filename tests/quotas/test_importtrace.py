@@ -94,6 +94,21 @@ def test_bad_rows_are_counted_by_reason_with_their_lines_and_the_rest_imported()
     assert "6 skipped" in report.text()
 
 
+def test_rows_the_csv_reader_cannot_read_are_counted_too():
+    text = (
+        "submit_s,duration_s,gpus,group\n"
+        "0,600,1,c01\n"
+        "5,6\x0000,1,c01\n"  # line 3: a NUL in a number
+        "7," + "9" * 200_000 + ",1,c01\n"  # line 4: a field over the CSV reader's limit
+        "9,600,1,c02\n"
+        "10,1e400,1,c02\n"  # line 6: not a whole number
+    )
+    scenario, report = _import(text, nodes=2)
+    assert [j["id"] for j in scenario["jobs"]] == ["j000001", "j000004"]
+    assert report.examples["rows the CSV reader cannot read"] == [4]
+    assert report.examples["rows whose duration_s is not a whole number >= 1"] == [3, 6]
+
+
 def test_a_trace_that_leaves_no_job_or_has_no_header_is_refused_with_a_reason():
     with pytest.raises(it.TraceError, match="no job left"):
         _import("submit_s,duration_s,gpus,group\nx,y,z,w\n")
