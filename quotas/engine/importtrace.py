@@ -40,7 +40,7 @@ import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -202,9 +202,11 @@ def _when(text: str) -> datetime | None:
     if not text or text in ("Unknown", "None", "N/A"):
         return None
     try:
-        return datetime.fromisoformat(text)
+        when = datetime.fromisoformat(text)
     except ValueError:
         return None
+    # One with a zone is compared as UTC, one without as it is (only differences count).
+    return when.astimezone(UTC).replace(tzinfo=None) if when.tzinfo is not None else when
 
 
 def _tres_gpus(tres: str) -> int | None:

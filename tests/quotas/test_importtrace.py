@@ -145,6 +145,14 @@ def test_sacct_parsable2_output_becomes_jobs_with_gpus_from_tres_and_accounts_as
     sc.parse(scenario)
 
 
+def test_sacct_times_with_a_zone_mix_with_times_without():
+    text = SACCT.replace(
+        "2024-03-01T10:05:00|2024-03-01T10:06:00", "2024-03-01T11:05:00+01:00|2024-03-01T10:06:00"
+    )
+    scenario, _ = _import(text, nodes=2)
+    assert {j["id"]: j["submit_at"] for j in scenario["jobs"]}["101"] == 300
+
+
 def test_sacct_shares_can_be_the_qos_and_the_window_given_as_dates():
     scenario, _ = _import(SACCT, nodes=2, group="qos", start="2024-03-01T10:04:00")
     assert {j["id"]: j["share"] for j in scenario["jobs"]} == {"101": "high", "105_3": "normal"}
