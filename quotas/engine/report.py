@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from quotas.engine import scenario as sc
-from quotas.engine.simulate import Timeline, percentile
+from quotas.engine.timeline import Timeline, percentile
 
 MAX_POINTS = 1200
 MAX_BARS = 4000
