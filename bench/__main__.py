@@ -8,7 +8,8 @@
 Benchmarks: 1 policy (plan() alone), 2 pass and 5 pages (PostgreSQL), 3 submit and arrays (granian,
 PostgreSQL + Redis), 7 cli (`gpuquota` as fresh processes), 4 latency (control worker + fake agents,
 PostgreSQL + Redis), 6 simulate, 9 what-if (a seeded 20k-job week, PostgreSQL), 8 slurm (a one-node Slurm beside gpuquota, alternating; needs
-slurm-wlm and root). Those that need
+slurm-wlm and root), 10 itp (issue 26: pre-emption's cost on the real ITP trace, victims by safe point and
+protection windows; needs ../shared/data/msft-itp-2021.csv). Those that need
 PostgreSQL or Redis are skipped, with the reason, when DATABASE_URL (a database named `*_bench`, which
 they empty) or REDIS_URL is not set or not reachable. Nothing needs a GPU.
 """
@@ -25,7 +26,7 @@ import traceback
 
 from bench import common
 
-ALL = ("policy", "pass", "submit", "cli", "latency", "simulate", "whatif", "slurm")
+ALL = ("policy", "pass", "submit", "cli", "latency", "simulate", "whatif", "slurm", "itp")
 
 
 def _fmt_s(v: float | None) -> str:
@@ -129,6 +130,55 @@ def _whatif(quick: bool) -> list[dict]:
     return bench_whatif.run(jobs=2_000 if quick else bench_whatif.JOBS)
 
 
+def _itp(quick: bool) -> list[dict]:
+    from bench import bench_itp
+    from quotas.engine import importtrace
+
+    if not importtrace.ITP_TRACE.exists():
+        return [
+            {"bench": "10 itp", "size": "-", "skipped": True, "note": f"skipped: no {importtrace.ITP_TRACE}"}
+        ]
+    out = bench_itp.run(quick=quick)
+    print(bench_itp.table(out), flush=True)
+    met = bench_itp.targets(out)
+    goals = {
+        "safe points": ("lost", "owner_p95"),
+        "safe points, min_runtime 600": ("window", "bound"),
+        "today's order, min_runtime 600": ("window",),
+    }
+    rows = []
+    for r in out["runs"]:
+        mine = [met[k] for k in goals.get(r["label"], ()) if k in met]
+        rows.append(
+            {
+                "bench": "10 itp",
+                "size": f"{r['jobs']:,} jobs (days 14-{17 if quick else 28}), {r['label']}",
+                "n": 1,
+                "median_s": r["seconds"],
+                "p95_s": r["seconds"],
+                "target": "; ".join(goal for _, _, goal in mine),
+                "met": all(ok for ok, _, _ in mine) if mine else None,
+                "note": f"lost {r['lost_total_h']:,.0f} GPU-h (reclaim {r['lost_h']['reclaim']:,.0f}), "
+                f"{r['preemptions']:,} pre-emptions, {r['early']:,} within 10 min, owners' wait p50/p95/max "
+                f"{r['wait_p50']}/{r['wait_p95']}/{r['wait_max']} s",
+            }
+        )
+    whole = out["whole"]
+    rows.append(
+        {
+            "bench": "10 itp",
+            "size": f"{whole['jobs']:,} jobs, {'first week' if quick else 'whole trace'}, half checkpointing",
+            "n": 1,
+            "median_s": whole["seconds"],
+            "p95_s": whole["seconds"],
+            "target": f"< {whole['target_s']:.0f} s" if whole["target_s"] else "",
+            "met": met["whole"][0] if "whole" in met else None,
+            "note": f"CPU {whole['cpu_s']:.1f} s, lost {whole['lost_total_h']:,.0f} GPU-h",
+        }
+    )
+    return rows
+
+
 def _slurm(quick: bool) -> list[dict]:
     from bench import bench_slurm
 
@@ -144,6 +194,7 @@ RUNNERS = {
     "simulate": _simulate,
     "whatif": _whatif,
     "slurm": _slurm,
+    "itp": _itp,
 }
 NEEDS = {
     "pass": ("db",),

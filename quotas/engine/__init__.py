@@ -1,11 +1,12 @@
 """The pure scheduling engine: plain data in, decisions out; no Django, no ORM, no I/O.
 
-- policy: `plan(snapshot)` (one scheduling pass, SEMANTICS.md rules 1-9) and `Engine` (the same pass
+- policy: `plan(snapshot)` (one scheduling pass, SEMANTICS.md rules 1-10) and `Engine` (the same pass
   state kept between passes and told each change), with its parts: views (the plain data in and out, and
   the usage/lending accounting), state (a GPU type's pass state) and rules (one pass over it);
 - forecast: queue positions and ETAs, by replaying the policy forward in virtual time;
-- scenario, simulate, report, tracegen: the scenario format, the discrete-event simulator, its HTML
-  report and the synthetic trace generator.
+- scenario, simulate, report, tracegen, importtrace: the scenario format, the discrete-event
+  simulator, its HTML report, the synthetic trace generator, and the importer of real job histories
+  (an ITP-shaped CSV, Slurm's sacct) into scenarios.
 
 Django-side modules read the database into `policy.Snapshot`s (quotas.scheduler.load_snapshot) and
 call in here; nothing in this package imports Django (tests/quotas/test_engine_pure.py checks it).

@@ -355,10 +355,16 @@ def forecast(
 
         while end_heap and ends.get(end_heap[0][2]) != end_heap[0][0]:
             heapq.heappop(end_heap)  # stale
-        if not end_heap:
+        # The next instant: an end, or a protection window that matters ending (rule 10: the walk is
+        # made again then, so an ETA behind protected jobs is that instant or later).
+        recheck = decided.recheck_at
+        if not end_heap and recheck is None:
             stop = "nothing running or admitted ends to make room for it"
             break  # what is still queued waits for capacity that is not there
-        t_next = max(t, end_heap[0][0])
+        t_next = end_heap[0][0] if end_heap else math.inf
+        if recheck is not None and recheck < t_next:
+            t_next = recheck
+        t_next = max(t, t_next)
         if t_next - start > horizon_s:
             stop = f"not started within the {_duration(horizon_s)} forecast horizon"
             break

@@ -10,7 +10,9 @@ in the simulator. Times are seconds (epoch in production, virtual in the simulat
 Where SEMANTICS leaves room, this module decides:
 - Borrowed attempts (`borrowed_attempts`): per share and type the over-capacity part is filled by
   attempts admitted as borrowed first, then the most recently started (ties: later in queue order).
-  An attempt with any GPU in that part is borrowed as a whole.
+  An attempt with any GPU in that part is borrowed as a whole. Which attempts are borrowed does not
+  depend on checkpoints; the order in which borrowed ones are taken does (rule 3: most recent safe
+  point first).
 - Victims follow rules 3, 4 and 9 exactly (`_reclaim_candidates`, `_in_share_candidates`,
   `_minimal_victims`): the order first, then the backward walk; no victim is chosen for being smaller
   or cheaper. What is left to this module: "borrowed" is per attempt (above), so a share's victims
@@ -28,6 +30,20 @@ Where SEMANTICS leaves room, this module decides:
   would only borrow the same GPUs back).
 - Beneficiaries of earlier pre-emptions go first, and may borrow ahead of everyone; while a job
   waits for GPUs held for it, jobs behind it in its share do not borrow in that pass.
+- Rule 10: a job "could run with protected candidates" when rule 9's walk, made again with the
+  protected attempts in their places in the list, finds a set; the windows "that matter" are those of
+  the protected attempts in that set (Plan.protected: the first of them ends at Plan.recheck_at, when
+  the walk is made again; the last bounds the wait). No GPUs are held for it on any node, but for the
+  rest of the pass it counts as a reclaim under way (its GPUs in its share's accounting, that set
+  claimed), so that the jobs after it find victims of their own rather than wait for the same ones.
+  "No new borrowing" holds from the moment the pass finds such a job: beneficiaries of earlier
+  passes, which go first (rule 7), may still borrow. A protection window is the attempt's own
+  share's, from the attempt's start.
+- Rule 9's last paragraph counts GPUs per type: the free GPUs of the type left after the beneficiary
+  (free now, not being freed, not held for another job) against the sum of RESERVE shares' idle
+  capacity. A beneficiary that cannot start on free GPUs then waits on the nodes its victims free if
+  one fits it, else without a node (its victims' GPUs free more than it needs on no node): it holds
+  no free GPU either way.
 """
 
 from __future__ import annotations
@@ -35,7 +51,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 
 # The package's layout: views.py (what the policy sees and decides, and the accounting read from a
-# snapshot), state.py (a GPU type's pass state, kept by Engine), rules.py (one pass: rules 1-9). The names
+# snapshot), state.py (a GPU type's pass state, kept by Engine), rules.py (one pass: rules 1-10). The names
 # below are this module's public interface, as before the split.
 from quotas.engine.rules import _Fit, _pass, _TypePass  # noqa: F401
 from quotas.engine.state import (  # noqa: F401
@@ -63,6 +79,7 @@ from quotas.engine.views import (  # noqa: F401
     Placement,
     Plan,
     Preemption,
+    ProtectionWait,
     QueuedView,
     RunningView,
     ShareUsage,
@@ -70,6 +87,7 @@ from quotas.engine.views import (  # noqa: F401
     Snapshot,
     _borrow_cap,
     _usage,
+    at_time,
     borrowed_attempts,
     lending,
     never_fits,
@@ -80,7 +98,7 @@ from quotas.engine.views import (  # noqa: F401
 
 
 def plan(snapshot: Snapshot) -> Plan:
-    """One scheduling pass (SEMANTICS "One scheduling pass", rules 1-9). Pure and deterministic.
+    """One scheduling pass (SEMANTICS "One scheduling pass", rules 1-10). Pure and deterministic.
 
     GPU types are independent (capacity, cover, limits and nodes are all per type), so the pass runs
     once per type, in type-name order. Within a type:
@@ -259,6 +277,35 @@ class Engine:
             base.add_run(run)
             if not base.regular:
                 self._sh = None
+
+    def checkpoint(self, attempt_id: Hashable, at: float) -> RunningView:
+        """A running attempt reported a checkpoint at `at`: its safe point moves (SEMANTICS "Checkpoints
+        and safe points"), and with it its place in the victim orders of rules 3 and 4. Returns the new
+        view. A report older than the one it has changes nothing."""
+        run = self.running[attempt_id]
+        if run.last_checkpoint_at is not None and at <= run.last_checkpoint_at:
+            return run
+        # (The constructor, positionally: dataclasses.replace took half of a checkpoint's cost, and the
+        # simulator reports one every checkpoint_every_s of every attempt that has it.)
+        run = RunningView(
+            run.attempt_id,
+            run.job_id,
+            run.share,
+            run.gpu_type,
+            run.priority,
+            run.submitted_at,
+            run.started_at,
+            run.placement,
+            run.borrowed,
+            run.preempting,
+            run.beneficiary_job_id,
+            at,
+        )
+        self.running[attempt_id] = run
+        base = self._base(run.gpu_type, run.share)
+        if base is not None:
+            base.checkpoint(run)
+        return run
 
     def remove_running(self, attempt_id: Hashable) -> RunningView:
         run = self.running.pop(attempt_id)

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from quotas.engine import scenario as sc
-from quotas.engine.simulate import Timeline, percentile
+from quotas.engine.timeline import Timeline, percentile
 
 MAX_POINTS = 1200
 MAX_BARS = 4000
@@ -444,7 +444,8 @@ def _wait_table(scenario: sc.Scenario, data: Mapping[str, Any]) -> str:
     head = (
         "<tr><th>share</th><th>strategy</th><th>capacity</th><th>jobs</th><th>never started</th>"
         "<th>mean wait</th><th>median wait</th><th>p95 wait</th><th>max wait</th><th>pre-empted jobs</th>"
-        "<th>GPU-h own</th><th>GPU-h borrowed</th><th>GPU-h lent</th></tr>"
+        "<th>GPU-h own</th><th>GPU-h borrowed</th><th>GPU-h lent</th>"
+        "<th>GPU-h lost: reclaim</th><th>GPU-h lost: priority</th><th>GPU-h lost: node lost</th></tr>"
     )
     rows = []
     for share in scenario.shares:
@@ -466,6 +467,9 @@ def _wait_table(scenario: sc.Scenario, data: Mapping[str, Any]) -> str:
         cells += [
             f"<td>{stats.get(f'gpu_seconds_{m}', 0) / 3600:,.1f}</td>" for m in ("own", "borrowed", "lent")
         ]
+        # Work thrown away by pre-emption and lost nodes (since each attempt's safe point), by cause.
+        lost = stats.get("lost_gpu_seconds") or {}
+        cells += [f"<td>{lost.get(c, 0) / 3600:,.2f}</td>" for c in ("reclaim", "priority", "node_lost")]
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return f'<table id="wait-table"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
 

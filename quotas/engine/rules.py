@@ -1,4 +1,4 @@
-"""One pass over one GPU type's state: rules 1-9 of SEMANTICS.md (phases A, B and C of policy.plan),
+"""One pass over one GPU type's state: rules 1-10 of SEMANTICS.md (phases A, B and C of policy.plan),
 with rule 9's minimal victim sets (_Fit). Reads the state of quotas/engine/state.py; decides into an
 _Out that becomes the Plan."""
 
@@ -35,8 +35,10 @@ from quotas.engine.views import (
     Admission,
     Plan,
     Preemption,
+    ProtectionWait,
     QueuedView,
     _plural,
+    at_time,
 )
 
 # Reasons the pass can leave for when they are read (Plan.waiting); off only in the test that checks
@@ -80,6 +82,8 @@ def _pass(bases: Mapping[str, _TypeBase], now: float, starvation_s: float) -> Pl
         preemptions=tuple(out.preemptions),
         waiting=waiting,
         reserved=out.reserved,
+        protected=out.protected,
+        recheck_at=out.recheck_at,
     )
 
 
@@ -142,6 +146,16 @@ class _Fit:
         return bool(self.base or self.hits)
 
 
+class _Claim:
+    """Rule 10: the victims (some protected) a job waiting for protection would take: marked for the
+    rest of the pass, never pre-empted."""
+
+    __slots__ = ("victims",)
+
+    def __init__(self, victims: list[tuple[_Att, str]]) -> None:
+        self.victims = victims
+
+
 class _TypePass:
     """The pass for one GPU type.
 
@@ -170,6 +184,12 @@ class _TypePass:
         self.C, self.M, self.maxk, self.m_nodes = base.C, base.M, base.maxk, base.m_nodes
         self.cap, self.lender, self.reserve, self.lab = base.cap, base.lender, base.reserve, base.lab
         self.in_share, self.bcap = base.in_share, base.bcap
+        # Rule 10: protected attempts are left out of the walks' candidates (`_exclude`) wherever some
+        # share has a protection window; `_skipped`: the current walk left one out; `no_borrow`: a job
+        # waits for protection, so no new borrowing of this type starts in this pass.
+        self.protects = self._exclude = base.protects
+        self._skipped = False
+        self.no_borrow = False
         self.pool, self.overcommitted, self.lender_shares = base.pool, base.overcommitted, base.lender_shares
         self.ben_nodes = base.ben_nodes
         n_shares = len(self.cap)
@@ -190,6 +210,7 @@ class _TypePass:
         self._bk_mine = 0  # bit v: bucket v is this pass's own copy
         self._mf = -1  # cached largest free count; -1 = stale
         self._whole = base.whole  # nodes with all M GPUs free, kept by _set_free
+        self.free_total = base.free_total  # free GPUs not reserved for anyone, kept by _set_free
         self._taken: dict[int, list] = {}  # reclaim victims of the current decision: share -> [b0, atts]
         # Bumped by every change of the shares' numbers or of free GPUs (_chg, _set_free): what was
         # learnt at one version holds while it stays the same.
@@ -364,6 +385,7 @@ class _TypePass:
         if self.M:
             M = self.M
             self._whole += (v == M) - (self.free_u[i] == M)
+        self.free_total += v - self.free_u[i]
         self.free_u[i] = v
         if v:
             heapq.heappush(self._bucket(v), i)
@@ -449,17 +471,19 @@ class _TypePass:
         extra: dict[int, int] | None = None,
         use_pend: bool = False,
         prefer: set[int] | None = None,
+        wait: bool = False,
     ) -> list[tuple[int, int]] | None:
         """Where g GPUs would go (rule 9's last sentence): on free GPUs, and if asked on GPUs being
         freed (`pend_u`, and `extra` from victims chosen for this job). A node where the job can start
-        now (its GPUs free, not being freed) comes first; then, for a beneficiary of an earlier pass,
-        the nodes its victims free (`prefer`); then best fit (fewest GPUs left free on the node);
-        ties: node name. Single node, or whole nodes for a gang."""
+        now (its GPUs free, not being freed) comes first, unless the job is to `wait` for GPUs being
+        freed; then, for a beneficiary of an earlier pass, the nodes its victims free (`prefer`); then
+        best fit (fewest GPUs left free on the node); ties: node name. Single node, or whole nodes for a
+        gang."""
         if g > self.M:
-            return self._place_gang(g // self.M, extra, use_pend)
+            return self._place_gang(g // self.M, extra, use_pend, wait)
         fu = self.free_u
         best = None
-        i = self._best_free(g)
+        i = None if wait else self._best_free(g)
         if i is not None:
             # Every node with g free GPUs is in the first tier; among them, best fit on free GPUs.
             if prefer:
@@ -485,14 +509,15 @@ class _TypePass:
         return None if best is None else [(best[3], g)]
 
     def _place_gang(
-        self, k: int, extra: dict[int, int] | None, use_pend: bool
+        self, k: int, extra: dict[int, int] | None, use_pend: bool, wait: bool = False
     ) -> list[tuple[int, int]] | None:
-        """k whole nodes of the type's largest size: wholly free ones first, then those whose GPUs are
-        all free or being freed; each group by node name."""
+        """k whole nodes of the type's largest size: wholly free ones first (none if the gang is to
+        `wait` for GPUs being freed), then those whose GPUs are all free or being freed; each group by
+        node name."""
         M = self.M
         fu = self.free_u
         chosen: list[int] = []
-        if self.maxk >= M:
+        if self.maxk >= M and not wait:
             h = self._bucket(M)
             popped: list[int] = []
             while h and len(chosen) < k:
@@ -525,22 +550,26 @@ class _TypePass:
     def _reclaim_candidates(self, s_job: int) -> Iterator[_Att]:
         """Rule 3's order: borrowed attempts of the other shares, the share with the most borrowed GPUs
         first (counted now, when the reclaim starts; ties: share name), inside a share lowest priority
-        first, then most recently started, then later in queue order (rule 8)."""
+        first, then the most recent safe point, then later in queue order (rule 8)."""
         order = sorted(
             (s for s in self.vshares if s != s_job and self._borrowed(s) > 0),
             key=lambda s: (-self._borrowed(s), s),  # share indexes follow name order
         )
+        now = self.now if self._exclude else None  # rule 10: protected attempts are no candidates
         for s in order:
             lst = self.vlist[s]
             for idx in range(self.vptr[s], len(lst)):
                 a = lst[idx]
                 if not a.victim:
+                    if now is not None and a.until > now:
+                        self._skipped = True
+                        continue
                     yield a
 
     def _in_share_candidates(self, s: int, n: int) -> Iterator[_Att]:
         """Rule 4's order: the share's first n attempts of its in-share victim order (those of strictly
-        lower priority: lowest first, then most recently started, then later in queue order), which is
-        `vatts` from the end."""
+        lower priority: lowest first, then the most recent safe point, then later in queue order), which is
+        `vatts` from the end. Protected ones included: _try_in_share leaves them out."""
         lst = self.vatts[s]
         last = len(lst) - 1
         for idx in range(self.iptr[s], n):
@@ -565,6 +594,59 @@ class _TypePass:
                 if sched[i] and size[i] == self.M and fu[i] + pu[i] + rec[i] + ins.get(i, 0) == self.M
             }
         return {i for i in nodes if sched[i] and fu[i] + pu[i] + rec[i] + ins.get(i, 0) >= g}
+
+    def _walk(
+        self,
+        s: int,
+        g: int,
+        tol: int,
+        walk_inputs: Callable[[], tuple[Iterator[tuple[_Att, str]], dict[int, int] | None]],
+        own_limit: bool,
+        fits: bool | None = None,
+        protected: bool = False,
+    ) -> tuple[list[tuple[_Att, str]], _Fit] | str | _Claim:
+        """Rule 9's walk (_minimal_victims) over the candidates that `walk_inputs` gives (with what they
+        add per node, for rule 4), protected attempts left out; then rule 10: if it fails where a
+        protected candidate was left out (`protected`: the caller left some out already), the walk is
+        made again with them. If that one succeeds, the job waits for protection: its victims (some
+        protected) are returned as a _Claim, marked but not pre-empted."""
+        self._skipped = protected
+        cands, ins = walk_inputs()
+        found = self._minimal_victims(s, g, tol, cands, own_limit, ins, fits)
+        if not isinstance(found, str) or not self._skipped:
+            return found
+        self._exclude = False
+        try:
+            cands, ins = walk_inputs()
+            again = self._minimal_victims(s, g, tol, cands, own_limit, ins, fits)
+        finally:
+            self._exclude = True
+        if isinstance(again, str):
+            return found
+        return _Claim(again[0])
+
+    def _protect_wait(self, s: int, k: int, claim: _Claim) -> int:
+        """Rule 10: q[s][k] (in `pend[s]`) waits for protection. Nothing is pre-empted for it, and no
+        GPUs are held for it on any node; but for the rest of the pass it counts as a reclaim under way:
+        its GPUs stay in its share's accounting and its victims stay marked (claimed), so that the jobs
+        after it walk for victims of their own instead of waiting for the same ones. No new borrowing
+        of the type starts in this pass; the walk is to be made again when the first of the protected
+        victims' windows ends (Plan.recheck_at), and the last one's end bounds the wait."""
+        job = self.q[s][k]
+        now = self.now
+        protected = [a for a, _ in claim.victims if a.until > now]
+        ends = [a.until for a in protected]
+        shares = tuple(sorted({a.view.share for a in protected}))
+        wait = ProtectionWait(tuple(a.view.attempt_id for a in protected), shares, max(ends), min(ends))
+        out = self.out
+        out.protected[job.job_id] = wait
+        if out.recheck_at is None or wait.next_at < out.recheck_at:
+            out.recheck_at = wait.next_at
+        if not self.no_borrow:
+            self.no_borrow = True
+            self.version += 1  # "could borrow right now", learnt at an earlier version, no longer holds
+        self.held_for[s] = min(self.held_for[s], self.qkey[s][k])
+        return self._wait(s, k, ("protected", len(protected), shares, wait.until))
 
     def _minimal_victims(
         self,
@@ -714,9 +796,11 @@ class _TypePass:
         self.status[s][k] = _ADMITTED
         return _ADMITTED
 
-    def _hold(self, placement: list[tuple[int, int]]) -> tuple[tuple[tuple[str, int], ...], int]:
-        """Reserve GPUs on these nodes for one waiting job: GPUs being freed first, then free ones.
-        Returns what was held and how many of those GPUs were being freed."""
+    def _hold(
+        self, placement: list[tuple[int, int]], free_too: bool = True
+    ) -> tuple[tuple[tuple[str, int], ...], int]:
+        """Reserve GPUs on these nodes for one waiting job: GPUs being freed first, then free ones (not
+        `free_too`: none). Returns what was held and how many of those GPUs were being freed."""
         self._own_pend()
         held = []
         from_pend = 0
@@ -726,18 +810,29 @@ class _TypePass:
             self.pend_u[i] -= take
             if not self.pend_u[i]:
                 self.pend_nodes.discard(i)
-            if c > take:
+            if not free_too:
+                c = take
+            elif c > take:
                 self._set_free(i, self.free_u[i] - (c - take))
-            held.append((self.node_names[i], c))
+            if c:
+                held.append((self.node_names[i], c))
         return tuple(held), from_pend
 
     def _earmark(
-        self, s: int, k: int, placement: list[tuple[int, int]], victims: list[tuple[_Att, str]]
+        self,
+        s: int,
+        k: int,
+        placement: list[tuple[int, int]],
+        victims: list[tuple[_Att, str]],
+        hold_free: bool = True,
     ) -> int:
-        """q[s][k] (already in `pend[s]`) waits for the GPUs being freed on `placement`."""
+        """q[s][k] (already in `pend[s]`) waits for the GPUs being freed on `placement` (and holds the
+        free ones there too, unless not `hold_free`)."""
         job = self.q[s][k]
         added = self._commit_victims(victims, job) if victims else 0
-        self.out.reserved[job.job_id], from_pend = self._hold(placement)
+        held, from_pend = self._hold(placement, hold_free)
+        if held:
+            self.out.reserved[job.job_id] = held
         if added > from_pend:
             self.epoch += 1  # more GPUs being freed than this job takes: others may now fit
         reclaim = sorted({a.view.share for a, r in victims if r == RECLAIM})
@@ -802,6 +897,14 @@ class _TypePass:
                 why = f"behind {_plural(key[1], 'job')} ahead of it in its share's queue"
             elif kind == "held":
                 why = "behind a job of its share that waits for GPUs being freed for it"
+            elif kind == "protected":
+                n, shares, until = key[1], key[2], key[3]
+                why = (
+                    f"waits for {_plural(n, 'protected job')} of share{'s' if len(shares) > 1 else ''} "
+                    f"{', '.join(shares)}, until {at_time(until)}"
+                )
+            elif kind == "paused":
+                why = f"no new borrowing of {t} while a job waits for protected jobs"
             else:
                 g, used, cap = key[1], key[2], key[3]
                 own = f"needs {g} {t}: share at its own capacity ({used} of {cap})"
@@ -942,9 +1045,10 @@ class _TypePass:
             and g <= c
             and g < self._in_share_floor(s, job.priority)
             and not self._borrows_now(s, k)
-            and self._in_share(s, k)
         ):
-            return _EARMARKED
+            outcome = self._in_share(s, k)
+            if outcome != _DEFER:
+                return outcome  # earmarked for its victims, or waiting for protection
         self.status[s][k] = _DEFER
         return _DEFER
 
@@ -971,6 +1075,7 @@ class _TypePass:
         g = self.q[s][k].gpus
         return (
             self.lab[s]
+            and not self.no_borrow
             and self.qkey[s][k] <= self.held_for[s]
             and self.held[s] + max(self.grace[s], self.pend[s]) + g <= self.cap[s] + self.bcap[s]
             and self._deficit_if(s, g) <= 0
@@ -996,13 +1101,13 @@ class _TypePass:
             # GPUs), the minimal set is empty; _minimal_victims would say so after building its walk.
             placement = self._place(g, None, True, self.ben_nodes.get(job.job_id))
             if placement is not None:
-                if can_now and all(self.free_u[i] >= c for i, c in placement):
-                    return self._admit(s, k, placement, False, [])
-                return self._earmark(s, k, placement, [])
+                return self._start_or_wait(s, k, placement, [], can_now, None)
             fits = False if g <= self.M else None  # (a gang's node test counts its nodes itself)
-        found = self._minimal_victims(
-            s, g, tol, ((a, RECLAIM) for a in self._reclaim_candidates(s)), own_limit=False, fits=fits
+        found = self._walk(
+            s, g, tol, lambda: (((a, RECLAIM) for a in self._reclaim_candidates(s)), None), False, fits
         )
+        if isinstance(found, _Claim):
+            return self._protect_wait(s, k, found)
         if isinstance(found, str):
             self._chg(s, dp=-g)
             if found == "cover":
@@ -1015,15 +1120,40 @@ class _TypePass:
             return self._blocked_on_placement(s, k, tol)
         victims, fit = found
         placement = self._place(g, fit.extra, True, self.ben_nodes.get(job.job_id))
-        # GPUs in grace count as freed: with its share's limit holding now, the job starts at once on
-        # free GPUs while its victims (if any, for the cover) stop.
-        if can_now and all(self.free_u[i] >= c for i, c in placement):
-            return self._admit(s, k, placement, False, victims)
-        return self._earmark(s, k, placement, victims)
+        return self._start_or_wait(s, k, placement, victims, can_now, fit.extra)
 
-    def _in_share(self, s: int, k: int) -> bool:
+    def _start_or_wait(
+        self,
+        s: int,
+        k: int,
+        placement: list[tuple[int, int]],
+        victims: list[tuple[_Att, str]],
+        can_now: bool,
+        extra: dict[int, int] | None,
+    ) -> int:
+        """Rule 9's last paragraph, for a job of rules 2-3 with its placement (its victims, if any, are
+        marked). GPUs in grace count as freed: with its share's limit holding now, it starts at once on
+        free GPUs while its victims stop; but a beneficiary (victims now, or earlier ones still in
+        grace) does so only where the free GPUs left after it still cover every RESERVE share's idle
+        capacity of the type, so that a RESERVE share's next job starts at once. Otherwise it waits for
+        its victims' GPUs, holding none of the free ones."""
+        if not can_now or not all(self.free_u[i] >= c for i, c in placement):
+            return self._earmark(s, k, placement, victims)
+        job = self.q[s][k]
+        if (
+            self.ridle > 0
+            and self.free_total - job.gpus < self.ridle
+            and (victims or job.job_id in self.base.ben_count)
+        ):
+            ben = self.ben_nodes.get(job.job_id)
+            waits = self._place(job.gpus, extra, True, ben, wait=True)
+            return self._earmark(s, k, waits or placement, victims, hold_free=False)
+        return self._admit(s, k, placement, False, victims)
+
+    def _in_share(self, s: int, k: int) -> int:
         """Rule 4: pre-empt strictly lower-priority work of the share, only if that makes the job fit
-        (own capacity, cover, and a node). The caller has asked _in_share_floor already."""
+        (own capacity, cover, and a node): _EARMARKED; _BLOCKED if it waits for protection (rule 10);
+        else _DEFER. The caller has asked _in_share_floor already."""
         job = self.q[s][k]
         g, p = job.gpus, job.priority
         self._victims()
@@ -1033,11 +1163,11 @@ class _TypePass:
             # can pre-empt in it this pass (candidates only shrink), so the walk stops deferring them
             # one by one.
             self.in_fail[s] = (1, p, self.epoch)
-            return False
-        if self._try_in_share(s, k, n):
-            return True
-        self.in_fail[s] = (g, p, self.epoch)
-        return False
+            return _DEFER
+        outcome = self._try_in_share(s, k, n)
+        if outcome == _DEFER:
+            self.in_fail[s] = (g, p, self.epoch)
+        return outcome
 
     def _in_share_floor(self, s: int, p: int) -> int:
         """Rule 4 cannot make room in share s for a job of priority p and this many GPUs or more: this
@@ -1048,18 +1178,19 @@ class _TypePass:
             return memo[0]
         return _NO_LIMIT
 
-    def _try_in_share(self, s: int, k: int, n: int) -> bool:
+    def _try_in_share(self, s: int, k: int, n: int) -> int:
         """Rule 4 with rule 9: one candidate list, the share's strictly-lower-priority attempts in rule
         4's order, then other shares' borrowed attempts in rule 3's order; a minimal set of them so
-        that the job runs as own."""
+        that the job runs as own: _EARMARKED. Protected attempts are no candidates (rule 10): _BLOCKED
+        when the job waits for them; _DEFER when no set makes it run."""
         if not n:
-            return False
+            return _DEFER
         job = self.q[s][k]
         g = job.gpus
         over = self.held[s] + self.pend[s] + g - self.cap[s]
         p = job.priority
         if sum(gpus for prio, gpus in self.pgpus[s].items() if prio < p) < over:
-            return False  # even all of them (victims taken this pass included) leave it over capacity
+            return _DEFER  # even all of them (victims taken this pass included) leave it over capacity
         d = self._deficit()
         tol = d if d > 0 else 0
         self._taken = {}
@@ -1068,34 +1199,44 @@ class _TypePass:
         mine = list(self._in_share_candidates(s, n))
         if sum(a.gpus for a in mine) < over:
             self._chg(s, dp=-g)
-            return False  # even all of them would not bring it within its capacity
-        # What the candidates add to `rec` per node: the share's own candidates, less all of its borrowed
-        # attempts, which `rec` counts but which are candidates only when of lower priority (and then
-        # in `mine`). Counting them twice made a whole node look over-full to a gang's test (no node
-        # reachable: a possible pre-emption missed), and looser tests walked every candidate for none.
-        ins: dict[int, int] = {}
-        for a in mine:
-            for i, c in a.on:
-                ins[i] = ins.get(i, 0) + c
-        for a in self.vlist[s]:
-            if not a.victim:
+            return _DEFER  # even all of them would not bring it within its capacity
+        now = self.now
+        protected = self.protects and any(a.until > now for a in mine)
+        unprotected = [a for a in mine if a.until <= now] if protected else mine
+
+        def walk_inputs() -> tuple[Iterator[tuple[_Att, str]], dict[int, int]]:
+            own = unprotected if self._exclude else mine
+            # What the candidates add to `rec` per node: the share's own candidates, less all of its
+            # borrowed attempts, which `rec` counts but which are candidates only when of lower priority
+            # (and then in `own`). Counting them twice made a whole node look over-full to a gang's test
+            # (no node reachable: a possible pre-emption missed), and looser tests walked every candidate
+            # for none.
+            ins: dict[int, int] = {}
+            for a in own:
                 for i, c in a.on:
-                    ins[i] = ins.get(i, 0) - c
+                    ins[i] = ins.get(i, 0) + c
+            for a in self.vlist[s]:
+                if not a.victim:
+                    for i, c in a.on:
+                        ins[i] = ins.get(i, 0) - c
 
-        def cands() -> Iterator[tuple[_Att, str]]:
-            for a in mine:
-                yield a, PRIORITY
-            for a in self._reclaim_candidates(s):
-                yield a, RECLAIM
+            def cands() -> Iterator[tuple[_Att, str]]:
+                for a in own:
+                    yield a, PRIORITY
+                for a in self._reclaim_candidates(s):
+                    yield a, RECLAIM
 
-        found = self._minimal_victims(s, g, tol, cands(), own_limit=True, ins=ins)
+            return cands(), ins
+
+        found = self._walk(s, g, tol, walk_inputs, True, protected=protected)
+        if isinstance(found, _Claim):
+            return self._protect_wait(s, k, found)
         if isinstance(found, str):
             self._chg(s, dp=-g)
-            return False
+            return _DEFER
         victims, fit = found
         placement = self._place(g, fit.extra, True)
-        self._earmark(s, k, placement, victims)
-        return True
+        return self._earmark(s, k, placement, victims)
 
     # -- rule 5: borrowing ---------------------------------------------------------------------------
 
@@ -1114,6 +1255,8 @@ class _TypePass:
         if use + g > limit:
             borrowed = max(0, use - self.cap[s])
             return self._wait(s, k, ("limit", *self._own_numbers(s, g), borrowed, self.bcap[s]))
+        if self.no_borrow:
+            return self._wait(s, k, ("paused",))  # rule 10: a job waits for protection
         if self._deficit_if(s, g) > 0:
             # What others could lend: the share's own idle GPUs are part of the lendable total.
             spare = -self._deficit() - (max(0, self.cap[s] - use) if self.lender[s] else 0)
@@ -1174,14 +1317,15 @@ class _TypePass:
         heap = []
         lazy = self.out.later if LAZY_REASONS else None
         for s, ks in pending.items():
-            if self.lab[s]:
+            if self.lab[s] and not self.no_borrow:
                 heap.append((self._borrow_ratio(s), s))
             elif lazy is None:
                 for k in ks:
                     self._borrow(s, k)
             else:
                 # Only says why they wait, from numbers of this share that phase C does not change
-                # (it admits only LEND_AND_BORROW jobs, without victims): left for when it is asked.
+                # (it admits only LEND_AND_BORROW jobs, without victims, and none while a job waits for
+                # protection): left for when it is asked.
                 lazy.append((self._borrow, s, ks))
         heapq.heapify(heap)
         ptr = dict.fromkeys(pending, 0)

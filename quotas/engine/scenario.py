@@ -71,6 +71,7 @@ class Share:
     strategy: str = policy.LEND_AND_BORROW
     borrow_limit: int = policy.UNLIMITED
     in_share_preemption: bool = False
+    min_runtime_s: int = 0
     state: str = ENABLED
 
 
@@ -85,6 +86,7 @@ class Job:
     priority: int = 0
     max_preemptions: int = -1
     checkpoint_every_s: int | None = None
+    checkpoint_on_stop: bool = False  # it saves when told to stop: a pre-emption loses nothing
     preemption_grace_s: int | None = None  # None: settings.preemption_grace_s
     max_runtime_s: int | None = None
     name: str | None = None
@@ -240,6 +242,7 @@ _SHARE_FIELDS = {
     "strategy": (False, _choice(policy.STRATEGIES)),
     "borrow_limit": (False, _int(policy.UNLIMITED)),
     "in_share_preemption": (False, _bool),
+    "min_runtime_s": (False, _int(0)),
     "state": (False, _choice(SHARE_STATES)),
 }
 _JOB_FIELDS = {
@@ -252,6 +255,7 @@ _JOB_FIELDS = {
     "priority": (False, _int(0, MAX_PRIORITY)),
     "max_preemptions": (False, _int(-1)),
     "checkpoint_every_s": (False, _int(1, nullable=True)),
+    "checkpoint_on_stop": (False, _bool),
     "preemption_grace_s": (False, _int(0, nullable=True)),
     "max_runtime_s": (False, _int(1, nullable=True)),
     "name": (False, _string(nullable=True)),
@@ -259,7 +263,8 @@ _JOB_FIELDS = {
 }
 # What update_share / update_job may set: the share fields a running system can change, and priority.
 _SHARE_UPDATES = {
-    k: _SHARE_FIELDS[k] for k in ("capacity", "strategy", "borrow_limit", "in_share_preemption", "state")
+    k: _SHARE_FIELDS[k]
+    for k in ("capacity", "strategy", "borrow_limit", "in_share_preemption", "min_runtime_s", "state")
 }
 _JOB_UPDATES = {"priority": _JOB_FIELDS["priority"]}
 _EVENT_FIELDS = {

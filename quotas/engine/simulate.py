@@ -6,7 +6,10 @@ sleeps: `python -m quotas.simulate SCENARIO.json --out RESULT.json [--report REP
 
 The loop keeps a heap of timed events and jumps from one instant to the next; idle time costs nothing.
 At one instant it applies, in this order: attempt ends, grace expiries, node losses, node arrivals,
-submissions, then the scenario's events in file order. Then, at a tick (`settings.tick_s`) at which
+submissions, then the scenario's events in file order. Checkpoints (an attempt with
+`checkpoint_every_s` makes one at each whole multiple of it since its start) ask for no pass: the
+policy is told each attempt's latest before it next plans, so its safe point moves. Then, at a tick
+(`settings.tick_s`) at which
 anything changed and jobs are queued, it runs passes: snapshot -> planner -> apply, repeated until a
 pass decides nothing new (so a zero-grace victim stops and its beneficiary starts at the same instant).
 A victim keeps its GPUs for its whole grace and then stops, losing the work since its last periodic
@@ -23,8 +26,12 @@ Definitions used in the result (all times are integer seconds of virtual time):
 - ``makespan_s``: the instant the last attempt stopped, or ``until_s`` if the cut left work running.
 - ``utilisation``: GPU-seconds held by attempts (grace periods included) / GPU-seconds of READY
   capacity over ``[0, makespan_s]``.
-- ``lost_gpu_seconds``: GPU time of work that pre-emption or node loss threw away (since the last
-  checkpoint). Cancelled work is not counted.
+- ``lost_gpu_seconds``: GPU time of work that pre-emption or node loss threw away (GPUs x the time
+  since the attempt's safe point: its start or its last checkpoint); per share split by cause
+  (``reclaim``, ``priority``: the pre-emption's reason; ``node_lost``), which add up to the cluster's
+  total. A job with ``checkpoint_on_stop`` saves when told to stop: a pre-emption loses nothing, a
+  lost node still does. Cancelled work is not counted, nor the work of a pre-empted attempt that
+  finished (or was cancelled) within its grace.
 - ``passes``: how many times the planner was called.
 - A job submitted while its share is DISABLED is refused: ``final`` FAILED, no attempts,
   ``end`` = ``submit_at`` (and `SimResult.rejected` says why).
@@ -37,7 +44,9 @@ Definitions used in the result (all times are integer seconds of virtual time):
 
 Passes: at an instant where something changed and jobs are queued, passes run until one decides
 nothing (so admitting a lone job costs two passes: the one that admits it and the one that finds nothing
-new). `RunningView.borrowed` is passed as admitted; the policy re-classifies with
+new); and at the instant a protection window that matters to a job waiting for protection ends
+(`Plan.recheck_at`, SEMANTICS rule 10), though nothing else changed then. A plan that pre-empts a
+protected attempt is refused (`PolicyError`), as any other decision that breaks the contract. `RunningView.borrowed` is passed as admitted; the policy re-classifies with
 `borrowed_attempts()` itself. The timeline (`SimResult.timeline`) records `policy.usage()` per share
 and type after each instant at which it changed, for the report.
 """
@@ -71,6 +80,7 @@ from quotas.engine.policy import (
     ShareView,
     Snapshot,
 )
+from quotas.engine.timeline import Timeline, percentile
 
 SUCCEEDED = "SUCCEEDED"
 FAILED = "FAILED"
@@ -81,7 +91,12 @@ PREEMPTED = "PREEMPTED"
 NODE_LOST = "NODE_LOST"
 
 # Event kinds, in the order they apply at one instant.
-_END, _GRACE, _LOST, _READY, _SUBMIT, _EVENT, _TICK = range(7)
+_END, _GRACE, _LOST, _READY, _SUBMIT, _EVENT, _RECHECK, _TICK = range(8)
+
+# Lost work by cause (the result's shares[].lost_gpu_seconds), from a pre-emption's reason or a lost node.
+LOST_RECLAIM, LOST_PRIORITY, LOST_NODE = "reclaim", "priority", "node_lost"
+LOST_CAUSES = (LOST_RECLAIM, LOST_PRIORITY, LOST_NODE)
+_CAUSE = {policy.RECLAIM: LOST_RECLAIM, policy.PRIORITY: LOST_PRIORITY}
 
 # Passes at one instant that still decide something new: beyond this the policy is looping.
 MAX_PASSES_PER_INSTANT = 1000
@@ -110,6 +125,14 @@ class AttemptRecord:
     outcome: str | None = None
     preempted_by: str | None = None
     preemption_reason: str | None = None
+    # Not in the result: the first instant of the queue stay before this attempt at which the job's
+    # admission needed a reclaim (a RECLAIM pre-emption named it, or it waited for protection), for
+    # the owners' wait for reclaimed GPUs (bench/bench_itp.py).
+    needed_reclaim_at: int | None = None
+    # Not in the result either: how long the job waited for protection (rule 10: from a pass that found
+    # it waiting for protection to the first pass that did not) in that stay, the longest time if
+    # several, for the bound of rule 10.
+    protection_wait_s: int = 0
 
     @property
     def attempt_id(self) -> str:
@@ -163,71 +186,6 @@ class JobRecord:
         }
 
 
-class Timeline:
-    """Step functions over virtual time, recorded only where a value changes.
-
-    Keys are ``(share, gpu_type, metric)`` with metric ``own``, ``borrowed``, ``lent`` or ``capacity``;
-    the unassigned pool shows as share ``policy.UNASSIGNED`` (metric ``lent``) and the READY cluster as
-    share ``"(cluster)"`` (metric ``capacity``). A value holds from its time until the next change.
-    """
-
-    CLUSTER = "(cluster)"
-
-    def __init__(self) -> None:
-        self.series: dict[tuple[str, str, str], tuple[list[int], list[float]]] = {}
-        self.end = 0
-
-    def record(self, t: int, values: Mapping[tuple[str, str, str], float]) -> None:
-        series = self.series
-        for key, (_, now) in series.items():
-            if now[-1] and key not in values:
-                self._set(key, t, 0)
-        for key, value in values.items():
-            held = series.get(key)
-            if held is None or held[1][-1] != value:  # else _set would keep the series as it is
-                self._set(key, t, value)
-        self.end = max(self.end, t)
-
-    def _set(self, key: tuple[str, str, str], t: int, value: float) -> None:
-        times, values = self.series.setdefault(key, ([], []))
-        if values and values[-1] == value:
-            return
-        if times and times[-1] == t:
-            values[-1] = value
-            if len(values) > 1 and values[-2] == value:
-                times.pop()
-                values.pop()
-        else:
-            times.append(t)
-            values.append(value)
-
-    def keys(self, *, share: str | None = None, metric: str | None = None) -> list[tuple[str, str, str]]:
-        return sorted(
-            k for k in self.series if (share is None or k[0] == share) and (metric is None or k[2] == metric)
-        )
-
-    def integral(self, key: tuple[str, str, str], until: int | None = None) -> float:
-        """The area under one series over [0, until] (default: the end of the run)."""
-        until = self.end if until is None else until
-        times, values = self.series.get(key, ((), ()))
-        total = 0.0
-        for i, (t, v) in enumerate(zip(times, values, strict=True)):
-            nxt = times[i + 1] if i + 1 < len(times) else until
-            if t >= until:
-                break
-            total += v * (min(nxt, until) - t)
-        return total
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "end": self.end,
-            "series": [
-                {"share": s, "gpu_type": g, "metric": m, "t": list(ts), "v": list(vs)}
-                for (s, g, m), (ts, vs) in sorted(self.series.items())
-            ],
-        }
-
-
 @dataclass
 class SimResult:
     jobs: dict[str, JobRecord]
@@ -266,6 +224,7 @@ class _Run:
     job: _Job
     base_progress: int  # work saved before this attempt started
     view: RunningView
+    end_at: int  # when it ends if nothing stops it first (it succeeds, or its max_runtime_s runs out)
 
 
 @dataclass(slots=True)
@@ -276,6 +235,8 @@ class _Job:
     saved: int = 0  # work kept by checkpoints
     run: _Run | None = None
     beneficiary: bool = False
+    needs_reclaim_since: int | None = None  # see AttemptRecord.needed_reclaim_at
+    protection_wait_s: int = 0  # see AttemptRecord.protection_wait_s
 
 
 class Profile:
@@ -326,6 +287,7 @@ def simulate(
     forecast: bool = False,
     profile: Profile | None = None,
     on_pass: Callable[[int], None] | None = None,
+    report_checkpoints: bool = True,
 ) -> SimResult:
     """Replay a scenario (a `Scenario` or its decoded JSON) and return the result.
 
@@ -333,19 +295,27 @@ def simulate(
     `policy.plan`); tests may pass a stand-in that takes a snapshot. With `forecast`, the production
     forecast (quotas.engine.forecast) runs at each job's submit and its error against the actual start is
     reported (SCENARIO.md `--forecast`). `on_pass` hears the virtual time before each pass (progress,
-    a deadline: what it raises ends the run). Raises `ScenarioError` for an invalid scenario and
-    `PolicyError` for a decision that cannot be applied.
+    a deadline: what it raises ends the run). With `report_checkpoints=False` the policy is not told
+    the periodic checkpoints (every safe point is its attempt's start: victims in the order before
+    safe points, for comparisons); the work lost is counted from the checkpoints either way. Raises
+    `ScenarioError` for an invalid scenario and `PolicyError` for a decision that cannot be applied.
     """
     if not isinstance(scenario, sc.Scenario):
         scenario = sc.parse(scenario)
+    options = {
+        "forecast": forecast,
+        "profile": profile,
+        "on_pass": on_pass,
+        "report_checkpoints": report_checkpoints,
+    }
     if profile is None or not profile.detail:
-        return _Simulator(scenario, planner, forecast=forecast, profile=profile, on_pass=on_pass).run()
+        return _Simulator(scenario, planner, **options).run()
     # Time the planner, the event handlers, the accounting and the forecast; "reasons" times the
     # policy's own waiting-reason writer (patched for the run only: the policy has no hooks).
     wait = policy._TypePass._wait
     policy._TypePass._wait = profile.timed("reasons (in passes)", wait)
     try:
-        return _Simulator(scenario, planner, forecast=forecast, profile=profile, on_pass=on_pass).run()
+        return _Simulator(scenario, planner, **options).run()
     finally:
         policy._TypePass._wait = wait
 
@@ -366,9 +336,12 @@ class _Simulator:
         forecast: bool = False,
         profile: Profile | None = None,
         on_pass: Callable[[int], None] | None = None,
+        report_checkpoints: bool = True,
     ) -> None:
         self.scenario = scenario
         self.on_pass = on_pass
+        self.checkpointing = report_checkpoints
+        self.checkpoints: list[tuple[int, str]] = []  # (when, attempt id): the next one to report
         self.planner = planner
         self.profile = profile
         self.forecasting = forecast
@@ -400,6 +373,10 @@ class _Simulator:
         self.passes = 0
         self.busy_gpu_s = 0
         self.lost_gpu_s = 0
+        # share -> cause -> GPU-seconds lost (SCENARIO.md result: shares[].lost_gpu_seconds)
+        self.lost: dict[str, dict[str, int]] = {
+            s.name: dict.fromkeys(LOST_CAUSES, 0) for s in scenario.shares
+        }
         self.last_stop = 0
         self.last_waiting: Mapping[Hashable, str] = {}
         self.rejected: dict[str, str] = {}
@@ -410,6 +387,8 @@ class _Simulator:
         self.dirty = True  # since the last accounting: usage may have changed
         self.cluster_caps: dict[tuple[str, str, str], float] | None = None
         self.tick_pending: set[int] = set()
+        self.rechecks: set[int] = set()  # instants at which a protection window that matters ends
+        self.protect_waiting: dict[Hashable, int] = {}  # job waiting for protection -> since when
 
         for node in scenario.nodes:
             self.push(node.ready_at, _READY, node.name)
@@ -444,6 +423,7 @@ class _Simulator:
             _READY: self.on_ready,
             _SUBMIT: self.on_submit,
             _EVENT: self.on_event,
+            _RECHECK: self.on_recheck,
             _TICK: lambda ref: None,
         }
         if self.profile is not None and self.profile.detail:
@@ -495,10 +475,44 @@ class _Simulator:
             decided = self.decide()
             self.passes += 1
             self.last_waiting = decided.waiting
+            if decided.protected or self.protect_waiting:
+                self.note_protection(decided.protected)
             if not decided.admissions and not decided.preemptions:
+                if decided.recheck_at is not None:
+                    self.recheck(decided.recheck_at)
                 return
             self.apply(decided)
         raise PolicyError(f"t={t}: more than {MAX_PASSES_PER_INSTANT} passes still decided something new")
+
+    def recheck(self, at: float) -> None:
+        """Rule 10: a job waits for protection until `at` at the earliest; the walk is made again then
+        (a pass at that instant), whatever else happens."""
+        t = math.ceil(at)
+        if t not in self.rechecks:
+            self.rechecks.add(t)
+            self.push(t, _RECHECK, t)
+
+    def on_recheck(self, t: int) -> None:
+        self.rechecks.discard(t)
+        self.invalidate()
+
+    def note_protection(self, waiting: Mapping[Hashable, Any]) -> None:
+        """After a pass: which jobs wait for protection, and for how long those that no longer do
+        waited."""
+        for job_id, since in list(self.protect_waiting.items()):
+            if job_id not in waiting:
+                del self.protect_waiting[job_id]
+                job = self.jobs[job_id]
+                job.protection_wait_s = max(job.protection_wait_s, self.now - since)
+        for job_id in waiting:
+            self.protect_waiting.setdefault(job_id, self.now)
+        self.note_reclaims(waiting)
+
+    def note_reclaims(self, job_ids: Iterable[Hashable]) -> None:
+        for job_id in job_ids:
+            job = self.jobs.get(job_id)
+            if job is not None and job.needs_reclaim_since is None and job.run is None:
+                job.needs_reclaim_since = self.now
 
     # -- state the policy sees -----------------------------------------------------------------------
 
@@ -513,12 +527,16 @@ class _Simulator:
     def _engine_plan(self) -> Plan:
         if self.on_pass is not None:
             self.on_pass(self.now)
+        if self.checkpoints:
+            self.report_checkpoints()
         return self.engine.plan(self.now)
 
     def _snapshot_plan(self) -> Plan:
         assert self.planner is not None
         if self.on_pass is not None:
             self.on_pass(self.now)
+        if self.checkpoints:
+            self.report_checkpoints()
         return self.planner(self.snapshot())
 
     @staticmethod
@@ -529,6 +547,7 @@ class _Simulator:
             strategy=share.strategy,
             borrow_limit=share.borrow_limit,
             in_share_preemption=share.in_share_preemption,
+            min_runtime_s=share.min_runtime_s,
         )
 
     def queue(self, job: _Job) -> None:
@@ -569,6 +588,8 @@ class _Simulator:
         from quotas.engine import forecast as fc
 
         targets, self.to_forecast = self.to_forecast, []
+        if self.checkpoints:
+            self.report_checkpoints()
         default = fc.Estimate(float(DEFAULT_RUNTIME_S))
         medians = {
             share: fc.Estimate(float(statistics.median(d)), share) for share, d in self.runtimes.items() if d
@@ -614,6 +635,24 @@ class _Simulator:
         run = self.running.get(attempt_id)
         if run is not None:
             self.stop(run, PREEMPTED)
+
+    def report_checkpoints(self) -> None:
+        """Tell the policy the checkpoints made up to now (each attempt with `checkpoint_every_s` makes
+        one at each whole multiple of it since its start, until it ends): each attempt's latest, so
+        that its safe point is right for the pass about to be made. Nothing to decide for a checkpoint
+        itself, so none asks for a pass; they wait outside the event heap for the next one (as events
+        of their own they cost the 69k-job ITP trace 340k trips through the loop)."""
+        due, now = self.checkpoints, self.now
+        while due and due[0][0] <= now:
+            at, attempt_id = heapq.heappop(due)
+            run = self.running.get(attempt_id)
+            if run is None:
+                continue  # it stopped before this checkpoint
+            every = run.job.spec.checkpoint_every_s
+            at += (now - at) // every * every  # the latest one up to now
+            run.view = self.engine.checkpoint(attempt_id, at)
+            if at + every < run.end_at:
+                heapq.heappush(due, (at + every, attempt_id))
 
     def on_ready(self, name: str) -> None:
         node = self.node_specs[name]
@@ -732,9 +771,14 @@ class _Simulator:
             placement=admission.placement,
             borrowed=admission.borrowed,
         )
-        run = _Run(record=record, job=job, base_progress=job.saved, view=view)
+        finish = t + spec.duration_s - job.saved
+        failing = spec.max_runtime_s is not None and t + spec.max_runtime_s < finish
+        end_at = t + spec.max_runtime_s if failing else finish
+        run = _Run(record=record, job=job, base_progress=job.saved, view=view, end_at=end_at)
         job.run = run
         job.beneficiary = False
+        record.needed_reclaim_at, job.needs_reclaim_since = job.needs_reclaim_since, None
+        record.protection_wait_s, job.protection_wait_s = job.protection_wait_s, 0
         job.record.attempts.append(record)
         job.record.final = RUNNING
         if job.record.first_start is None:
@@ -742,11 +786,10 @@ class _Simulator:
         started[job_id] = None
         self.running[attempt_id] = run
         self.engine.add_running(view)
-        finish = t + spec.duration_s - job.saved
-        if spec.max_runtime_s is not None and t + spec.max_runtime_s < finish:
-            self.push(t + spec.max_runtime_s, _END, (attempt_id, FAILED))
-        else:
-            self.push(finish, _END, (attempt_id, SUCCEEDED))
+        self.push(end_at, _END, (attempt_id, FAILED if failing else SUCCEEDED))
+        every = spec.checkpoint_every_s
+        if every and self.checkpointing and t + every < end_at:
+            heapq.heappush(self.checkpoints, (t + every, attempt_id))
         self.invalidate(usage=True)
 
     def preempt(self, preemption: Preemption) -> None:
@@ -755,10 +798,18 @@ class _Simulator:
         if run is None or run.view.preempting:
             state = "already pre-empting" if run is not None else "not running"
             raise PolicyError(f"t={t}: pre-empted attempt {preemption.attempt_id!r}, which is {state}")
+        share = self.share_specs[run.job.spec.share]
+        if t < run.record.start + share.min_runtime_s:
+            raise PolicyError(
+                f"t={t}: pre-empted attempt {preemption.attempt_id!r}, started at {run.record.start}, "
+                f"within share {share.name}'s protection window of {share.min_runtime_s} s"
+            )
         run.record.preempted_by = preemption.beneficiary_job_id
         run.record.preemption_reason = preemption.reason
         self.set_view(run, preempting=True, beneficiary_job_id=preemption.beneficiary_job_id)
         beneficiary = self.jobs.get(preemption.beneficiary_job_id)
+        if preemption.reason == policy.RECLAIM:
+            self.note_reclaims((preemption.beneficiary_job_id,))
         if beneficiary is not None and not beneficiary.beneficiary and beneficiary.spec.id in self.qviews:
             beneficiary.beneficiary = True
             self.queue(beneficiary)
@@ -794,9 +845,19 @@ class _Simulator:
         if outcome == SUCCEEDED and self.forecasting:
             self.runtimes.setdefault(spec.share, deque(maxlen=RUNTIME_SAMPLE)).append(elapsed)
         if outcome in (PREEMPTED, NODE_LOST):
-            every = spec.checkpoint_every_s
-            saved = run.base_progress + elapsed // every * every if every else 0
-            self.lost_gpu_s += record.gpus * (run.base_progress + elapsed - saved)
+            progress = run.base_progress + elapsed
+            if outcome == PREEMPTED and spec.checkpoint_on_stop:
+                saved = progress  # it saved when told to stop
+            elif spec.checkpoint_every_s:
+                every = spec.checkpoint_every_s
+                saved = run.base_progress + elapsed // every * every
+            else:
+                saved = run.base_progress  # what it saved when stopped before, if anything
+            lost = record.gpus * (progress - saved)
+            if lost:
+                cause = _CAUSE[record.preemption_reason] if outcome == PREEMPTED else LOST_NODE
+                self.lost[spec.share][cause] += lost
+                self.lost_gpu_s += lost
             job.saved = saved
             if outcome == PREEMPTED:
                 job.record.preemptions += 1
@@ -868,6 +929,7 @@ class _Simulator:
                 "mean_wait_s": round(sum(waits) / len(waits)) if waits else None,
                 "p95_wait_s": percentile(waits, 95),
                 "preempted_jobs": sum(1 for r in records if r.preemptions),
+                "lost_gpu_seconds": dict(self.lost[name]),
             }
         cluster = {
             "makespan_s": end,
@@ -926,14 +988,6 @@ def forecast_error(records: Iterable[JobRecord]) -> dict[str, Any]:
     }
 
 
-def percentile(sorted_values: Sequence[int], pct: int) -> int | None:
-    """Nearest-rank percentile of already sorted values."""
-    if not sorted_values:
-        return None
-    rank = max(1, math.ceil(pct / 100 * len(sorted_values)))
-    return sorted_values[rank - 1]
-
-
 # ---------------------------------------------------------------------------------------------------
 # CLI
 
@@ -944,6 +998,10 @@ def compare_table(results: Sequence[Mapping[str, Any]], labels: Sequence[str]) -
         ("utilisation", [r["cluster"]["utilisation"] for r in results]),
         ("makespan_s", [r["cluster"]["makespan_s"] for r in results]),
         ("lost_gpu_seconds", [r["cluster"]["lost_gpu_seconds"] for r in results]),
+        *(
+            (f"  lost to {cause.replace('_', ' ')}", [_lost_by(r, cause) for r in results])
+            for cause in LOST_CAUSES
+        ),
         ("pre-emptions", [sum(j["preemptions"] for j in r["jobs"].values()) for r in results]),
         (
             "jobs never started",
@@ -958,6 +1016,7 @@ def compare_table(results: Sequence[Mapping[str, Any]], labels: Sequence[str]) -
             ("preempted_jobs", "pre-empted jobs"),
         ):
             rows.append((f"{name} {label}", [r["shares"].get(name, {}).get(metric) for r in results]))
+        rows.append((f"{name} lost GPU-s", [_lost_by(r, None, name) for r in results]))
 
     def fmt(value: Any) -> str:
         if value is None:
@@ -984,6 +1043,20 @@ def compare_table(results: Sequence[Mapping[str, Any]], labels: Sequence[str]) -
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines) + "\n"
+
+
+def _lost_by(result: Mapping[str, Any], cause: str | None, share: str | None = None) -> int | None:
+    """GPU-seconds lost in a result, of one cause (None: all) and one share (None: all); None for a
+    result written before lost work was counted by cause."""
+    total = 0
+    for name, stats in result["shares"].items():
+        by_cause = stats.get("lost_gpu_seconds")
+        if share is not None and name != share:
+            continue
+        if by_cause is None:
+            return None
+        total += by_cause[cause] if cause is not None else sum(by_cause.values())
+    return total
 
 
 def variant(scenario: sc.Scenario, spec: str) -> sc.Scenario:

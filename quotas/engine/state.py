@@ -18,6 +18,7 @@ from quotas.engine.views import (
     Admission,
     NodeView,
     Preemption,
+    ProtectionWait,
     QueuedView,
     RunningView,
     ShareView,
@@ -137,11 +138,12 @@ def _node_table(gpu_type: str, nodes: list[NodeView] | tuple[NodeView, ...]) -> 
 class _Att:
     """A running attempt as the pass sees it (mutable: it may become a victim)."""
 
-    __slots__ = ("view", "s", "gpus", "prio", "on", "victim", "bnow", "masks", "vkey", "bkey")
+    __slots__ = ("view", "s", "gpus", "prio", "on", "victim", "bnow", "masks", "vkey", "bkey", "until")
 
-    def __init__(self, view: RunningView, s: int, on: list[tuple[int, int]], gpus: int) -> None:
+    def __init__(self, view: RunningView, s: int, on: list[tuple[int, int]], gpus: int, until: float) -> None:
         self.view = view
         self.s = s
+        self.until = until  # rule 10: protected (never a candidate) while the pass's now is before this
         self.gpus = gpus
         self.prio = view.priority
         self.on = on  # [(node index, GPUs on it)] for the nodes of this type that it holds
@@ -153,13 +155,15 @@ class _Att:
 
 
 class _Out:
-    __slots__ = ("admissions", "preemptions", "waiting", "reserved", "later")
+    __slots__ = ("admissions", "preemptions", "waiting", "reserved", "later", "protected", "recheck_at")
 
     def __init__(self) -> None:
         self.admissions: list[Admission] = []
         self.preemptions: list[Preemption] = []
         self.waiting: dict[Hashable, str] = {}
         self.reserved: dict[Hashable, tuple[tuple[str, int], ...]] = {}
+        self.protected: dict[Hashable, ProtectionWait] = {}
+        self.recheck_at: float | None = None
         # Reasons not written during the pass: (function, share, queue indexes) run on first read.
         self.later: list[tuple[Callable[[int, int], int], int, Iterable[int]]] = []
 
@@ -263,6 +267,10 @@ class _TypeBase:
         self.reserve = [v.strategy == RESERVE for v in views]
         self.lab = [v.strategy == LEND_AND_BORROW for v in views]
         self.in_share = [v.in_share_preemption for v in views]
+        # Rule 10: each share's protection window; `protects`: some share has one (else the pass never
+        # looks at protection at all).
+        self.min_run = [max(0, v.min_runtime_s) for v in views]
+        self.protects = any(self.min_run)
         limits = [_borrow_cap(v, c) for v, c in zip(views, cap, strict=True)]
         self.bcap = [_NO_LIMIT if b is None else b for b in limits]
         self.pool = max(0, self.C - sum(cap))
@@ -313,6 +321,7 @@ class _TypeBase:
                 self.bkeys[s] = [a.bkey for a in order]
                 self.batts[s] = order
         self.free = [st.size[i] - self.used[i].bit_count() if st.sched[i] else 0 for i in range(n_nodes)]
+        self.free_total = sum(self.free)  # rule 9's last paragraph counts the free GPUs of the type
         self._rebuild_buckets()
         # Nodes with all their GPUs free (only nodes of the largest size M can be): a blocked gang's
         # reason and node test ask for it, so it is kept here, and by each pass from here on.
@@ -388,6 +397,7 @@ class _TypeBase:
 
     def _free_changed(self, i: int, d: int) -> None:
         v = self.free[i] + d
+        self.free_total += d
         if self.M:
             self.whole += (v == self.M) - (self.free[i] == self.M)
         self.free[i] = v
@@ -445,7 +455,7 @@ class _TypeBase:
                     nodes[i] = nodes.get(i, 0) + 1
             self.pre[run.attempt_id] = (s, masks, on, gpus, b)
             return
-        att = _Att(run, s, on, gpus)
+        att = _Att(run, s, on, gpus, run.started_at + self.min_run[s])
         att.masks = masks
         self.held[s] += gpus
         self.atts[s][run.attempt_id] = att
@@ -511,6 +521,29 @@ class _TypeBase:
             used[i] &= ~m
             if sched[i]:
                 self._free_changed(i, m.bit_count())
+
+    def checkpoint(self, run: RunningView) -> None:
+        """A new view of an attempt that only moved its safe point (a checkpoint was reported): it moves
+        in the share's victim order, and rule 3's order of its share is refreshed if it is borrowed
+        (rule 8's order, and so which attempts are borrowed, does not depend on safe points)."""
+        if run.preempting:
+            return  # never a candidate again: nothing to reorder
+        s = self.sh.sidx[run.share]
+        att = self.atts[s][run.attempt_id]
+        key = _victim_key(run)
+        att.view = run
+        if key == att.vkey:
+            return
+        keys = self.vkeys[s]
+        pos = bisect_left(keys, att.vkey)
+        del keys[pos], self.vatts[s][pos], self.vnprio[s][pos]
+        att.vkey = key
+        pos = bisect_left(keys, key)
+        keys.insert(pos, key)
+        self.vatts[s].insert(pos, att)
+        self.vnprio[s].insert(pos, -att.prio)
+        if att.bnow:
+            self.dirty.add(s)
 
     def victim_orders(self) -> None:
         """Rule 8's borrowed part and rule 3's victim order, for the shares whose attempts changed

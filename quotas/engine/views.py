@@ -4,6 +4,7 @@ which attempts are borrowed, whether a job can ever fit a share. Pure, like the 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -44,6 +45,9 @@ class ShareView:
     strategy: str = LEND_AND_BORROW
     borrow_limit: int = UNLIMITED  # percent of own capacity per type; -1 = no limit
     in_share_preemption: bool = False
+    # An attempt of this share is protected (rule 10) until it has run this long since it started: no
+    # reclaim or in-share pre-emption takes it before then.
+    min_runtime_s: float = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +70,20 @@ class RunningView:
     preempting: bool = False
     # The job the pre-emption made room for (rule 7), when preempting.
     beneficiary_job_id: Hashable | None = None
+    # When the attempt last reported a checkpoint (SEMANTICS "Checkpoints and safe points"); None:
+    # never. One before the attempt started (a stale report) counts as none.
+    last_checkpoint_at: float | None = None
 
     @property
     def gpus(self) -> int:
         return sum(len(idx) for _, idx in self.placement)
+
+    @property
+    def safe_point(self) -> float:
+        """The later of its start and its last reported checkpoint: what a stop now loses is the work
+        since then."""
+        at = self.last_checkpoint_at
+        return self.started_at if at is None or at < self.started_at else at
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +140,30 @@ class Plan:
     # for a beneficiary (rule 7) and the node(s) a starving head job reserves (rule 6). Informational:
     # the next pass recomputes it from the snapshot.
     reserved: Mapping[Hashable, tuple[tuple[str, int], ...]] = field(default_factory=dict)
+    # job_id -> what a job that waits for protection (rule 10) waits for.
+    protected: Mapping[Hashable, ProtectionWait] = field(default_factory=dict)
+    # The earliest instant at which a protection window that matters to a waiting job ends: the walk
+    # is to be made again then (a pass at that instant), even if nothing else changes. None: none.
+    recheck_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProtectionWait:
+    """Rule 10: a job that could run with protected candidates among its victims but cannot without
+    them. Nothing is pre-empted for it yet; until it runs, no new borrowing of its GPU type starts."""
+
+    attempts: tuple[Hashable, ...]  # the protected attempts its walk needs
+    shares: tuple[str, ...]  # their shares, by name
+    until: float  # when the last of their windows ends: a bound on this wait
+    next_at: float  # when the first of them ends: the walk is made again then
+
+
+def at_time(t: float) -> str:
+    """An instant as a waiting reason says it: local HH:MM for epoch seconds (production), t=N s for
+    the small virtual times of the simulator and the forecast's replay of it."""
+    if t >= 1e9:
+        return time.strftime("%H:%M", time.localtime(t))
+    return f"t={t:,.0f} s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,8 +208,9 @@ def _borrowed_order_key(run: RunningView) -> tuple:
 
 
 def _victim_key(run: RunningView) -> tuple:
-    # Sorted descending: lowest priority first, then most recently started, then later in queue order.
-    return (-run.priority, run.started_at, run.submitted_at, run.job_id, run.attempt_id)
+    # Sorted descending (rules 3 and 4): lowest priority first, then the most recent safe point (the
+    # least work lost; with no checkpoints, the most recently started), then later in queue order.
+    return (-run.priority, run.safe_point, run.submitted_at, run.job_id, run.attempt_id)
 
 
 def _borrowed_part(runs: list[RunningView], capacity: int) -> list[RunningView]:

@@ -31,7 +31,10 @@ def _queues(engine: Engine) -> dict:
         return {}
     out = {}
     for t, base in engine._bases.items():
+        base.victim_orders()  # what a pass that looks for victims refreshes first
         for s, name in enumerate(engine._sh.names):
+            if base.vlist[s]:  # rule 3's order of the share's borrowed attempts
+                out[(t, name, "rule 3")] = [a.view.attempt_id for a in base.vlist[s]]
             if base.atts[s] or base.pgpus[s]:  # the attempts in the victim order and rule 8's order
                 out[(t, name, "orders")] = (
                     [a.view.attempt_id for a in base.vatts[s]],
@@ -46,8 +49,9 @@ def _queues(engine: Engine) -> dict:
                     base.suf[s],
                     base.by_size[s],
                 )
-        if base.size:  # the count of wholly free nodes, kept as attempts start and end
+        if base.size:  # the count of wholly free nodes and of free GPUs, kept as attempts start and end
             out[(t, "whole")] = base.whole
+            out[(t, "free")] = base.free_total
         if base.qinfo or base.bens or base.waiting:
             out[t] = ({j: key for j, (_, key) in base.qinfo.items()}, base.bens, set(base.waiting))
     return out
@@ -64,6 +68,7 @@ def _check(engine: Engine, now: float, kept: list) -> policy.Plan:
     assert incremental.admissions == rebuilt.admissions
     assert incremental.preemptions == rebuilt.preemptions
     assert incremental.reserved == rebuilt.reserved
+    assert (incremental.protected, incremental.recheck_at) == (rebuilt.protected, rebuilt.recheck_at)
     assert engine.usage() == policy.usage(engine.snapshot(now))
     # Read the incremental plan's reasons only at the end, after later events changed the engine.
     kept.append((incremental, dict(rebuilt.waiting)))
@@ -111,7 +116,20 @@ def _apply(engine: Engine, decided: policy.Plan, now: float, rng: random.Random)
 
 def _event(engine: Engine, now: float, rng: random.Random, serial: int) -> None:
     kind = rng.choice(
-        ("submit", "submit", "cancel", "cancel_many", "end", "end", "priority", "node", "share", "collide")
+        (
+            "submit",
+            "submit",
+            "cancel",
+            "cancel_many",
+            "end",
+            "end",
+            "priority",
+            "node",
+            "share",
+            "collide",
+            "checkpoint",
+            "checkpoint",
+        )
     )
     queued, running = list(engine.queued.values()), list(engine.running.values())
     types = sorted({n.gpu_type for n in engine.nodes}) or ["a10g"]
@@ -156,6 +174,11 @@ def _event(engine: Engine, now: float, rng: random.Random, serial: int) -> None:
         cap[t] = rng.randint(0, 16)
         all_shares[i] = dataclasses.replace(all_shares[i], capacity=cap)
         engine.set_shares(all_shares)
+    elif kind == "checkpoint" and running:
+        # A checkpoint moves the attempt's safe point, and it in the kept victim orders (now and then
+        # a stale report from before its start, or one older than its last: neither moves it).
+        run = rng.choice(running)
+        engine.checkpoint(run.attempt_id, rng.uniform(run.started_at - 100, max(run.started_at, now)))
     elif kind == "collide" and running:
         other = rng.choice(running)  # a second claim on GPUs someone holds: the engine rebuilds
         engine.add_running(dataclasses.replace(other, attempt_id=f"c{serial}", job_id=f"c{serial}"))

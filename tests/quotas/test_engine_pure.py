@@ -6,7 +6,18 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = ("views", "state", "rules", "policy", "forecast", "scenario", "simulate", "report", "tracegen")
+MODULES = (
+    "views",
+    "state",
+    "rules",
+    "policy",
+    "forecast",
+    "scenario",
+    "simulate",
+    "report",
+    "tracegen",
+    "importtrace",
+)
 
 
 def test_engine_imports_without_django():

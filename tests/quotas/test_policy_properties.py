@@ -75,6 +75,7 @@ def snapshots(
                 strategy=strategy,
                 borrow_limit=draw(st.sampled_from((UNLIMITED, 0, 50, 100))),
                 in_share_preemption=draw(st.booleans()),
+                min_runtime_s=draw(st.sampled_from((0, 0, 600, 3000))),  # rule 10's window
             )
         )
     names = [s.name for s in shares]
@@ -117,6 +118,8 @@ def snapshots(
                 borrowed=rng.random() < 0.3,
                 preempting=preempting,
                 beneficiary_job_id=rng.choice(queued_ids) if preempting and queued_ids else None,
+                # Now and then a checkpoint (or a stale one, from before the start): the safe point.
+                last_checkpoint_at=rng.uniform(started - 50, NOW) if rng.random() < 0.3 else None,
             )
         )
     queue_shares = [rng.choice(names)] if one_queue else names + ["ghost"]
@@ -376,8 +379,9 @@ def _freeable(snapshot: Snapshot, p: Plan, head: QueuedView) -> bool:
 @given(snapshots(grace=False, one_queue=True, fresh=True))
 def test_guarantee_head_below_capacity_is_admitted_or_reclaim_is_under_way(snapshot):
     """The one share with queued jobs, below its own capacity with a head job that fits what it is
-    owed: by the end of the pass the head is admitted, or GPUs are being freed for it, or no node
-    could hold it even if every reclaimable attempt went (or the cover cannot be restored)."""
+    owed: by the end of the pass the head is admitted, or GPUs are being freed for it, or it waits
+    for protection, or no node could hold it even if every reclaimable attempt went (or the cover
+    cannot be restored)."""
     p = plan(snapshot)
     shares = {s.name: s for s in snapshot.shares}
     used = _used(snapshot, grace=True)
@@ -395,7 +399,12 @@ def test_guarantee_head_below_capacity_is_admitted_or_reclaim_is_under_way(snaps
             continue  # gangs and jobs that do not fit what the share is owed are not promised this
         if head.job_id in {a.job_id for a in p.admissions}:
             continue
-        if head.job_id in p.reserved:  # GPUs being freed for it (reclaim or pre-empted jobs)
+        if head.job_id in p.protected:  # rule 10: it waits for protection
+            assert p.waiting[head.job_id].startswith("waits for")
+            continue
+        # GPUs being freed for it (reclaim or pre-empted jobs; held for it, or not where they would be
+        # RESERVE shares' idle GPUs: rule 9's last paragraph)
+        if head.job_id in p.reserved or head.job_id in {x.beneficiary_job_id for x in p.preemptions}:
             assert p.waiting[head.job_id].startswith("waiting for")
             continue
         why = p.waiting[head.job_id]

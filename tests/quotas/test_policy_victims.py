@@ -14,7 +14,6 @@ from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 from quotas.engine.policy import (
-    ADMITTED_OWN,
     LEND,
     LEND_AND_BORROW,
     PRIORITY,
@@ -61,7 +60,9 @@ def test_reclaim_takes_first_from_the_share_that_borrows_the_most():
     )
     p = plan(s)
     assert victims(p) == [("a-2", RECLAIM)]  # a's most recently started
-    assert admitted(p)["c1"].placement == (("n3", (0, 1, 2, 3)),)  # it starts now on a free node
+    # n3 is free, but taking it would leave 3 GPUs free for d's 4 idle ones: c1 waits for a-2's GPU
+    # (rule 9's last paragraph), holding none of the free ones.
+    assert not p.admissions and "c1" not in p.reserved
 
 
 def test_reclaim_order_beats_a_smaller_loss_on_another_share():
@@ -103,7 +104,7 @@ def test_shares_that_borrow_the_same_are_taken_in_name_order():
     )
     p = plan(s)
     assert victims(p) == [("a-1", RECLAIM)]
-    assert admitted(p)["c1"].placement == (("n2", (0, 1)),)
+    assert not p.admissions  # n2's free GPUs are d's idle ones: c1 waits for a-1's (rule 9)
 
 
 def test_inside_a_share_the_lowest_priority_goes_first_even_if_a_higher_one_loses_less():
@@ -241,9 +242,11 @@ def test_when_the_whole_list_cannot_make_the_job_run_nothing_is_preempted():
     assert not plan(s).preemptions
 
 
-def test_the_job_starts_now_on_a_free_node_rather_than_wait_on_its_victims_node():
-    # The cover needs a-b back (c takes 2 of its own: L 1 < B 2), and a-b's node would fit c1 exactly;
-    # but n2 has 4 free GPUs now, so c1 is admitted there at once while a-b stops.
+def test_the_job_waits_on_its_victims_node_rather_than_take_reserve_idle_gpus():
+    # The cover needs a-b back (c takes 2 of its own: L 1 < B 2), and a-b's node would fit c1 exactly.
+    # n2 has 4 free GPUs now, but 3 of them are RESERVE d's idle capacity: c1 started there would leave
+    # 2 free for them, so it waits for a-b's GPUs on n1 instead (rule 9's last paragraph; where the free
+    # GPUs cover the RESERVE idle ones it starts at once: tests/quotas/test_policy_reserve_grace.py).
     s = snap(
         [node("n1", 3), node("n2", 4)],
         [share("a", 1), share("c", 2), share("d", 3, RESERVE)],
@@ -255,8 +258,7 @@ def test_the_job_starts_now_on_a_free_node_rather_than_wait_on_its_victims_node(
     )
     p = plan(s)
     assert victims(p) == [("a-b", RECLAIM)]
-    a = admitted(p)["c1"]
-    assert a.reason == ADMITTED_OWN and a.placement == (("n2", (0, 1)),)
+    assert not p.admissions and p.reserved["c1"] == (("n1", 2),)
 
 
 def test_among_nodes_being_freed_the_best_fit_then_the_node_name_wins():
@@ -432,6 +434,12 @@ def _borrowed_part(snapshot: Snapshot, name: str, gpu_type: str, cap: int) -> li
     return out
 
 
+def _open(snapshot: Snapshot, runs: list[RunningView]) -> list[RunningView]:
+    """Rule 10: protected attempts (not yet run their share's min_runtime_s) are no candidates."""
+    window = {s.name: s.min_runtime_s for s in snapshot.shares}
+    return [r for r in runs if snapshot.now >= r.started_at + window.get(r.share, 0)]
+
+
 def _candidates(snapshot: Snapshot, q: QueuedView, in_share: bool) -> list[RunningView]:
     shares = {s.name: s for s in snapshot.shares}
     t = q.gpu_type
@@ -441,15 +449,21 @@ def _candidates(snapshot: Snapshot, q: QueuedView, in_share: bool) -> list[Runni
     out: list[RunningView] = []
     if in_share:
         mine = [r for r in _held(snapshot, set()) if r.share == q.share and r.gpu_type == t]
-        out += _tie_sorted([r for r in mine if r.priority < q.priority])
+        out += _tie_sorted(_open(snapshot, [r for r in mine if r.priority < q.priority]))
     lenders = [n for n in names if n != q.share and held[n] > cap[n]]
     for n in sorted(lenders, key=lambda n: (-(held[n] - cap[n]), n)):
-        out += _tie_sorted(_borrowed_part(snapshot, n, t, cap[n]))
+        out += _tie_sorted(_open(snapshot, _borrowed_part(snapshot, n, t, cap[n])))
     return out
 
 
+def _safe_point(r: RunningView) -> float:
+    """The later of the start and the last checkpoint (SEMANTICS "Checkpoints and safe points")."""
+    return max(r.started_at, r.started_at if r.last_checkpoint_at is None else r.last_checkpoint_at)
+
+
 def _tie_sorted(runs: list[RunningView]) -> list[RunningView]:
-    key = lambda r: (-r.priority, r.started_at, r.submitted_at, r.job_id, r.attempt_id)  # noqa: E731
+    # Rules 3 and 4 inside a share: lowest priority, then the most recent safe point, then rule 8.
+    key = lambda r: (-r.priority, _safe_point(r), r.submitted_at, r.job_id, r.attempt_id)  # noqa: E731
     return sorted(runs, key=key, reverse=True)
 
 
@@ -499,6 +513,7 @@ def contended(draw) -> Snapshot:
             strategy=rng.choice((LEND_AND_BORROW, LEND_AND_BORROW, LEND, RESERVE)),
             borrow_limit=rng.choice((UNLIMITED, UNLIMITED, 50, 200)),
             in_share_preemption=rng.random() < 0.6,
+            min_runtime_s=rng.choice((0, 0, 0, 50, 150)),  # rule 10 (now=200, starts 0..100)
         )
         for i in range(rng.randint(2, 4))
     ]
@@ -525,6 +540,7 @@ def contended(draw) -> Snapshot:
                     borrowed=rng.random() < 0.5,
                     preempting=preempting,
                     beneficiary_job_id="q" if preempting and rng.random() < 0.3 else None,
+                    last_checkpoint_at=float(rng.randint(0, 200)) if rng.random() < 0.4 else None,
                 )
             )
     q = QueuedView(

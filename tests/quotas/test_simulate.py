@@ -403,7 +403,9 @@ def test_the_result_file_has_sorted_keys_and_integer_times(tmp_path):
         "mean_wait_s",
         "p95_wait_s",
         "preempted_jobs",
+        "lost_gpu_seconds",
     }
+    assert result["shares"]["p"]["lost_gpu_seconds"] == {"reclaim": 0, "priority": 0, "node_lost": 0}
     times = [a[k] for j in result["jobs"].values() for a in j["attempts"] for k in ("start", "end")]
     assert all(isinstance(t, int) for t in times)
 
@@ -448,10 +450,20 @@ def test_compare_and_variant_print_a_table(tmp_path, capsys):
         "pre-emptions",
         "p mean wait_s",
         "p p95 wait_s",
+        "lost to reclaim",
+        "lost to node lost",
+        "p lost GPU-s",
     ):
         assert row in table
     assert table.split("p mean wait_s")[1].split()[:3] == ["0", "50", "+50"]  # a2 waits 100 s when p reserves
     assert "a.json" in table.splitlines()[0]
+    # A result written before lost work was split by cause compares too (its share rows say "-").
+    old = json.loads(a.read_text())
+    for share in old["shares"].values():
+        del share["lost_gpu_seconds"]
+    a.write_text(json.dumps(old))
+    assert main(["--compare", str(a), str(b)]) == 0
+    assert capsys.readouterr().out.split("p lost GPU-s")[1].split()[:2] == ["-", "0"]
 
     path.write_text(json.dumps({**data, "shares": [{"name": "p", "capacity": {"a10g": 1}}]}))
     assert main([str(path), "--variant", "RESERVE:p"]) == 0
@@ -476,6 +488,7 @@ def random_scenarios(draw):
             "strategy": draw(st.sampled_from(policy.STRATEGIES)),
             "borrow_limit": draw(st.sampled_from([-1, 0, 50, 100])),
             "in_share_preemption": draw(st.booleans()),
+            "min_runtime_s": draw(st.sampled_from([0, 0, 20, 60])),
         }
         for i in range(draw(st.integers(1, 3)))
     ]
@@ -495,6 +508,7 @@ def random_scenarios(draw):
             "priority": draw(st.integers(0, 3)),
             "max_preemptions": draw(st.sampled_from([-1, -1, 0, 1])),
             "checkpoint_every_s": draw(st.sampled_from([None, 10, 50])),
+            "checkpoint_on_stop": draw(st.booleans()),
         }
         for k in range(draw(st.integers(1, 8)))
     ]

@@ -1,0 +1,82 @@
+"""What the simulator records over virtual time and the report draws: plain data, and the percentile
+both use. Its own module so that the report reads the simulator's record without importing the
+simulator (which calls the report from its command line)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+class Timeline:
+    """Step functions over virtual time, recorded only where a value changes.
+
+    Keys are ``(share, gpu_type, metric)`` with metric ``own``, ``borrowed``, ``lent`` or ``capacity``;
+    the unassigned pool shows as share ``policy.UNASSIGNED`` (metric ``lent``) and the READY cluster as
+    share ``"(cluster)"`` (metric ``capacity``). A value holds from its time until the next change.
+    """
+
+    CLUSTER = "(cluster)"
+
+    def __init__(self) -> None:
+        self.series: dict[tuple[str, str, str], tuple[list[int], list[float]]] = {}
+        self.end = 0
+
+    def record(self, t: int, values: Mapping[tuple[str, str, str], float]) -> None:
+        series = self.series
+        for key, (_, now) in series.items():
+            if now[-1] and key not in values:
+                self._set(key, t, 0)
+        for key, value in values.items():
+            held = series.get(key)
+            if held is None or held[1][-1] != value:  # else _set would keep the series as it is
+                self._set(key, t, value)
+        self.end = max(self.end, t)
+
+    def _set(self, key: tuple[str, str, str], t: int, value: float) -> None:
+        times, values = self.series.setdefault(key, ([], []))
+        if values and values[-1] == value:
+            return
+        if times and times[-1] == t:
+            values[-1] = value
+            if len(values) > 1 and values[-2] == value:
+                times.pop()
+                values.pop()
+        else:
+            times.append(t)
+            values.append(value)
+
+    def keys(self, *, share: str | None = None, metric: str | None = None) -> list[tuple[str, str, str]]:
+        return sorted(
+            k for k in self.series if (share is None or k[0] == share) and (metric is None or k[2] == metric)
+        )
+
+    def integral(self, key: tuple[str, str, str], until: int | None = None) -> float:
+        """The area under one series over [0, until] (default: the end of the run)."""
+        until = self.end if until is None else until
+        times, values = self.series.get(key, ((), ()))
+        total = 0.0
+        for i, (t, v) in enumerate(zip(times, values, strict=True)):
+            nxt = times[i + 1] if i + 1 < len(times) else until
+            if t >= until:
+                break
+            total += v * (min(nxt, until) - t)
+        return total
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "end": self.end,
+            "series": [
+                {"share": s, "gpu_type": g, "metric": m, "t": list(ts), "v": list(vs)}
+                for (s, g, m), (ts, vs) in sorted(self.series.items())
+            ],
+        }
+
+
+def percentile(sorted_values: Sequence[int], pct: int) -> int | None:
+    """Nearest-rank percentile of already sorted values."""
+    if not sorted_values:
+        return None
+    rank = max(1, math.ceil(pct / 100 * len(sorted_values)))
+    return sorted_values[rank - 1]
