@@ -9,7 +9,7 @@ What is watched (the NVIDIA Kubernetes device plugin's checks, and a little more
   Ampere) and rows pending remapping or a remapping that failed (Ampere and later): the GPU needs a reset,
   or a replacement;
 - a GPU that NVML can no longer reach (NVML_ERROR_GPU_IS_LOST: it fell off the bus);
-- an attempt's process that still holds a GPU STUCK_PROCESS_S after its attempt was killed and reaped (the
+- an attempt's process that still holds a GPU GPU_STUCK_PROCESS_S after its attempt was killed and reaped (the
   runner tells the watcher which GPUs an attempt gave back: `released`).
 
 A GPU found broken stays so in this process (`faults`: its reason, in words, and when) until a re-check
@@ -354,7 +354,7 @@ class HealthWatcher:
 
     def released(self, indexes: Iterable[int], attempt: str) -> None:
         """An attempt that held these GPUs was killed and reaped: none of its processes may still use
-        them STUCK_PROCESS_S from now."""
+        them GPU_STUCK_PROCESS_S (stuck_after_s) from now."""
         deadline = self.monotonic() + self.stuck_after_s
         with self._lock:
             for index in indexes:
