@@ -326,6 +326,17 @@ CHECKPOINT_KEEP_DAYS = env_int("CHECKPOINT_KEEP_DAYS", 30)
 # The host's directories every uid may write, where a job uid that left files is not handed out again
 # (an attempt gets its own /tmp, /var/tmp and /dev/shm where the host allows mount namespaces).
 JOB_SHARED_DIRS = env_list("JOB_SHARED_DIRS", "/tmp,/var/tmp,/dev/shm,/run/lock,/dev/mqueue")
+# GPU health on an agent host (gpunodes/agent/health.py): every GPU is checked this often through NVML
+# (ECC, pending page retirement / row remapping, reachable at all; Xid events arrive at once), a process
+# that still uses a GPU this long after its attempt was killed makes the GPU unhealthy, and these Xids
+# are ignored besides the application errors 13, 31, 43, 45 and 68 (comma-separated numbers).
+GPU_HEALTH_CHECK_S = env_int("GPU_HEALTH_CHECK_S", 5)
+GPU_STUCK_PROCESS_S = env_int("GPU_STUCK_PROCESS_S", 30)
+GPU_HEALTH_IGNORED_XIDS = [int(x) for x in env_list("GPU_HEALTH_IGNORED_XIDS")]
+# The ports an attempt's rank 0 listens on for its ranks (MASTER_PORT), FIRST-LAST: one is chosen per
+# attempt at admission, none that another live attempt with the same rank-0 host holds, never the
+# previous attempt's. Keep them free of other services on the GPU hosts.
+RENDEZVOUS_PORTS = os.environ.get("RENDEZVOUS_PORTS", "29500-30499")
 # /metrics (Prometheus): a bearer token, or client addresses/networks allowed without one. Neither: 403.
 METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
 METRICS_ALLOWED_IPS = env_list("METRICS_ALLOWED_IPS")

@@ -1,14 +1,16 @@
 from django.contrib import admin, messages
 
 from gpunodes import services
-from gpunodes.models import Gpu, Node
+from gpunodes.choices import GpuHealth
+from gpunodes.models import Gpu, GpuFailure, Node
 from quotas.admin import AuditedAdmin
 
 
 class GpuInline(admin.TabularInline):
     model = Gpu
     extra = 0
-    fields = ["index", "uuid", "model", "memory_mb"]
+    fields = ["index", "uuid", "model", "memory_mb", "health", "health_detail"]
+    readonly_fields = ["health", "health_detail"]
 
 
 @admin.register(Node)
@@ -60,7 +62,43 @@ class NodeAdmin(AuditedAdmin):
 
 @admin.register(Gpu)
 class GpuAdmin(admin.ModelAdmin):
-    list_display = ["node", "index", "model", "memory_mb", "uuid"]
-    list_filter = ["node__gpu_type", "model"]
+    list_display = [
+        "node",
+        "index",
+        "model",
+        "memory_mb",
+        "uuid",
+        "health",
+        "health_reason",
+        "health_changed_at",
+    ]
+    list_filter = ["health", "node__gpu_type", "model"]
     search_fields = ["node__name", "uuid", "model"]
     list_select_related = ["node"]
+    # Health changes only through the agent's reports and the mark-healthy service (audited, re-checked).
+    readonly_fields = ["health", "health_reason", "health_detail", "health_changed_at", "recheck"]
+    actions = ["mark_healthy"]
+
+    @admin.action(description="Mark healthy (after a reset): its agent re-checks it before it takes work")
+    def mark_healthy(self, request, queryset):
+        done = 0
+        for gpu in queryset.select_related("node").exclude(health=GpuHealth.HEALTHY):
+            services.gpu_mark_healthy(node=gpu.node, index=gpu.index, actor=request.user)
+            done += 1
+        self.message_user(request, f"Marked {done} GPU(s) healthy: re-checking.", messages.SUCCESS)
+
+
+@admin.register(GpuFailure)
+class GpuFailureAdmin(admin.ModelAdmin):
+    """The record of GPU failures: read-only (written by the heartbeats and the mark-healthy service)."""
+
+    list_display = ["node", "index", "reason", "detail", "found_at", "cleared_at", "cleared_by"]
+    list_filter = ["reason"]
+    search_fields = ["node__name", "uuid", "detail"]
+    list_select_related = ["node", "cleared_by"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False

@@ -2,7 +2,8 @@
 timing"): an agent that cannot renew its lease stops its jobs (FENCE_AFTER_S, then SIGTERM,
 FENCE_GRACE_S, SIGKILL) before the control side may declare its node LOST and start the copies
 elsewhere (NODE_LOST_AFTER_S). Run by every management command (the agent, the web server, migrate,
-`check`); set the same values on the control side and on the agents."""
+`check`); set the same values on the control side and on the agents. And the rendezvous ports
+(RENDEZVOUS_PORTS) are a range the pass can choose from."""
 
 from __future__ import annotations
 
@@ -49,3 +50,14 @@ def fence_before_lost(app_configs, **kwargs) -> list:
             )
         )
     return errors
+
+
+@register(Tags.compatibility)
+def rendezvous_ports(app_configs, **kwargs) -> list:
+    from gpunodes.rendezvous import port_range
+
+    try:
+        port_range()
+    except ValueError as e:
+        return [Error(str(e), id="gpunodes.E003")]
+    return []

@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 START = "gpunodes.agent.tasks.start_attempt"
 PREEMPT = "gpunodes.agent.tasks.preempt_attempt"
 NODE_STATE = "gpunodes.agent.tasks.node_state"
+GPU_RECHECK = "gpunodes.agent.tasks.gpu_recheck"
 
 
 def start_attempt(node: str, payload: dict) -> None:
@@ -49,12 +50,32 @@ def node_state(node: str, state: str) -> None:
     app.send_task(NODE_STATE, kwargs={"node": node, "state": state}, queue=node_queue(node))
 
 
+def gpu_recheck(node: str, index: int, token: int) -> None:
+    """Ask a node's agent to re-check a GPU an admin marked healthy (its answer names `token`)."""
+    app.send_task(GPU_RECHECK, kwargs={"node": node, "index": index, "token": token}, queue=node_queue(node))
+
+
 def start_payloads(
-    *, attempt_id: int, number: int, job_id: int, placement, command, env, use_shell, max_runtime_s, grace_s
+    *,
+    attempt_id: int,
+    number: int,
+    job_id: int,
+    placement,
+    command,
+    env,
+    use_shell,
+    max_runtime_s,
+    grace_s,
+    rendezvous_port: int | None = None,
+    addresses: dict[str, str | None] | None = None,
 ) -> list[dict]:
     """The start messages of one attempt ({"node", "payload"}, one per node of its placement, with its
-    rank in the gang): what the pass sends, and what a lost start is sent again as."""
+    rank in the gang and the same rendezvous for all: rank 0's address, the attempt's port): what the
+    pass sends, and what a lost start is sent again as."""
+    from gpunodes.rendezvous import rendezvous
+
     world = [node for node, _ in placement]
+    meet = rendezvous(world, [len(gpus) for _, gpus in placement], rendezvous_port, addresses or {})
     return [
         {
             "node": node,
@@ -70,6 +91,7 @@ def start_payloads(
                 "grace_s": grace_s,
                 "rank": rank,
                 "world": world,
+                "rendezvous": meet,
             },
         }
         for rank, (node, gpus) in enumerate(placement)
@@ -77,7 +99,9 @@ def start_payloads(
 
 
 def start_messages(attempt_ids, only_node: str | None = None) -> list[dict]:
-    """The start messages of live attempts, read from the database (one query)."""
+    """The start messages of live attempts, read from the database (two queries)."""
+    from gpunodes.models import Node
+    from gpunodes.rendezvous import node_address
     from jobs.limits import effective_grace
     from jobs.models import Attempt
 
@@ -92,8 +116,17 @@ def start_messages(attempt_ids, only_node: str | None = None) -> list[dict]:
         "job__use_shell",
         "job__max_runtime_s",
         "job__preemption_grace_s",
+        "rendezvous_port",
     )
-    for pk, number, job_id, placement, command, env, use_shell, max_runtime, grace in rows:
+    rows = list(rows)
+    names = {p["node"] for row in rows for p in row[3]}
+    addresses = {
+        name: node_address(address, hostname)
+        for name, address, hostname in Node.objects.filter(name__in=names).values_list(
+            "name", "address", "hostname"
+        )
+    }
+    for pk, number, job_id, placement, command, env, use_shell, max_runtime, grace, port in rows:
         for message in start_payloads(
             attempt_id=pk,
             number=number,
@@ -104,6 +137,8 @@ def start_messages(attempt_ids, only_node: str | None = None) -> list[dict]:
             use_shell=use_shell,
             max_runtime_s=max_runtime,
             grace_s=effective_grace(grace),
+            rendezvous_port=port,
+            addresses=addresses,
         ):
             if only_node is None or message["node"] == only_node:
                 messages.append(message)

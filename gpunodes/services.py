@@ -1,4 +1,5 @@
-"""Node verbs: register an inventory, join (PENDING until accepted), accept, cordon, uncordon, drain."""
+"""Node verbs: register an inventory, join (PENDING until accepted), accept, cordon, uncordon, drain; a
+GPU's health as its agent reports it, and an admin's mark-healthy."""
 
 from __future__ import annotations
 
@@ -8,14 +9,15 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from gpunodes.choices import NodeState
-from gpunodes.models import Gpu, Node
+from gpunodes.addresses import valid_address
+from gpunodes.choices import GpuFailureReason, GpuHealth, NodeState
+from gpunodes.models import Gpu, GpuFailure, Node
 from gpunodes.signing import refused
 
 log = logging.getLogger(__name__)
@@ -113,6 +115,72 @@ def parse_heartbeat(
     if sent_at is not None and (type(sent_at) not in (int, float) or not math.isfinite(sent_at)):
         raise Malformed("sent_at must be a number")
     return gpus, pairs, sent_at
+
+
+@dataclass(frozen=True)
+class GpuFault:
+    """A GPU its agent found broken (the heartbeat's `unhealthy`)."""
+
+    index: int
+    reason: str  # GpuFailureReason
+    detail: str
+    at: float  # when, by the host's clock
+
+
+FAULT_FIELDS = frozenset({"index", "reason", "detail", "at"})
+
+
+def parse_gpu_health(
+    unhealthy, rechecked, gpus: Sequence[GpuInfo]
+) -> tuple[dict[int, GpuFault], dict[int, int]]:
+    """A heartbeat's GPU health, checked against its own inventory: ({index: fault} of the GPUs its
+    agent holds broken, {index: token} of the re-checks it has done). None (an older agent): nothing."""
+    indexes = {g.index for g in gpus}
+    if unhealthy is None:
+        unhealthy = []
+    if not isinstance(unhealthy, list) or len(unhealthy) > MAX_GPUS_PER_NODE:
+        raise Malformed(f"unhealthy must list at most {MAX_GPUS_PER_NODE} GPUs")
+    faults: dict[int, GpuFault] = {}
+    for f in unhealthy:
+        if not isinstance(f, dict) or set(f) != FAULT_FIELDS:
+            raise Malformed(
+                f"an unhealthy GPU must have the fields {', '.join(sorted(FAULT_FIELDS))} and no other"
+            )
+        index, at = f["index"], f["at"]
+        if type(index) is not int or index not in indexes or index in faults:
+            raise Malformed("an unhealthy GPU index must be a distinct index of the inventory")
+        if f["reason"] not in GpuFailureReason.values:
+            raise Malformed(f"an unhealthy GPU reason must be one of {', '.join(GpuFailureReason.values)}")
+        if type(at) not in (int, float) or not math.isfinite(at):
+            raise Malformed("an unhealthy GPU's at must be a number")
+        faults[index] = GpuFault(
+            index, f["reason"], _text("an unhealthy GPU's detail", f["detail"], 300), float(at)
+        )
+    if rechecked is None:
+        rechecked = []
+    if not isinstance(rechecked, list) or len(rechecked) > MAX_GPUS_PER_NODE:
+        raise Malformed(f"rechecked must list at most {MAX_GPUS_PER_NODE} [index, token] pairs")
+    tokens: dict[int, int] = {}
+    for r in rechecked:
+        if not (
+            isinstance(r, list | tuple)
+            and len(r) == 2
+            and all(type(x) is int for x in r)
+            and r[0] in indexes
+            and 0 < r[1] < 2**31
+        ):
+            raise Malformed("rechecked must list [index, token] pairs of the inventory's GPUs")
+        tokens[r[0]] = r[1]
+    return faults, tokens
+
+
+def parse_address(address) -> str:
+    """A heartbeat's `address` (where the node's peers reach it): "" from an agent that sends none."""
+    if address is None or address == "":
+        return ""
+    if not valid_address(address):
+        raise Malformed("address must be an IP address or a host name")
+    return address
 
 
 def sync_gpus(node: Node, gpus: Sequence[GpuInfo]) -> None:
@@ -218,6 +286,9 @@ def node_heartbeat(
     labels: dict | None = None,
     sent_at: float | None = None,
     join_token: str = "",
+    address: str = "",
+    unhealthy: dict[int, GpuFault] | None = None,
+    rechecked: dict[int, int] | None = None,
 ) -> dict:
     """Register or refresh a node from its agent's heartbeat, and reconcile what it runs:
 
@@ -232,7 +303,10 @@ def node_heartbeat(
     - attempts the host runs that are over (or unknown) are to be stopped: returned in "stop" and sent;
     - lost messages are made good: an attempt the host runs but that is still ADMITTED here is marked
       started, and one ADMITTED for a while that the host does not run has its start sent again
-      (returned in "resent").
+      (returned in "resent");
+    - the GPUs its agent found broken (`unhealthy`) leave capacity, and their attempts end GPU_FAILED
+      (returned in "gpu_failed"); a GPU an admin marked healthy is so again once the agent's re-check
+      (`rechecked`) agrees (apply_gpu_health).
     """
     from jobs import lifecycle
     from jobs.choices import ATTEMPT_ACTIVE_STATES, AttemptState, Outcome
@@ -287,6 +361,8 @@ def node_heartbeat(
         fields = dict(heard)
         if came_back:
             fields.update(state=NodeState.READY, state_changed_at=now)
+        if address and node.address != address:
+            fields["address"] = address
         Node.objects.filter(pk=node.pk).update(**fields)
 
         reported = dict(running)
@@ -333,6 +409,8 @@ def node_heartbeat(
         stop = [(a_id, n) for a_id, n in reported.items() if live.get(a_id, (None,))[0] != n]
         for a_id, n in stop:
             transaction.on_commit(lambda a_id=a_id, n=n: preempt_attempt(name, a_id, n, 0))
+        # After the reconciliation: an attempt it ends is stopped once, by fail_attempts_on.
+        gpu_failed = apply_gpu_health(node, unhealthy or {}, rechecked or {}, now)
         if came_back or lost:
             transaction.on_commit(lambda: request_pass("node ready" if came_back else "node restarted"))
         if came_back or node.state != NodeState.READY:
@@ -342,7 +420,150 @@ def node_heartbeat(
         "lost": lost,
         "stop": stop,
         "resent": resend,
+        "gpu_failed": gpu_failed,
     }
+
+
+# --- GPU health ------------------------------------------------------------------------------------
+
+
+def _found_at(at: float) -> datetime:
+    """When the agent found a fault, by its clock: never later than ours (plus the allowed skew)."""
+    return datetime.fromtimestamp(max(0.0, min(at, time.time() + settings.MESSAGE_CLOCK_SKEW_S)), UTC)
+
+
+def _gpu_unhealthy(node: Node, gpu: Gpu, fault: GpuFault, now) -> None:
+    """A GPU leaves capacity: UNHEALTHY with its reason, a failure on record, an audit entry."""
+    from quotas import audit
+
+    before = audit.snapshot(gpu)
+    Gpu.objects.filter(pk=gpu.pk).update(
+        health=GpuHealth.UNHEALTHY,
+        health_reason=fault.reason,
+        health_detail=fault.detail[:300],
+        health_changed_at=now,
+    )
+    GpuFailure.objects.create(
+        node=node,
+        gpu=gpu,
+        index=gpu.index,
+        uuid=gpu.uuid,
+        reason=fault.reason,
+        detail=fault.detail[:300],
+        found_at=_found_at(fault.at),
+    )
+    audit.record_audit(None, "gpu_unhealthy", gpu, before, audit.snapshot(gpu))
+    log.warning("GPU %d of %s is UNHEALTHY (%s): %s", gpu.index, node.name, fault.reason, fault.detail)
+
+
+def apply_gpu_health(node: Node, faults: dict[int, GpuFault], rechecked: dict[int, int], now) -> list[int]:
+    """What a heartbeat says of its node's GPUs (the node's row is locked: a node's heartbeats and an
+    admin's mark-healthy of its GPUs take turns):
+
+    - a HEALTHY GPU its agent lists broken becomes UNHEALTHY, and the attempts on it end GPU_FAILED at
+      once (their processes were killed by the agent when it found the fault; every rank is told to stop);
+    - an UNHEALTHY GPU stays so, listed or not (an agent restarted since forgets what it saw): only an
+      admin brings it back (gpu_mark_healthy);
+    - a GPU an admin marked healthy (CHECKING) waits for its agent's re-check, asked for again until the
+      answer comes (`rechecked` names the token): HEALTHY if the GPU is not listed broken, else
+      UNHEALTHY again.
+
+    Returns the attempts ended."""
+    from quotas import audit
+    from quotas.triggers import request_pass
+
+    from .dispatch import gpu_recheck
+
+    broken, resend, changed = [], [], False
+    for gpu in node.gpus.all():
+        fault = faults.get(gpu.index)
+        if gpu.health == GpuHealth.HEALTHY and fault is not None:
+            _gpu_unhealthy(node, gpu, fault, now)
+            broken.append((gpu, fault))
+        elif gpu.health == GpuHealth.CHECKING:
+            if rechecked.get(gpu.index) != gpu.recheck:
+                resend.append((gpu.index, gpu.recheck))
+            elif fault is not None:
+                _gpu_unhealthy(node, gpu, fault, now)
+                broken.append((gpu, fault))
+            else:
+                before = audit.snapshot(gpu)
+                Gpu.objects.filter(pk=gpu.pk).update(
+                    health=GpuHealth.HEALTHY, health_reason="", health_detail="", health_changed_at=now
+                )
+                audit.record_audit(None, "gpu_healthy", gpu, before, audit.snapshot(gpu))
+                log.warning("GPU %d of %s re-checked by its agent: HEALTHY again", gpu.index, node.name)
+                changed = True
+    name = node.name
+    for index, token in resend:
+        transaction.on_commit(lambda index=index, token=token: gpu_recheck(name, index, token))
+    ended = fail_attempts_on(node, broken) if broken else []
+    if broken or changed:
+        transaction.on_commit(lambda: request_pass("GPU health changed"))
+    return ended
+
+
+def fail_attempts_on(node: Node, broken: list[tuple[Gpu, GpuFault]]) -> list[int]:
+    """End the live attempts holding these broken GPUs as GPU_FAILED (their jobs are re-queued), and
+    tell every host of each to stop it (a gang's other ranks too). Returns the attempts ended."""
+    from jobs import lifecycle
+    from jobs.choices import ATTEMPT_ACTIVE_STATES, Outcome
+    from jobs.models import GpuClaim
+
+    from .dispatch import preempt_attempt
+
+    faults = {gpu.pk: fault for gpu, fault in broken}
+    held: dict[int, tuple[int, list, GpuFault]] = {}
+    for attempt_id, number, placement, gpu_id in GpuClaim.objects.filter(
+        gpu_id__in=list(faults), attempt__state__in=list(ATTEMPT_ACTIVE_STATES)
+    ).values_list("attempt_id", "attempt__number", "attempt__placement", "gpu_id"):
+        held.setdefault(attempt_id, (number, placement, faults[gpu_id]))
+    ended = []
+    for attempt_id, (number, placement, fault) in sorted(held.items()):
+        reason = f"GPU {fault.index} of {node.name} failed: {fault.detail}"
+        if lifecycle.end_attempt(attempt_id, number, outcome=Outcome.GPU_FAILED, reason=reason):
+            ended.append(attempt_id)
+            for p in placement:
+                transaction.on_commit(lambda n=p["node"], a=attempt_id, k=number: preempt_attempt(n, a, k, 0))
+    return ended
+
+
+def gpu_mark_healthy(*, node: Node, index: int, actor=None) -> Gpu:
+    """An admin brings a GPU back (after a reset): it is re-checked by its agent before it takes work
+    (CHECKING until the agent answers: apply_gpu_health). Its open failure records say who cleared them
+    and when; the change is audited. A GPU that is HEALTHY already is left as it is; one CHECKING is asked
+    to be re-checked again. Raises Gpu.DoesNotExist for an index the node does not have."""
+    from quotas import audit
+
+    from .dispatch import gpu_recheck
+
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node.pk)
+        gpu = node.gpus.get(index=index)
+        if gpu.health == GpuHealth.HEALTHY:
+            return gpu
+        if gpu.health == GpuHealth.UNHEALTHY:
+            now = timezone.now()
+            before = audit.snapshot(gpu)
+            gpu.recheck += 1
+            Gpu.objects.filter(pk=gpu.pk).update(
+                health=GpuHealth.CHECKING, health_changed_at=now, recheck=gpu.recheck
+            )
+            user = actor if getattr(actor, "is_authenticated", False) else None
+            GpuFailure.objects.filter(gpu=gpu, cleared_at__isnull=True).update(
+                cleared_at=now, cleared_by=user
+            )
+            audit.record_audit(actor, "gpu_mark_healthy", gpu, before, audit.snapshot(gpu))
+            log.warning(
+                "GPU %d of %s marked healthy by %s: its agent re-checks it before it takes work",
+                index,
+                node.name,
+                user.get_username() if user is not None else "the system",
+            )
+        name, token = node.name, gpu.recheck
+        transaction.on_commit(lambda: gpu_recheck(name, index, token))
+    gpu.refresh_from_db()
+    return gpu
 
 
 # --- admin actions: cordon, uncordon, drain --------------------------------------------------------
@@ -479,6 +700,11 @@ def node_grid(*, now=None, names: list[str] | None = None) -> list[dict]:
                 {
                     "index": gpu.index,
                     "model": gpu.model,
+                    "uuid": gpu.uuid,
+                    "health": gpu.health,
+                    "health_reason": gpu.get_health_reason_display() if gpu.health_reason else "",
+                    "health_detail": gpu.health_detail,
+                    "health_changed_at": gpu.health_changed_at,
                     "share": holder[2] if holder else None,
                     "job_id": holder[1] if holder else None,
                     "job_name": holder[3] if holder else "",
@@ -493,6 +719,7 @@ def node_grid(*, now=None, names: list[str] | None = None) -> list[dict]:
                 "node": node,
                 "gpus": gpus,
                 "used": sum(1 for g in gpus if g["share"]),
+                "unhealthy": sum(1 for g in gpus if g["health"] != GpuHealth.HEALTHY),
                 "heartbeat_age": None if age is None else max(0, int(age)),
                 "stale": age is None or age > 3 * settings.HEARTBEAT_INTERVAL_S,
             }

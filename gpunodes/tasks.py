@@ -36,6 +36,9 @@ def node_heartbeat(
     join_token: str = "",
     outbox: list[dict] | None = None,
     outbox_epoch: str = "",
+    address: str | None = None,
+    unhealthy: list[dict] | None = None,
+    rechecked: list[list[int]] | None = None,
     **newer: object,
 ) -> dict:
     """`newer`: fields of an agent newer than this control side (a rolling upgrade reaches the hosts
@@ -64,6 +67,8 @@ def node_heartbeat(
             labels=labels,
             sent_at=sent_at,
         )
+        address = services.parse_address(address)
+        faults, tokens = services.parse_gpu_health(unhealthy, rechecked, gpus)
         if not isinstance(join_token, str) or not all(isinstance(x or [], list) for x in (outbox, finished)):
             raise services.Malformed("join_token must be a string, outbox and finished lists")
     except services.Malformed as e:
@@ -99,6 +104,9 @@ def node_heartbeat(
         labels=labels,
         sent_at=sent_at,
         join_token=join_token,
+        address=address,
+        unhealthy=faults,
+        rechecked=tokens,
     )
     if (recorded or relog) and isinstance(outbox_epoch, str) and outbox_epoch:
         # Applied (each report committed on its own): the agent may forget them. A lost ack costs only

@@ -1,19 +1,20 @@
-"""Dashboard page of the gpunodes app: the grid of hosts and their GPUs (coloured by the share using
-each GPU, hatched while borrowed, heartbeat age), and the admins' cordon / uncordon / drain buttons."""
+"""Dashboard pages of the gpunodes app: the grid of hosts and their GPUs (coloured by the share using
+each GPU, hatched while borrowed, red while broken, heartbeat age), a node's own page (its GPUs with their
+health, its GPU failures), and the admins' cordon / uncordon / drain and mark-healthy buttons."""
 
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.http import HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from gpunodes import services
-from gpunodes.choices import NodeState
-from gpunodes.models import Node
+from gpunodes.choices import GpuHealth, NodeState
+from gpunodes.models import Gpu, Node
 from jobs.services import Conflict
 from quotas.views import admin_required, hx_redirect, page_or_part
 
@@ -40,7 +41,28 @@ def _gpu_cell(g: dict, node_state: str, may_see) -> dict:
     """A GPU of the grid ready to print: its classes, its title and who holds it (a page shows 64 nodes
     of 8 GPUs: the template places these instead of deciding each GPU's words). The job's id and name
     are shown only to those who may see the job (`may_see(share name)`: its team's members, admins), as
-    its page is; others see the share that uses the GPU."""
+    its page is; others see the share that uses the GPU. A GPU that is not healthy says so in red, with
+    its reason and since when, whoever still holds it."""
+    if g["health"] != GpuHealth.HEALTHY:
+        checking = g["health"] == GpuHealth.CHECKING
+        since = (
+            timezone.localtime(g["health_changed_at"]).strftime("%Y-%m-%d %H:%M:%S")
+            if g["health_changed_at"]
+            else "?"
+        )
+        words = (
+            f"marked healthy at {since}, waiting for its agent's re-check"
+            if checking
+            else f"UNHEALTHY since {since}: {g['health_reason']}: {g['health_detail']}"
+        )
+        who = "re-checking" if checking else "unhealthy"
+        return {
+            **g,
+            "css": "unhealthy checking" if checking else "unhealthy",
+            "title": f"GPU {g['index']}: {words}",
+            "who": who,
+            "broken": True,
+        }
     if not g["share"]:
         if node_state in OUT_OF_SERVICE:
             css, words = OUT_OF_SERVICE[node_state]
@@ -90,11 +112,57 @@ def grid_context(request) -> dict:
     return {"grid": grid, "page": page, "poll": True}
 
 
+def node_context(request, node: Node) -> dict:
+    """A node's page: its GPUs as the grid shows them (with mark-healthy for admins), and its GPU
+    failures, the latest first."""
+    [row] = services.node_grid(now=timezone.now(), names=[node.name])
+    may_see = _share_visibility(request.user)
+    row["gpus"] = [_gpu_cell(g, node.state, may_see) for g in row["gpus"]]
+    admin = request.user.is_superuser
+    for g in row["gpus"]:
+        g["heal_url"] = (
+            reverse("gpu_mark_healthy", args=[node.name, g["index"]])
+            if admin and g["health"] == GpuHealth.UNHEALTHY
+            else None
+        )
+    row["buttons"] = [
+        {"label": label, "url": reverse("node_action", args=[node.name, action])}
+        for action, label in (BUTTONS.get(node.state, ()) if admin else ())
+    ]
+    failures = list(node.gpu_failures.select_related("cleared_by")[:FAILURES_SHOWN])
+    return {"node": node, "row": row, "failures": failures, "poll": True}
+
+
+FAILURES_SHOWN = 50
+
+
 @require_GET
 @login_required
 def node_grid(request):
     context = grid_context(request)
     return page_or_part(request, "gpunodes/nodes.html", {"grid": "gpunodes/partials/_grid.html"}, context)
+
+
+@require_GET
+@login_required
+def node_page(request, name):
+    node = get_object_or_404(Node, name=name)
+    context = node_context(request, node)
+    return page_or_part(request, "gpunodes/node.html", {"gpus": "gpunodes/partials/_node_gpus.html"}, context)
+
+
+@require_POST
+@admin_required
+def gpu_mark_healthy(request, name, index):
+    """An admin brings a GPU back after a reset: its agent re-checks it before it takes work."""
+    node = get_object_or_404(Node, name=name)
+    try:
+        services.gpu_mark_healthy(node=node, index=index, actor=request.user)
+    except Gpu.DoesNotExist:
+        raise Http404(f"Node {name} has no GPU {index}.") from None
+    if request.htmx:
+        return render(request, "gpunodes/partials/_node_gpus.html", node_context(request, node))
+    return hx_redirect(request, reverse("node", args=[name]))
 
 
 @require_POST

@@ -45,6 +45,9 @@ class Outcome(models.TextChoices):
     NODE_LOST = "NODE_LOST", "Node lost"
     CANCELLED = "CANCELLED", "Cancelled"
     TIMED_OUT = "TIMED_OUT", "Ran past max_runtime_s"
+    # Its GPU was found broken (gpunodes/agent/health.py): re-queued, never the user's failure nor a
+    # pre-emption (max_preemptions), nor a step towards HOLD_AFTER_NODE_LOST.
+    GPU_FAILED = "GPU_FAILED", "GPU failed"
 
 
 class PreemptionReason(models.TextChoices):
@@ -68,3 +71,4 @@ class EventKind(models.TextChoices):
     GRACE_CHANGED = "GRACE_CHANGED", "Grace changed"
     HELD = "HELD", "Held"
     RELEASED = "RELEASED", "Released"
+    GPU_FAILED = "GPU_FAILED", "GPU failed"

@@ -89,7 +89,11 @@ def end_attempt(
       pre-empted one whose process still exited 0 within its grace has finished its work: SUCCEEDED;
     - a running attempt that exited → SUCCEEDED / FAILED (TIMED_OUT is a failure);
     - NODE_LOST → the job is re-queued with its original submit time, or HELD when its last
-      HOLD_AFTER_NODE_LOST attempts all ended so (hold_or_requeue).
+      HOLD_AFTER_NODE_LOST attempts all ended so (hold_or_requeue);
+    - GPU_FAILED (its GPU was found broken) → re-queued with its original submit time: not the user's
+      failure, not a pre-emption (max_preemptions), and neither a step of nor a break in the streak of
+      NODE_LOST ends that holds a job. Even while it was stopping (pre-empted: the pre-emption was
+      counted when it was decided).
     Returns whether this call ended it (False for a duplicate or an old attempt)."""
     now = at or timezone.now()
     attempt = (
@@ -105,7 +109,11 @@ def end_attempt(
     how = outcome
     if cancelling:
         outcome = Outcome.CANCELLED
-    elif attempt.state == AttemptState.STOPPING and outcome not in (Outcome.NODE_LOST, Outcome.SUCCEEDED):
+    elif attempt.state == AttemptState.STOPPING and outcome not in (
+        Outcome.NODE_LOST,
+        Outcome.SUCCEEDED,
+        Outcome.GPU_FAILED,
+    ):
         outcome = Outcome.PREEMPTED  # one that finished within its grace (exit 0) succeeded: not run again
     Attempt.objects.filter(pk=attempt.pk).update(
         state=AttemptState.ENDED, outcome=outcome, exit_code=exit_code, ended_at=now, end_reason=reason[:300]
@@ -184,6 +192,17 @@ def end_attempt(
             )
     elif outcome == Outcome.NODE_LOST:
         hold_or_requeue(job, number, reason or "node lost", now)
+    elif outcome == Outcome.GPU_FAILED:
+        transition(
+            job.pk,
+            from_states=active,
+            to_state=JobState.QUEUED,
+            event=EventKind.GPU_FAILED,
+            reason=f"{reason or 'its GPU failed'}; the hardware's fault, not the job's: re-queued with its "
+            "original submit time",
+            attempt_number=number,
+            detail={"outcome": outcome},
+        )
     return True
 
 

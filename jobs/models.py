@@ -128,6 +128,9 @@ class Attempt(models.Model):
     preempted_by = models.ForeignKey(Job, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     preemption_reason = models.CharField(max_length=16, choices=PreemptionReason.choices, blank=True)
     end_reason = models.CharField(max_length=300, blank=True)
+    # The port its rank 0 listens on for the other ranks (MASTER_PORT), chosen at admission, a fresh one
+    # per attempt (quotas.scheduler.rendezvous_ports).
+    rendezvous_port = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["job", "number"]

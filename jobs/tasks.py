@@ -19,6 +19,7 @@ HOST_OUTCOMES = {
     "stopped": Outcome.PREEMPTED,
     "unknown": Outcome.PREEMPTED,
     "failed_to_start": Outcome.FAILED,
+    "gpu_failed": Outcome.GPU_FAILED,
 }
 
 
@@ -74,6 +75,7 @@ def attempt_finished(
         Outcome.FAILED: f"exit code {exit_code}",
         Outcome.TIMED_OUT: "ran past max_runtime_s",
         Outcome.NODE_LOST: f"host {node} no longer runs it",
+        Outcome.GPU_FAILED: f"a GPU of {node} failed",
     }.get(outcome, f"stopped on {node}")
     ended = lifecycle.end_attempt(attempt_id, number, outcome=outcome, exit_code=exit_code, reason=reason)
     if ended and len(attempt.placement) > 1:

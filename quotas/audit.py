@@ -1,4 +1,5 @@
-"""The audit log of admin changes to shares, teams and nodes: who, when, what it was before and after.
+"""The audit log of admin changes to shares, teams, nodes and GPUs (and of the GPUs' health as their
+agents report it): who, when, what it was before and after.
 
 Services record through `record_audit` inside their own transaction, so a change that rolls back leaves
 no entry, and an entry never exists without its change. Whichever door a change came through (API,
@@ -16,7 +17,7 @@ MAX_REPR = 200
 
 
 def object_type(obj: Any) -> str:
-    from gpunodes.models import Node
+    from gpunodes.models import Gpu, Node
 
     if isinstance(obj, Share):
         return "share"
@@ -24,13 +25,15 @@ def object_type(obj: Any) -> str:
         return "team"
     if isinstance(obj, Node):
         return "node"
+    if isinstance(obj, Gpu):
+        return "gpu"
     return type(obj).__name__.lower()
 
 
 def snapshot(obj: Any) -> dict[str, Any]:
-    """The audited fields of a share, team or node as they are in the database now (JSON-able).
+    """The audited fields of a share, team, node or GPU as they are in the database now (JSON-able).
     Read from the database, not from the instance: a caller may have changed the instance already."""
-    from gpunodes.models import Node
+    from gpunodes.models import Gpu, Node
 
     if obj is None or obj.pk is None:
         return {}
@@ -68,6 +71,17 @@ def snapshot(obj: Any) -> dict[str, Any]:
             "state": row.state,
             "hostname": row.hostname,
             "labels": row.labels,
+        }
+    if isinstance(obj, Gpu):
+        row = Gpu.objects.filter(pk=obj.pk).select_related("node").first()
+        if row is None:
+            return {}
+        return {
+            "name": str(row),
+            "uuid": row.uuid,
+            "health": row.health,
+            "reason": row.health_reason,
+            "detail": row.health_detail,
         }
     raise TypeError(f"{type(obj).__name__} is not audited")
 

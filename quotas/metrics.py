@@ -4,8 +4,8 @@ Every value is computed at scrape time from the database, so any web process ans
 nothing is lost when a process restarts. A scrape costs a constant number of queries whatever the number
 of jobs: the pass's own snapshot (`scheduler.load_snapshot`, six queries) for the share gauges, so the
 numbers are the ones the dashboard, the API and the policy see (`policy.usage` / `policy.lending`), plus
-one aggregate query each for nodes, admissions, pre-emptions, waits and passes, and one for whether the
-control side hears the nodes (quotas/hearing.py).
+one aggregate query each for nodes (and their GPUs by health), GPU failures, admissions, pre-emptions,
+waits and passes, and one for whether the control side hears the nodes (quotas/hearing.py).
 
 Counters and histograms are aggregates over rows that are kept: attempts (admissions, pre-emptions,
 waits) are never pruned, so those only grow; `gpuquota_pass_duration_seconds` covers the retained
@@ -39,8 +39,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from gpunodes.choices import HOLDING_STATES, NodeState
-from gpunodes.models import Node
+from gpunodes.choices import HOLDING_STATES, GpuFailureReason, GpuHealth, NodeState
+from gpunodes.models import GpuFailure, Node
 from jobs.models import Attempt
 from quotas.engine import policy
 from quotas.hearing import hearing
@@ -71,6 +71,7 @@ class GpuquotaCollector(Collector):
         yield from self._waits(shares)
         yield from self._passes()
         yield from self._nodes(now)
+        yield from self._gpu_failures()
         yield from self._hearing(now)
 
     # -- shares: the policy's own accounting of the pass's snapshot ----------------------------------
@@ -244,19 +245,28 @@ class GpuquotaCollector(Collector):
         )
         gpus = GaugeMetricFamily(
             "gpuquota_node_gpus",
-            "GPUs of the node: used (claimed by an attempt), free (unclaimed on a READY node) or "
-            "unavailable (unclaimed on a cordoned, draining or lost node)",
+            "GPUs of the node: used (claimed by an attempt), free (unclaimed and healthy on a READY node), "
+            "unhealthy (unclaimed and found broken, or waiting for a re-check) or unavailable (unclaimed "
+            "and healthy on a cordoned, draining or lost node)",
             labels=["node", "gpu_type", "state"],
         )
         fresh = now - timedelta(seconds=settings.NODE_LOST_AFTER_S)
         self._latest_heartbeat = None
-        for name, gpu_type, state, heartbeat, total, used in (
+        broken = ~Q(gpus__health=GpuHealth.HEALTHY) & Q(gpus__claim__isnull=True)
+        health = {h: Count("gpus", filter=Q(gpus__health=h), distinct=True) for h in GpuHealth.values}
+        by_health: dict[tuple[str, str], int] = {}
+        for name, gpu_type, state, heartbeat, total, used, unhealthy, *counts in (
             Node.objects.annotate(
-                total=Count("gpus", distinct=True), used=Count("gpus__claim", distinct=True)
+                total=Count("gpus", distinct=True),
+                used=Count("gpus__claim", distinct=True),
+                unhealthy=Count("gpus", filter=broken, distinct=True),
+                **health,
             )
-            .values_list("name", "gpu_type", "state", "last_heartbeat", "total", "used")
+            .values_list("name", "gpu_type", "state", "last_heartbeat", "total", "used", "unhealthy", *health)
             .order_by("name")
         ):
+            for h, n in zip(health, counts, strict=True):
+                by_health[(gpu_type, h)] = by_health.get((gpu_type, h), 0) + n
             alive = state in HOLDING_STATES and heartbeat is not None and heartbeat >= fresh
             if heartbeat is not None and (
                 self._latest_heartbeat is None or heartbeat > self._latest_heartbeat
@@ -265,12 +275,41 @@ class GpuquotaCollector(Collector):
             up.add_metric([name, gpu_type], 1 if alive else 0)
             ready = state == NodeState.READY
             schedulable.add_metric([name, gpu_type], 1 if ready else 0)
+            idle = total - used - unhealthy
             gpus.add_metric([name, gpu_type, "used"], used)
-            gpus.add_metric([name, gpu_type, "free"], total - used if ready else 0)
-            gpus.add_metric([name, gpu_type, "unavailable"], 0 if ready else total - used)
+            gpus.add_metric([name, gpu_type, "free"], idle if ready else 0)
+            gpus.add_metric([name, gpu_type, "unhealthy"], unhealthy)
+            gpus.add_metric([name, gpu_type, "unavailable"], 0 if ready else idle)
         yield up
         yield schedulable
         yield gpus
+        states = GaugeMetricFamily(
+            "gpuquota_gpus",
+            "GPUs by health: healthy (capacity), unhealthy (found broken by its agent) or checking (marked "
+            "healthy by an admin, waiting for its agent's re-check); neither of the last two is capacity",
+            labels=["gpu_type", "state"],
+        )
+        for gpu_type, h in sorted(by_health):
+            states.add_metric([gpu_type, h.lower()], by_health[(gpu_type, h)])
+        yield states
+
+    def _gpu_failures(self) -> Iterator[Metric]:
+        """The GPU failures on record, by reason (every reason, 0 included)."""
+        failures = CounterMetricFamily(
+            "gpuquota_gpu_failures",
+            "GPUs found broken by their agents, by reason (xid, ecc, retired_pages, row_remap, off_bus, "
+            "stuck_process)",
+            labels=["reason"],
+        )
+        by_reason = dict(
+            GpuFailure.objects.values_list("reason")
+            .annotate(n=Count("pk"))
+            .values_list("reason", "n")
+            .order_by()
+        )
+        for reason in GpuFailureReason.values:
+            failures.add_metric([reason], by_reason.get(reason, 0))
+        yield failures
 
     def _hearing(self, now: datetime) -> Iterator[Metric]:
         heard = hearing(now, latest=self._latest_heartbeat)

@@ -18,9 +18,10 @@ from django.db import connection, transaction
 from django.db.models import Count, F, FloatField, Func, Sum
 from django.utils import timezone
 
-from gpunodes.choices import HOLDING_STATES, NodeState
+from gpunodes.choices import HOLDING_STATES, GpuHealth, NodeState
 from gpunodes.dispatch import start_attempt, start_payloads
 from gpunodes.models import Gpu, Node
+from gpunodes.rendezvous import choose_port, node_address, port_range
 from jobs import lifecycle
 from jobs.choices import ATTEMPT_ACTIVE_STATES, AttemptState, EventKind, JobState, Outcome
 from jobs.limits import effective_grace
@@ -179,24 +180,54 @@ class Loaded:
     attempt_numbers: dict[int, tuple[int, int]]
     # (share, gpu type) -> (queued jobs, queued GPUs); filled also when the queue itself was not loaded
     queued_totals: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    # The engine numbers a node's GPUs 0..n-1. Where a node's usable GPUs (HEALTHY, or still held by an
+    # attempt) are not simply 0..n-1 (a GPU in the middle failed), its GPU indexes in the engine's order.
+    engine_gpus: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # Where each node's peers reach it (gpunodes.rendezvous.node_address), and the rendezvous ports of
+    # the live attempts whose rank 0 it is.
+    addresses: dict[str, str | None] = field(default_factory=dict)
+    ports_in_use: dict[str, set[int]] = field(default_factory=dict)
+
+    def real_gpus(self, node: str, indexes) -> tuple[int, ...]:
+        """The node's GPU indexes for the engine's `indexes`."""
+        table = self.engine_gpus.get(node)
+        return tuple(indexes) if table is None else tuple(table[i] for i in indexes)
+
+    def real_placement(self, placement) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        return tuple((node, self.real_gpus(node, indexes)) for node, indexes in placement)
 
 
 def load_snapshot(now: datetime | None = None, *, queued: bool = True) -> Loaded:
     """Everything the policy needs, in six queries, whatever the number of jobs. With queued=False the
     queue is left out (usage and lending do not depend on it) and only its totals per share and type are
-    read, by one aggregate: what pages and metrics need, at a fraction of the cost with a long queue."""
+    read, by one aggregate: what pages and metrics need, at a fraction of the cost with a long queue.
+
+    A GPU that is not HEALTHY (gpunodes.choices.GpuHealth) is no capacity: the engine sees the node
+    without it, unless an attempt still holds it (it is then freed as any other, when that attempt
+    ends). The engine numbers the rest 0..n-1 (Loaded.engine_gpus translates)."""
     now = now or timezone.now()
     node_rows = list(
-        Node.objects.filter(state__in=list(HOLDING_STATES)).values_list("pk", "name", "gpu_type", "state")
+        Node.objects.filter(state__in=list(HOLDING_STATES)).values_list(
+            "pk", "name", "gpu_type", "state", "address", "hostname"
+        )
     )
-    node_ids = {name: pk for pk, name, _, _ in node_rows}
+    node_ids = {name: pk for pk, name, *_ in node_rows}
+    addresses = {name: node_address(address, hostname) for _, name, _, _, address, hostname in node_rows}
     gpu_ids: dict[tuple[str, int], int] = {}
     indexes: dict[str, list[int]] = {}
-    for pk, node_name, index in Gpu.objects.filter(node_id__in=list(node_ids.values())).values_list(
-        "pk", "node__name", "index"
-    ):
+    for pk, node_name, index, health, claim in Gpu.objects.filter(
+        node_id__in=list(node_ids.values())
+    ).values_list("pk", "node__name", "index", "health", "claim"):
         gpu_ids[(node_name, index)] = pk
-        indexes.setdefault(node_name, []).append(index)
+        if health == GpuHealth.HEALTHY or claim is not None:
+            indexes.setdefault(node_name, []).append(index)
+    engine_gpus: dict[str, tuple[int, ...]] = {}
+    engine_index: dict[str, dict[int, int]] = {}
+    for name, usable in indexes.items():
+        usable.sort()
+        if usable != list(range(len(usable))):
+            engine_gpus[name] = tuple(usable)
+            engine_index[name] = {real: i for i, real in enumerate(usable)}
     nodes = tuple(
         policy.NodeView(
             name=name,
@@ -204,9 +235,20 @@ def load_snapshot(now: datetime | None = None, *, queued: bool = True) -> Loaded
             gpus=len(indexes.get(name, ())),
             schedulable=state == NodeState.READY,
         )
-        for _, name, gpu_type, state in node_rows
+        for _, name, gpu_type, state, *_ in node_rows
         if indexes.get(name)
     )
+
+    def engine_placement(placement) -> tuple:
+        return tuple(
+            (
+                p["node"],
+                tuple(
+                    engine_index[p["node"]].get(i, i) if p["node"] in engine_index else i for i in p["gpus"]
+                ),
+            )
+            for p in placement
+        )
 
     capacities: dict[int, dict[str, int]] = {}
     shares_rows = list(
@@ -227,6 +269,7 @@ def load_snapshot(now: datetime | None = None, *, queued: bool = True) -> Loaded
 
     running = []
     attempt_numbers = {}
+    ports_in_use: dict[str, set[int]] = {}
     share_names = {pk: name for pk, name, *_ in shares_rows}
     active = Attempt.objects.filter(state__in=list(ATTEMPT_ACTIVE_STATES)).annotate(
         submitted_s=Epoch("job__submitted_at"), started_s=Epoch("started_at"), admitted_s=Epoch("admitted_at")
@@ -246,6 +289,7 @@ def load_snapshot(now: datetime | None = None, *, queued: bool = True) -> Loaded
         "state",
         "preempted_by_id",
         "job__preemption_grace_s",
+        "rendezvous_port",
     ):
         (
             pk,
@@ -262,8 +306,11 @@ def load_snapshot(now: datetime | None = None, *, queued: bool = True) -> Loaded
             state,
             beneficiary,
             grace,
+            port,
         ) = row
         attempt_numbers[pk] = (number, effective_grace(grace))
+        if port is not None and placement:
+            ports_in_use.setdefault(placement[0]["node"], set()).add(port)
         running.append(
             policy.RunningView(
                 attempt_id=pk,
@@ -273,7 +320,7 @@ def load_snapshot(now: datetime | None = None, *, queued: bool = True) -> Loaded
                 priority=prio,
                 submitted_at=submitted,
                 started_at=started or admitted or 0.0,
-                placement=tuple((p["node"], tuple(p["gpus"])) for p in placement),
+                placement=engine_placement(placement),
                 borrowed=borrowed,
                 preempting=state == AttemptState.STOPPING,
                 beneficiary_job_id=beneficiary if state == AttemptState.STOPPING else None,
@@ -297,7 +344,9 @@ def load_snapshot(now: datetime | None = None, *, queued: bool = True) -> Loaded
             queued=(),
             starvation_s=settings.STARVATION_S,
         )
-        return Loaded(snapshot, gpu_ids, node_ids, attempt_numbers, totals)
+        return Loaded(
+            snapshot, gpu_ids, node_ids, attempt_numbers, totals, engine_gpus, addresses, ports_in_use
+        )
     queued_views = tuple(
         policy.QueuedView(
             job_id=pk,
@@ -326,14 +375,14 @@ def load_snapshot(now: datetime | None = None, *, queued: bool = True) -> Loaded
         acc[0] += 1
         acc[1] += q.gpus
     totals = {key: (n, gpus) for key, (n, gpus) in sums.items()}
-    return Loaded(snapshot, gpu_ids, node_ids, attempt_numbers, totals)
+    return Loaded(snapshot, gpu_ids, node_ids, attempt_numbers, totals, engine_gpus, addresses, ports_in_use)
 
 
 # --- apply ---------------------------------------------------------------------------------------
 
 
-def _admission_reason(adm: policy.Admission) -> str:
-    where = "; ".join(f"{node} GPUs {','.join(map(str, idx))}" for node, idx in adm.placement)
+def _admission_reason(adm: policy.Admission, placement) -> str:
+    where = "; ".join(f"{node} GPUs {','.join(map(str, idx))}" for node, idx in placement)
     if adm.borrowed:
         lenders = ", ".join(adm.lenders) or "idle capacity"
         return f"{policy.ADMITTED_BORROWED} from {lenders} on {where}"
@@ -341,10 +390,14 @@ def _admission_reason(adm: policy.Admission) -> str:
 
 
 def apply_admissions(loaded: Loaded, admissions: tuple[policy.Admission, ...], now: datetime) -> list[dict]:
-    """Claim the GPUs and create the attempts, in bulk. Returns the start messages to send."""
+    """Claim the GPUs and create the attempts, in bulk, each with its rendezvous port (rank 0's host and a
+    port no live attempt there holds, never the job's previous attempt's). Returns the start messages
+    to send."""
     if not admissions:
         return []
     by_job = {a.job_id: a for a in admissions}
+    # The engine's GPU numbers, as the node's (a node whose GPU in the middle failed).
+    where = {a.job_id: loaded.real_placement(a.placement) for a in admissions}
     # Lock the rows and re-check their state: a job cancelled since the snapshot is not admitted.
     rows = list(
         Job.objects.select_for_update()
@@ -356,6 +409,18 @@ def apply_admissions(loaded: Loaded, admissions: tuple[policy.Admission, ...], n
     if not rows:
         return []
     ok = [r[0] for r in rows]
+    previous_port = dict(
+        Attempt.objects.filter(job_id__in=[pk for pk, count, *_ in rows if count])
+        .exclude(rendezvous_port=None)
+        .order_by("job_id", "number")
+        .values_list("job_id", "rendezvous_port")
+    )  # the latest attempt's, ordered last
+    ports = port_range()
+    port_of = {}
+    for pk, *_ in rows:
+        rank0 = where[pk][0][0]
+        port_of[pk] = choose_port(loaded.ports_in_use.get(rank0, ()), previous_port.get(pk), ports)
+        loaded.ports_in_use.setdefault(rank0, set()).add(port_of[pk])
     Job.objects.filter(pk__in=ok, state=JobState.QUEUED).update(
         state=JobState.ADMITTED,
         attempt_count=F("attempt_count") + 1,
@@ -369,11 +434,12 @@ def apply_admissions(loaded: Loaded, admissions: tuple[policy.Admission, ...], n
                 job_id=pk,
                 number=count + 1,
                 state=AttemptState.ADMITTED,
-                placement=[{"node": n, "gpus": list(idx)} for n, idx in by_job[pk].placement],
+                placement=[{"node": n, "gpus": list(idx)} for n, idx in where[pk]],
                 borrowed=by_job[pk].borrowed,
                 reason=by_job[pk].reason,
                 lenders=list(by_job[pk].lenders),
                 admitted_at=now,
+                rendezvous_port=port_of[pk],
             )
             for pk, count, *_ in rows
         ]
@@ -381,7 +447,7 @@ def apply_admissions(loaded: Loaded, admissions: tuple[policy.Admission, ...], n
     claims, through, events, messages = [], [], [], []
     for attempt, (pk, count, command, env, use_shell, max_runtime, grace) in zip(attempts, rows, strict=True):
         adm = by_job[pk]
-        for node, idx in adm.placement:
+        for node, idx in where[pk]:
             through.append(Attempt.nodes.through(attempt_id=attempt.pk, node_id=loaded.node_ids[node]))
             claims += [
                 GpuClaim(attempt=attempt, gpu_id=loaded.gpu_ids[(node, i)], claimed_at=now) for i in idx
@@ -390,12 +456,14 @@ def apply_admissions(loaded: Loaded, admissions: tuple[policy.Admission, ...], n
             attempt_id=attempt.pk,
             number=count + 1,
             job_id=pk,
-            placement=adm.placement,
+            placement=where[pk],
             command=command,
             env=env,
             use_shell=use_shell,
             max_runtime_s=max_runtime,
             grace_s=effective_grace(grace),
+            rendezvous_port=port_of[pk],
+            addresses=loaded.addresses,
         )
         events.append(
             JobEvent(
@@ -403,11 +471,12 @@ def apply_admissions(loaded: Loaded, admissions: tuple[policy.Admission, ...], n
                 attempt_number=count + 1,
                 at=now,
                 kind=EventKind.ADMITTED,
-                reason=_admission_reason(adm)[:300],
+                reason=_admission_reason(adm, where[pk])[:300],
                 detail={
                     "borrowed": adm.borrowed,
                     "lenders": list(adm.lenders),
-                    "placement": [{"node": n, "gpus": list(i)} for n, i in adm.placement],
+                    "placement": [{"node": n, "gpus": list(i)} for n, i in where[pk]],
+                    "rendezvous_port": port_of[pk],
                 },
             )
         )

@@ -354,7 +354,8 @@ def live_picture() -> LivePicture:
     loaded = load_snapshot(queued=False)
     running: dict[str, list[RunningRow]] = {}
     for r in loaded.snapshot.running:
-        row = RunningRow(r.attempt_id, r.job_id, r.share, r.placement, r.started_at, r.preempting)
+        placement = loaded.real_placement(r.placement)  # the nodes' GPU indexes, not the engine's
+        row = RunningRow(r.attempt_id, r.job_id, r.share, placement, r.started_at, r.preempting)
         running.setdefault(r.share, []).append(row)
     borrowed = policy.borrowed_attempts(loaded.snapshot)
     acct = policy.usage(loaded.snapshot)  # the cards' numbers and the grid's hatching, computed once

@@ -39,7 +39,7 @@ FEED_SIZE = 15
 QUEUE_SHOWN = 50
 RUNNING_SHOWN = 50
 AUDIT_PAGE = 50
-FEED_KINDS = [EventKind.PREEMPTING, EventKind.NODE_LOST]
+FEED_KINDS = [EventKind.PREEMPTING, EventKind.NODE_LOST, EventKind.GPU_FAILED]
 
 
 # --- helpers shared by the dashboard's views ---------------------------------------------------------
@@ -76,8 +76,8 @@ def hx_redirect(request, url: str) -> HttpResponse:
 
 
 def _feed(user):
-    """Recent pre-emptions, reclaims and lost nodes (one query); job names only where the user may see
-    the job."""
+    """Recent pre-emptions, reclaims, lost nodes and failed GPUs (one query); job names only where the
+    user may see the job."""
     mine = None if user.is_superuser else set(job_services.team_ids_of(user))
     events = list(
         JobEvent.objects.filter(kind__in=FEED_KINDS)
@@ -102,6 +102,8 @@ def _feed_label(kind: str, reason: str) -> tuple[str, str]:
     """A feed entry's badge: its words and its class."""
     if "RECLAIM" in reason:
         return "reclaim", "borrowed"
+    if kind == EventKind.GPU_FAILED:
+        return "GPU failed", "off"
     if kind == EventKind.NODE_LOST:
         if reason.startswith(AGENT_RESTART_REASONS):
             return "agent restarted", "state-queued"

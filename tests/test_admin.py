@@ -12,6 +12,7 @@ PAGES = [
     "quotas_membership",
     "gpunodes_node",
     "gpunodes_gpu",
+    "gpunodes_gpufailure",
     "jobs_job",
     "jobs_attempt",
     "jobs_jobevent",

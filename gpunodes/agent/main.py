@@ -1,5 +1,5 @@
-"""The agent process: inventory, a heartbeat thread, a reaper thread, and a Celery worker (threads
-pool) bound to the queue `node.<name>`."""
+"""The agent process: inventory, a heartbeat thread, a reaper thread, a GPU health thread (health.py),
+and a Celery worker (threads pool) bound to the queue `node.<name>`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import time
 import uuid
 import warnings
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from celery.exceptions import SecurityWarning
 from django.conf import settings
@@ -21,6 +22,7 @@ from gpunodes.agent import AGENT_VERSION, inventory
 from gpunodes.agent import tasks as agent_tasks
 from gpunodes.agent.containment import LimitPolicy, protect_from_oom
 from gpunodes.agent.fence import FENCED_FILE, Watchdog
+from gpunodes.agent.health import APPLICATION_XIDS, FakeNvml, Fault, HealthWatcher
 from gpunodes.agent.identity import UidPool
 from gpunodes.agent.runner import Runner
 
@@ -63,6 +65,26 @@ def new_boot_id() -> str:
     return f"{time.time_ns() // 1_000_000:014d}-{uuid.uuid4().hex}"
 
 
+def primary_address() -> str:
+    """The address this host's peers reach it at, unless --advertise-address says otherwise: the source
+    address of its default route (a UDP socket "connected" outwards sends nothing), else the one it
+    reaches the broker from, else its name's, else the loopback address (a one-host cluster)."""
+    broker = urlsplit(settings.REDIS_URL).hostname if settings.REDIS_URL else None
+    for target in ("192.0.2.1", broker):  # 192.0.2.1: TEST-NET-1, routed by the default route if any
+        if not target:
+            continue
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((target, 9))
+                return s.getsockname()[0]
+        except OSError:
+            continue
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
 def send_report(name: str, kwargs: dict) -> bool:
     """Whether the broker took it. Pushed straight onto the control queue, declaring nothing (a node's
     Redis ACL user may push there and nothing more: README, "Redis")."""
@@ -86,6 +108,8 @@ class Agent:
         pass_env: tuple[str, ...] = (),
         labels: dict | None = None,
         join_token: str = "",
+        advertise_address: str | None = None,
+        fake_gpu_faults: Path | None = None,
     ):
         self.name = name
         if fake_gpus is not None:
@@ -99,7 +123,22 @@ class Agent:
         self.gpu_type = gpu_type or inventory.gpu_type_from_model(self.gpus[0].model)
         self.labels = labels or {}
         self.boot_id = new_boot_id()
+        self.address = advertise_address or primary_address()
         state_dir = Path(settings.VAR_DIR) / "agent" / name
+        # GPU health (health.py): through NVML, or a fake one that reads the faults a test injects.
+        if fake_gpus is not None:
+            nvml = FakeNvml(name, fake_gpus, fake_gpu_faults or state_dir / "fake-gpu-faults.jsonl")
+        else:
+            import pynvml as nvml
+        self._beat_now = threading.Event()
+        self.health = HealthWatcher(
+            nvml,
+            {g.index: g.uuid for g in self.gpus},
+            on_fault=self._gpu_fault,
+            ignored_xids=APPLICATION_XIDS | set(settings.GPU_HEALTH_IGNORED_XIDS),
+            check_every_s=settings.GPU_HEALTH_CHECK_S,
+            stuck_after_s=settings.GPU_STUCK_PROCESS_S,
+        )
         consume_as(f"node:{name}")
         if settings.MESSAGE_SIGNING_KEY:
             # The nonces of the messages it ran, kept across restarts: a captured start is refused then too.
@@ -116,7 +155,7 @@ class Agent:
             pass_env=pass_env,
             log_cap_bytes=settings.JOB_LOG_CAP_BYTES,
             gpu_devices=inventory.device_paths() if fake_gpus is None else None,
-            gpu_holders=inventory.gpu_processes if fake_gpus is None else None,
+            gpu_holders=self.health.holders,
             limits=LimitPolicy(
                 memory_max_bytes=settings.JOB_MEMORY_MAX_BYTES,
                 memory_reserve_bytes=settings.AGENT_MEMORY_RESERVE_BYTES,
@@ -126,6 +165,7 @@ class Agent:
             rlimit_as=settings.JOB_RLIMIT_AS,
             workdir_bytes=settings.JOB_WORKDIR_MAX_BYTES,
             user_namespaces=settings.JOB_ALLOW_USER_NAMESPACES,
+            gpu_health=self.health,
         )
         self.runner.gpu_indexes = {g.index for g in self.gpus}
         self.join_token = join_token
@@ -150,10 +190,32 @@ class Agent:
                 "labels": self.labels,
                 "sent_at": time.time(),
                 "join_token": self.join_token,
+                "address": self.address,
+                # The GPUs found broken (sticky until a re-check), and the re-checks done.
+                "unhealthy": self.health.unhealthy(),
+                "rechecked": [[i, token] for i, token in sorted(self.health.rechecked().items())],
             },
         )
         if took and self.watchdog is not None:
             self.watchdog.renew()  # the broker took it: the lease runs FENCE_AFTER_S from now
+
+    def _gpu_fault(self, index: int, fault: Fault) -> None:
+        """A GPU found broken: its attempts are killed, and the control side hears it now, not at the
+        next heartbeat."""
+        self.runner.gpu_failed(index, fault)
+        self._beat_now.set()
+
+    def _heartbeats(self) -> None:
+        """Every HEARTBEAT_INTERVAL_S, or at once when something cannot wait (a GPU failed, a re-check)."""
+        while not self._stop.is_set():
+            self._beat_now.wait(settings.HEARTBEAT_INTERVAL_S)
+            self._beat_now.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.heartbeat()
+            except Exception:
+                log.exception("agent loop heartbeat failed")
 
     def prune(self) -> None:
         """Host files of attempts that are over: logs (their bytes went to the control side) and the
@@ -189,14 +251,13 @@ class Agent:
         self.runner.lease_lapsed = self.watchdog.lapsed
         self.prune()
         agent_tasks.RUNNER = self.runner
+        agent_tasks.HEALTH = self.health
+        agent_tasks.BEAT_NOW = self._beat_now
+        self.health.start()  # a GPU already gone is reported by the first heartbeat
         self.heartbeat()  # register before taking work
         threads = [
-            threading.Thread(
-                target=self._loop,
-                args=(settings.HEARTBEAT_INTERVAL_S, self.heartbeat),
-                name="heartbeat",
-                daemon=True,
-            ),
+            threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True),
+            threading.Thread(target=self.health.run, args=(self._stop,), name="gpu-health", daemon=True),
             threading.Thread(target=self._loop, args=(0.2, self.runner.poll), name="reaper", daemon=True),
             threading.Thread(
                 target=self._loop, args=(3600, self.prune), name="host-file-rotation", daemon=True
@@ -204,12 +265,14 @@ class Agent:
         ]
         for t in threads:
             t.start()
+        watcher = threads[1]
         log.info(
-            "agent %s: %d × %s, queue %s, pid %d",
+            "agent %s: %d × %s, queue %s, address %s, pid %d",
             self.name,
             len(self.gpus),
             self.gpu_type,
             node_queue(self.name),
+            self.address,
             os.getpid(),
         )
         # Celery's "running the worker with superuser privileges: absolutely not recommended" is wrong
@@ -239,6 +302,10 @@ class Agent:
             )
         finally:
             self._stop.set()
+            self._beat_now.set()
             self.runner.shutdown()
+            watcher.join(timeout=5)  # NVML's event set is freed only once no thread waits on it
+            if not watcher.is_alive():
+                self.health.close()
             if self.watchdog is not None:
                 self.watchdog.close()

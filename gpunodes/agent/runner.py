@@ -51,6 +51,7 @@ from gpunodes.agent.containment import (
     warn_once,
 )
 from gpunodes.agent.fence import ENDED_SUFFIX, fenced_keys
+from gpunodes.agent.health import STUCK_PROCESS, Fault, HealthWatcher
 from gpunodes.agent.identity import JobUser, UidPool
 from gpunodes.agent.joblog import LogSink
 from gpunodes.agent.outbox import Outbox
@@ -111,6 +112,27 @@ def job_base_env(environ, pass_env=()) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k in ALLOWED_ENV or k.startswith("LC_") or k in extra}
 
 
+def rendezvous_env(*, rank: int, nodes: int, gpus: int, rendezvous: dict | None) -> dict[str, str]:
+    """What torch.distributed (torchrun), DeepSpeed and Lightning read to find each other, the same on
+    every rank of an attempt: rank 0's host and the port the control side chose for this attempt
+    (`rendezvous`, from the start message), the world in processes (one per GPU), this node's rank, the
+    number of nodes and of GPUs per node, and the hosts of all ranks in rank order. RANK and LOCAL_RANK
+    are per process: torchrun sets them for the processes it starts. Nothing without a rendezvous (a
+    control side that sends none)."""
+    if rendezvous is None:
+        return {}
+    return {
+        "MASTER_ADDR": rendezvous["master_addr"],
+        "MASTER_PORT": str(rendezvous["master_port"]),
+        "WORLD_SIZE": str(rendezvous["world_size"]),
+        "NODE_RANK": str(rank),
+        "NNODES": str(nodes),
+        "LOCAL_WORLD_SIZE": str(gpus),
+        "GPUS_PER_NODE": str(gpus),
+        "GPUQUOTA_HOSTS": ",".join(rendezvous["hosts"]),
+    }
+
+
 def _limits_fn(limits: Limits, user: JobUser | None, rlimit_as: bool):
     """The child's step, as root, for what the cgroups do not cover: the job's processes are the first
     the OOM killer takes (raised as root, so the job cannot lower it again), a uid of its own holds at
@@ -160,7 +182,7 @@ class Proc:
     log_path: Path
     grace_s: int
     deadline: float | None  # monotonic; max_runtime_s enforcement
-    stop_how: str | None = None  # "stopped" (asked to) or "timed_out"
+    stop_how: str | None = None  # "stopped" (asked to), "timed_out" or "gpu_failed"
     stop_detail: str = ""  # the end's reason in words, where the control side cannot tell it (shutdown)
     kill_at: float | None = None
     log_sent: int = 0
@@ -173,6 +195,7 @@ class Proc:
     checkpoint: Path | None = None
     memory_bytes: int | None = None
     out_of_memory: bool = False
+    gpus: tuple[int, ...] = ()
 
     def oom_kills(self) -> int:
         """How many of its processes the kernel killed for its memory limit (cgroup v2 or v1)."""
@@ -189,7 +212,10 @@ class Runner:
     each attempt may use (containment.LimitPolicy; its defaults where None), set on v2 cgroups where
     delegated, else on v1 ones (`limit_tree`, "auto"), else as rlimits (`rlimit_as`: RLIMIT_AS too,
     which CUDA's address space reservations do not survive). `workdir_bytes`: the size of a root
-    agent's per-attempt tmpfs working directory (0: half the attempt's memory; -1: on disk)."""
+    agent's per-attempt tmpfs working directory (0: half the attempt's memory; -1: on disk).
+    `gpu_health`: the GPU health watcher (health.py), where there is one: a start on a GPU it holds
+    broken is refused, an attempt on a GPU found broken is killed (`gpu_failed`), and the GPUs an attempt
+    gave back are watched for processes that outlive it."""
 
     def __init__(
         self,
@@ -215,8 +241,10 @@ class Runner:
         rlimit_as: bool = False,
         workdir_bytes: int = WORKDIR_AUTO,
         user_namespaces: bool = False,
+        gpu_health: HealthWatcher | None = None,
     ) -> None:
         self.node = node
+        self.gpu_health = gpu_health
         self.log_dir = identity.ensure_root(Path(log_dir), 0o700)  # the jobs never read the logs
         # Reachable (0711, not listable) by the jobs' uids, each of which owns only its own entry.
         reachable = uids is not None
@@ -303,6 +331,7 @@ class Runner:
         grace_s: int = 30,
         rank: int = 0,
         world: list[str] | None = None,
+        rendezvous: dict | None = None,
     ) -> str:
         key = (attempt_id, number)
         with self._lock:
@@ -320,6 +349,14 @@ class Runner:
                 )
                 log.error("refusing attempt %s/%s: %s", attempt_id, number, why)
                 return self._end_unstarted(key, "unknown", f"refused: {why}")
+            broken = self._broken(gpus)
+            if broken:
+                # The control side had not heard yet (or raced the report): the job is re-queued, as
+                # an attempt whose GPU failed, and this host's heartbeat says why.
+                log.error("refusing attempt %s/%s: %s", attempt_id, number, broken)
+                return self._end_unstarted(key, "gpu_failed", f"refused: {broken}")
+            if self.gpu_health is not None:
+                self.gpu_health.claimed(gpus)
             user = cgroup = workdir = devices = limits = checkpoint_dir = sink = None
             name = f"attempt-{attempt_id}-{number}"
             attempt_limits = self.limit_policy.for_attempt(len(gpus), len(self.gpu_indexes or ()) or None)
@@ -360,6 +397,9 @@ class Runner:
                 "GPUQUOTA_NODE": self.node,
                 "GPUQUOTA_NODE_RANK": str(rank),
                 "GPUQUOTA_NODES": ",".join(world or [self.node]),
+                **rendezvous_env(
+                    rank=rank, nodes=len(world or [self.node]), gpus=len(gpus), rendezvous=rendezvous
+                ),
                 "PYTHONUNBUFFERED": "1",
             }
             # argv as given; a shell only when the job asked for it explicitly.
@@ -454,6 +494,7 @@ class Runner:
                 limits=limits,
                 checkpoint=checkpoint_dir if user is not None else None,
                 memory_bytes=attempt_limits.memory_bytes,
+                gpus=tuple(gpus),
             )
             self._save_state()
         self._report_durably(STARTED, {"attempt_id": attempt_id, "number": number, "node": self.node})
@@ -491,8 +532,8 @@ class Runner:
     def _end_unstarted(
         self, key: tuple[int, int], how: str, detail: str, exit_code: int | None = None
     ) -> str:
-        """Report the end of an attempt that never ran here: "unknown" (refused: the job is re-queued)
-        or "failed_to_start" (the job ends FAILED)."""
+        """Report the end of an attempt that never ran here: "unknown" (refused: the job is re-queued),
+        "gpu_failed" (refused: its GPU is broken; re-queued) or "failed_to_start" (the job ends FAILED)."""
         self._finished.add(key)
         self._report_finished(
             {
@@ -504,7 +545,7 @@ class Runner:
                 "detail": detail,
             },
         )
-        return "refused" if how == "unknown" else "failed"
+        return "failed" if how == "failed_to_start" else "refused"
 
     def _gpus_in_use(self, gpus: list[int]) -> dict[int, list[int]]:
         """The given GPUs a process still uses (NVML), which are not handed out: with a cgroup per
@@ -513,6 +554,31 @@ class Runner:
         if self.gpu_holders is None or not gpus:
             return {}
         return {i: pids for i, pids in self.gpu_holders(gpus).items() if pids}
+
+    def _broken(self, gpus) -> str:
+        """Why these GPUs may not be handed out (one of them is known broken), or ""."""
+        if self.gpu_health is None:
+            return ""
+        faults = self.gpu_health.faults()
+        return "; ".join(
+            f"GPU {i} of {self.node} is unhealthy: {faults[i].detail}" for i in gpus if i in faults
+        )
+
+    def gpu_failed(self, index: int, fault: Fault) -> list[tuple[int, int]]:
+        """A GPU was found broken: every attempt on it is killed at once (no grace: what ran on it is
+        lost anyway) and ends "gpu_failed" (the control side re-queues it, not as the user's failure).
+        An attempt already stopping keeps its own end. Returns the attempts it killed."""
+        with self._lock:
+            procs = [p for p in self._procs.values() if index in p.gpus]
+        killed = []
+        for proc in procs:
+            if proc.stop_how is None:
+                proc.stop_how = "gpu_failed"
+                proc.stop_detail = f"GPU {index} of {self.node} failed: {fault.detail}"
+            log.error("killing attempt %s/%s: its GPU %d failed", proc.attempt_id, proc.number, index)
+            self._kill(proc)
+            killed.append((proc.attempt_id, proc.number))
+        return killed
 
     def refuse(self, attempt_id: int, number: int, why: str) -> None:
         """A start this host will not run (it is cordoned, draining or pending): a late start of it is
@@ -538,10 +604,10 @@ class Runner:
         devices: AttemptDevices | None = None,
         limits: AttemptLimits | None = None,
         checkpoint: Path | None = None,
-    ) -> None:
+    ) -> bool:
         """After an attempt: nothing of it runs, its cgroups and working directory are gone, its
         checkpoint is root's again, its uid is free again. A uid whose processes could not all be
-        killed is not handed out again."""
+        killed is not handed out again. Returns whether they could."""
         empty = kill_attempt(cgroup=cgroup, pgid=None, uid=user.uid if user else None)
         for group in (cgroup, devices, limits):
             if group is not None and empty:
@@ -555,6 +621,7 @@ class Runner:
                 self.uids.release(user.uid)
             else:
                 log.error("uid %d still has processes; it is not handed out again", user.uid)
+        return empty
 
     def stop(self, *, attempt_id: int, number: int, grace_s: int) -> str:
         with self._lock:
@@ -661,7 +728,23 @@ class Runner:
         except (ProcessLookupError, PermissionError):
             pass
         oom = proc.out_of_memory or proc.oom_kills() > 0  # read before its cgroup goes
-        self._cleanup(proc.user, proc.cgroup, proc.workdir, proc.devices, proc.limits, proc.checkpoint)
+        empty = self._cleanup(
+            proc.user, proc.cgroup, proc.workdir, proc.devices, proc.limits, proc.checkpoint
+        )
+        if self.gpu_health is not None and proc.gpus:
+            label = f"{proc.attempt_id}/{proc.number}"
+            if not empty:
+                # Processes that SIGKILL does not end hold their GPUs in the driver: none is handed out.
+                fault = Fault(
+                    STUCK_PROCESS,
+                    f"processes of attempt {label} could not be killed (stuck in the driver?): reset the "
+                    "GPU, or reboot",
+                    time.time(),
+                )
+                for index in proc.gpus:
+                    self.gpu_health.report(index, fault)
+            else:
+                self.gpu_health.released(proc.gpus, label)
         proc.sink.finish()
         try:
             self._ship_log(proc, final=True)

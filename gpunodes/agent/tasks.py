@@ -13,11 +13,16 @@ import re
 from celery import shared_task
 from celery.exceptions import SecurityError
 
+from gpunodes.addresses import valid_address
 from gpunodes.agent.runner import Runner
 
 log = logging.getLogger(__name__)
 
 RUNNER: Runner | None = None
+# The agent's GPU health watcher (agent/health.py), where it has one: re-checks an admin asks for;
+# and the event that sends a heartbeat at once (its answer).
+HEALTH = None
+BEAT_NOW = None
 
 NODE_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$")  # gpunodes.models.NODE_NAME_RE
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -78,6 +83,7 @@ def validate_start(msg: dict) -> dict:
     rank = _int("rank", msg.get("rank", 0))
     if world is not None and rank >= len(world):
         raise Invalid("rank must index world")
+    rendezvous = validate_rendezvous(msg.get("rendezvous"), nodes=len(world) if world is not None else 1)
     return {
         "attempt_id": _int("attempt_id", msg.get("attempt_id"), minimum=1),
         "number": _int("number", msg.get("number"), minimum=1),
@@ -90,6 +96,31 @@ def validate_start(msg: dict) -> dict:
         "grace_s": _int("grace_s", msg.get("grace_s", 30)),
         "rank": rank,
         "world": list(world) if world is not None else None,
+        "rendezvous": rendezvous,
+    }
+
+
+def validate_rendezvous(value, *, nodes: int) -> dict | None:
+    """A start's rendezvous (rank 0's address and the attempt's port, every rank's address, the world
+    in processes): each field checked, since they become the job's MASTER_ADDR, MASTER_PORT,
+    GPUQUOTA_HOSTS and WORLD_SIZE. None: a control side that sends none."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"master_addr", "master_port", "hosts", "world_size"}:
+        raise Invalid("rendezvous must have master_addr, master_port, hosts and world_size")
+    hosts = value["hosts"]
+    if not isinstance(hosts, list) or len(hosts) != nodes or not all(valid_address(h) for h in hosts):
+        raise Invalid(f"rendezvous hosts must be {nodes} host address(es), one per rank")
+    if not valid_address(value["master_addr"]) or value["master_addr"] != hosts[0]:
+        raise Invalid("rendezvous master_addr must be rank 0's host address")
+    port = value["master_port"]
+    if type(port) is not int or not 1024 <= port <= 65535:
+        raise Invalid(f"rendezvous master_port must be an int from 1024 to 65535, got {port!r}")
+    return {
+        "master_addr": value["master_addr"],
+        "master_port": port,
+        "hosts": list(hosts),
+        "world_size": _int("rendezvous world_size", value["world_size"], minimum=1),
     }
 
 
@@ -194,3 +225,24 @@ def outbox_ack(*, node: str, epoch: str, ids: list, relog: list | None = None) -
     for entry_id, wanted in gaps.items():
         RUNNER.reship_log(entry_id, wanted)
     return RUNNER.outbox.ack(ids, epoch)
+
+
+@shared_task(name="gpunodes.agent.tasks.gpu_recheck", ignore_result=True)
+def gpu_recheck(*, node: str, index: int, token: int) -> str:
+    """An admin marked this GPU healthy (after a reset): check it now, before it takes work again. The
+    answer goes with the next heartbeat (sent at once): `rechecked` carries the token, `unhealthy`
+    lists the GPU again if the check found it still broken."""
+    if not _mine(node):
+        return "refused"
+    try:
+        index, token = _int("index", index), _int("token", token, minimum=1)
+    except Invalid as e:
+        log.error("refusing a GPU re-check: %s", e)
+        return "refused"
+    if HEALTH is None:
+        log.error("refusing a re-check of GPU %d: this agent watches no GPU health", index)
+        return "refused"
+    fault = HEALTH.recheck(index, token)
+    if BEAT_NOW is not None:
+        BEAT_NOW.set()
+    return "unhealthy" if fault is not None else "healthy"

@@ -17,6 +17,7 @@ from collections import Counter, defaultdict
 
 from django.db import connection, transaction
 
+from gpunodes.choices import GpuHealth
 from jobs.choices import ATTEMPT_ACTIVE_STATES, JOB_ACTIVE_STATES, AttemptState, EventKind, JobState
 
 # The pass stamps an admission with the time it took its lock; an attempt that ended (committed)
@@ -59,6 +60,13 @@ def _check(cover: bool) -> tuple[list[str], dict]:
     for gpu, attempt, state in claims:
         if state not in live_states:
             problems.append(f"GPU {gpu} is held by attempt {attempt}, which is {state}")
+    # No GPU is handed out once it was found broken (issue 29): a claim on a GPU that is not healthy is
+    # older than its failure.
+    for gpu, attempt, claimed, health, since in GpuClaim.objects.exclude(
+        gpu__health=GpuHealth.HEALTHY
+    ).values_list("gpu_id", "attempt_id", "claimed_at", "gpu__health", "gpu__health_changed_at"):
+        if since is not None and claimed > since:
+            problems.append(f"GPU {gpu} ({health} since {since}) was given to attempt {attempt} at {claimed}")
     gpu_key = {pk: (node, index) for pk, node, index in Gpu.objects.values_list("pk", "node__name", "index")}
     held: dict[int, set] = defaultdict(set)
     for gpu, attempt, _ in claims:

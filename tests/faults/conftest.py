@@ -48,13 +48,13 @@ def free_port() -> int:
 
 class PrivateRedis:
     """A redis-server of the test's own, without persistence: a restart loses everything it held,
-    like a crashed broker. `also_bind`: an address besides 127.0.0.1 to listen on (the host side of a
-    test's veth pair, tests/faults/netns.py), without protected mode (no password: a test network)."""
+    like a crashed broker. `also_bind`: addresses besides 127.0.0.1 to listen on (the host side of a
+    test's veth pairs, tests/faults/netns.py), without protected mode (no password: a test network)."""
 
-    def __init__(self, tmp: Path, also_bind: str | None = None):
+    def __init__(self, tmp: Path, also_bind: str | list[str] | None = None):
         self.port = free_port()
         self.tmp = tmp
-        self.also_bind = also_bind
+        self.also_bind = [also_bind] if isinstance(also_bind, str) else list(also_bind or [])
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -70,7 +70,7 @@ class PrivateRedis:
                 str(self.port),
                 "--bind",
                 "127.0.0.1",
-                *([self.also_bind, "--protected-mode", "no"] if self.also_bind else []),
+                *([*self.also_bind, "--protected-mode", "no"] if self.also_bind else []),
                 "--save",
                 "",
                 "--appendonly",

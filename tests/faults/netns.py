@@ -1,6 +1,7 @@
 """A network namespace per agent, so that a partition in a fault test is a real one: the agent runs in
 a namespace of its own, joined to the host by a veth pair with a /30 of 10.213.0.0/16 (an address range
-that exists only while the test runs), and reaches the broker at the host side's address. Taking the
+that exists only while the test runs), and reaches the broker at the host side's address. Two namespaces
+can also be joined to each other directly (`Link`: the nodes of a multi-node job). Taking the
 namespace's end of the link down cuts the agent off from everything (the broker, the control side)
 while its jobs, the control side and the other agents run on.
 
@@ -133,3 +134,32 @@ class Netns:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class Link:
+    """A veth pair between two of a test's namespaces with a /30 of its own (`a_addr` in `a`, `b_addr` in
+    `b`): two "hosts" that reach each other directly, as the nodes of a multi-node job do, while each
+    reaches the broker through its own link to the host. Gone with either namespace, or `close`."""
+
+    def __init__(self, a: Netns, b: Netns):
+        x = _free_subnet()
+        self.a, self.b = a, b
+        self.a_veth, self.b_veth = f"{PREFIX}l{x}a", f"{PREFIX}l{x}b"
+        self.a_addr, self.b_addr = f"10.213.{x}.1", f"10.213.{x}.2"
+        try:
+            _ip("link", "add", self.a_veth, "type", "veth", "peer", "name", self.b_veth)
+            _ip("link", "set", self.a_veth, "netns", a.name)
+            _ip("link", "set", self.b_veth, "netns", b.name)
+            _ip("-n", a.name, "addr", "add", f"{self.a_addr}/30", "dev", self.a_veth)
+            _ip("-n", b.name, "addr", "add", f"{self.b_addr}/30", "dev", self.b_veth)
+            _ip("-n", a.name, "link", "set", self.a_veth, "up")
+            _ip("-n", b.name, "link", "set", self.b_veth, "up")
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Remove the pair (idempotent: it may be gone with its namespaces, or not made at all)."""
+        _ip("link", "del", self.a_veth, check=False)
+        if self.a._made:
+            _ip("-n", self.a.name, "link", "del", self.a_veth, check=False)

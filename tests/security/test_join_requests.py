@@ -62,6 +62,18 @@ def gpus(n, **field):
         ("boot", {"boot_id": "b" * 100_000}),
         ("running", {"running": [[i, 1] for i in range(100_000)]}),
         ("running", {"running": [["1", "x"]]}),
+        ("unhealthy", {"unhealthy": [{"index": 9, "reason": "xid", "detail": "", "at": 1.0}]}),
+        ("unhealthy", {"unhealthy": [{"index": 1, "reason": "cosmic-rays", "detail": "", "at": 1.0}]}),
+        ("unhealthy", {"unhealthy": [{"index": 1, "reason": "xid", "detail": "", "at": float("nan")}]}),
+        ("unhealthy", {"unhealthy": [{"index": 1, "reason": "xid", "detail": "", "at": 1.0, "x": 1}]}),
+        ("unhealthy", {"unhealthy": [{"index": 1, "reason": "xid", "detail": "", "at": 1.0}] * 2}),
+        ("unhealthy", {"unhealthy": {"index": 1}}),
+        ("detail", {"unhealthy": [{"index": 1, "reason": "xid", "detail": "D" * 100_000, "at": 1.0}]}),
+        ("rechecked", {"rechecked": [[1, "x"]]}),
+        ("rechecked", {"rechecked": [[9, 1]]}),
+        ("rechecked", {"rechecked": [[1, 1]] * 100_000}),
+        ("address", {"address": "10.0.0.1 && reboot"}),
+        ("address", {"address": "a" * 100_000}),
     ],
 )
 @pytest.mark.parametrize("state", ["new", "accepted"])
@@ -71,10 +83,11 @@ def test_an_oversized_or_malformed_heartbeat_is_refused_and_logged(
     settings.NODE_AUTO_ACCEPT = True
     if state == "accepted":
         beat("big")
-    before = list(Gpu.objects.values_list("node__name", "index", "uuid", "model"))
+    before = list(Gpu.objects.values_list("node__name", "index", "uuid", "model", "health"))
     labels = dict(Node.objects.filter(name="big").values_list("name", "labels"))
     with caplog.at_level(logging.WARNING):
         assert beat("big", **heartbeat).get("refused")
-    assert list(Gpu.objects.values_list("node__name", "index", "uuid", "model")) == before
+    assert list(Gpu.objects.values_list("node__name", "index", "uuid", "model", "health")) == before
     assert dict(Node.objects.filter(name="big").values_list("name", "labels")) == labels
+    assert not Node.objects.exclude(address="").exists()
     assert "big" in caplog.text and why in caplog.text

@@ -123,7 +123,17 @@ def test_a_never_accepted_key_is_refused(keys, control):
     "task, kwargs",
     [
         (HEARTBEAT, beat("gpu-1")),
+        (
+            HEARTBEAT,
+            beat(
+                "gpu-1",
+                address="10.0.0.7",
+                unhealthy=[{"index": 0, "reason": "xid", "detail": "critical Xid 79", "at": 1.0}],
+                rechecked=[[0, 1]],
+            ),
+        ),
         (STARTED, {"attempt_id": 1, "number": 1, "node": "gpu-1"}),
+        (FINISHED, {"attempt_id": 1, "number": 1, "node": "gpu-1", "how": "gpu_failed", "exit_code": -9}),
         (FINISHED, {"attempt_id": 1, "number": 1, "node": "gpu-1", "how": "exited", "exit_code": 0}),
         (LOG, {"attempt_id": 1, "number": 1, "node": "gpu-1", "offset": 0, "text": "hello\n"}),
     ],

@@ -48,6 +48,8 @@ PAGES = [
     ("nodes", "get", "/nodes/", None, EVERYONE),
     ("node_action", "post", "/nodes/{node}/cordon/", {}, ADMINS),
     ("node_action", "post", "/nodes/{node}/drain/", {}, ADMINS),
+    ("node", "get", "/nodes/{node}/", None, EVERYONE),
+    ("gpu_mark_healthy", "post", "/nodes/{node}/gpus/0/mark-healthy/", {}, ADMINS),
     ("share_list", "get", "/shares/", None, ADMINS),
     ("share_create", "get", "/shares/new/", None, ADMINS),
     ("share_create", "post", "/shares/new/", {"name": "x"}, ADMINS),

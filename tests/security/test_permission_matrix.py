@@ -51,6 +51,7 @@ MATRIX = [
     ("nodes-cordon", "post", "/nodes/{node}/cordon/", None, ADMIN_ONLY_WRITE["ok"]),
     ("nodes-uncordon", "post", "/nodes/{node}/uncordon/", None, ADMIN_ONLY_WRITE["ok"]),
     ("nodes-drain", "post", "/nodes/{node}/drain/", None, ADMIN_ONLY_WRITE["ok"]),
+    ("nodes-mark-healthy", "post", "/nodes/{node}/gpus/0/mark-healthy/", None, ADMIN_ONLY_WRITE["ok"]),
     # jobs
     ("jobs-list", "get", "/jobs/", None, READ_ALL),
     (

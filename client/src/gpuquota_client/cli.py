@@ -321,10 +321,17 @@ def cmd_nodes(args, out) -> int:
         out(nodes)
         return 0
     rows = [
-        (n["name"], n["gpu_type"], f"{n['gpus_in_use']}/{n['gpus']}", n["state"], when(n["last_heartbeat"]))
+        (
+            n["name"],
+            n["gpu_type"],
+            f"{n['gpus_in_use']}/{n['gpus']}",
+            n.get("gpus_unhealthy", 0) or "",  # a server before issue 29 does not say
+            n["state"],
+            when(n["last_heartbeat"]),
+        )
         for n in nodes
     ]
-    out(table(rows, ["NODE", "TYPE", "GPUS IN USE", "STATE", "LAST HEARTBEAT"]))
+    out(table(rows, ["NODE", "TYPE", "GPUS IN USE", "UNHEALTHY", "STATE", "LAST HEARTBEAT"]))
     return 0
 
 

@@ -1,7 +1,9 @@
 import os
+from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from gpunodes.addresses import valid_address
 from gpunodes.agent.main import UNSAFE_FLAG, Agent, job_uids
 from gpunodes.models import node_name_validator
 from quotas.models import gpu_type_validator
@@ -41,6 +43,16 @@ class Command(BaseCommand):
             help="join READY at once instead of PENDING until an admin accepts the node (default: "
             "NODE_JOIN_TOKEN)",
         )
+        parser.add_argument(
+            "--advertise-address",
+            help="the address this node's peers reach it at: rank 0's MASTER_ADDR of a multi-node job "
+            "and GPUQUOTA_HOSTS (default: the host's primary address, that of its default route)",
+        )
+        parser.add_argument(
+            "--fake-gpu-faults",
+            help="with --fake-gpus: a file of GPU faults to inject, JSON lines such as "
+            '{"gpu": 2, "xid": 79} (default: fake-gpu-faults.jsonl in the agent\'s state directory)',
+        )
 
     def handle(
         self,
@@ -54,6 +66,8 @@ class Command(BaseCommand):
         pass_env,
         workdir,
         join_token,
+        advertise_address,
+        fake_gpu_faults,
         **options,
     ):
         from django.conf import settings
@@ -67,6 +81,12 @@ class Command(BaseCommand):
             raise CommandError(e.messages[0]) from e
         if fake_gpus is not None and fake_gpus <= 0:
             raise CommandError("--fake-gpus must be at least 1")
+        if advertise_address is not None and not valid_address(advertise_address):
+            raise CommandError(
+                f"--advertise-address must be an IP address or a host name, not {advertise_address!r}"
+            )
+        if fake_gpu_faults and fake_gpus is None:
+            raise CommandError("--fake-gpu-faults needs --fake-gpus (real GPUs report their own faults)")
         try:
             uids = job_uids(
                 uid_range=uid_range or settings.JOB_UID_RANGE, unsafe_run_as_self=unsafe_run_as_self
@@ -79,6 +99,8 @@ class Command(BaseCommand):
                 workdir=workdir,
                 pass_env=tuple(n.strip() for n in pass_env.split(",") if n.strip()),
                 join_token=join_token,
+                advertise_address=advertise_address,
+                fake_gpu_faults=Path(fake_gpu_faults) if fake_gpu_faults else None,
             )
         except (ValueError, RuntimeError) as e:
             raise CommandError(str(e)) from e
