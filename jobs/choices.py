@@ -68,3 +68,5 @@ class EventKind(models.TextChoices):
     GRACE_CHANGED = "GRACE_CHANGED", "Grace changed"
     HELD = "HELD", "Held"
     RELEASED = "RELEASED", "Released"
+    # The layout changed under a queued job (quotas.layout.apply): e.g. its share can no longer hold it.
+    SHARE_CHANGED = "SHARE_CHANGED", "Share changed"

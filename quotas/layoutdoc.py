@@ -757,8 +757,8 @@ def describe(change: Mapping[str, Any]) -> str:
 
 
 def summary(changes: Sequence[Mapping[str, Any]]) -> str:
-    """"2 shares: 1 changed (vision-main), 1 added (audio); 1 team: 1 added (audio)", or "no change"
-    (names when there are three or fewer of a kind)."""
+    """The changes counted: "2 shares: 1 added (audio), 1 changed (vision-main); 1 team: 1 added
+    (audio)", or "no change" (names when there are three or fewer of a kind)."""
     parts = []
     for kind in ("share", "team"):
         by_action: dict[str, list[str]] = {}
