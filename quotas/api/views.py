@@ -292,6 +292,7 @@ class LayoutPlanViewSet(ApiViewMixin, mixins.RetrieveModelMixin, viewsets.Generi
     permission_classes = [IsAdmin]
     queryset = LayoutPlan.objects.select_related("version")
     serializer_class = LayoutPlanSerializer
+    lookup_value_regex = r"[0-9a-fA-F-]{32,36}"
 
     def retrieve(self, request, *args, **kwargs):
         return Response(plan_payload(self.get_object(), request))
