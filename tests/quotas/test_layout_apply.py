@@ -161,3 +161,41 @@ def test_the_process_applying_killed_mid_apply_leaves_the_old_layout_whole(visio
     assert LayoutPlan.objects.get(pk=planned.pk).state == PlanState.PLANNED
     applied = layout.apply(plan_id=planned.pk, actor=alice)  # the lock went with the process
     assert applied.version.number == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_plans_applied_at_the_same_moment_one_wins_the_other_is_refused(vision, alice):
+    """Two admins' plans from the same layout, applied at once from two threads (two connections): the
+    layout lock lets one in; the other then finds the layout changed and applies nothing."""
+    import threading
+
+    from django.db import connection
+
+    from jobs.services import Conflict
+
+    fifty_shares(vision)
+    first, second = changed_plan(alice, n=10), changed_plan(alice, n=30)
+    assert first.base_hash == second.base_hash
+    barrier = threading.Barrier(2)
+    outcomes: dict[str, object] = {}
+
+    def run(name, planned):
+        try:
+            barrier.wait()
+            outcomes[name] = layout.apply(plan_id=planned.pk, actor=alice).version.number
+        except Conflict as e:
+            outcomes[name] = str(e)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(n, p)) for n, p in (("first", first), ("second", second))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(map(type, outcomes.values()), key=str) == [int, str], outcomes
+    refused = next(v for v in outcomes.values() if isinstance(v, str))
+    assert refused.startswith("The layout changed since this plan was made (version 1 was applied by alice")
+    assert LayoutVersion.objects.count() == 1
+    winner = LayoutVersion.objects.get().hash
+    assert layout.load_live().layout.hash() == winner
