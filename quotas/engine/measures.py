@@ -9,7 +9,7 @@ Read from a `simulate.SimResult` and the scenario it replayed, over the window t
   faster); such jobs are also said in plain words, with why;
 - per share: GPU-hours run within the window, wait p50/p95 overall and by priority, pre-emptions,
   GPU-hours borrowed and lent within the window, and lost where the result counts it.
-Pure (imports nothing from Django).
+Pure (imports nothing from Django, nor the simulator: it reads a result, whichever replay made it).
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from typing import Any
 
 from quotas.engine import policy
 from quotas.engine import scenario as sc
-from quotas.engine.simulate import QUEUED, SimResult
+
+SimResult = Any  # quotas.engine.simulate.SimResult (not imported: the simulator's CLI reads this module)
+QUEUED = "QUEUED"  # a job's `final` while it waits (simulate.QUEUED)
 
 SHARE_METRICS = (
     "gpu_hours_run",
@@ -207,3 +209,47 @@ def summary(scenario: sc.Scenario, result: SimResult, window_s: float) -> dict[s
         "jobs": len(result.jobs),
         "window_s": int(window_s),
     }
+
+
+def natural_window(scenario: sc.Scenario) -> int:
+    """A scenario's own window when no real one is known: until the last job could have ended had it
+    started at once (never the replay's cut)."""
+    return max((j.submit_at + j.duration_s for j in scenario.jobs), default=0)
+
+
+def compare_note(
+    runs: Sequence[tuple[sc.Scenario, SimResult]], labels: Sequence[str], *, window_s: float | None = None
+) -> str:
+    """What `python -m quotas.simulate --variant` adds under its table: per run the utilisation over
+    the window, each share's waits counting the jobs that never started (as waiting until the cut), and
+    those jobs in words, so that a share whose jobs could never start does not look faster."""
+    if window_s is None:
+        # No real window: as long as the longest run that was not cut took, or the scenario's own.
+        finished = [
+            r.cluster["makespan_s"]
+            for _, r in runs
+            if not any(j.final in (QUEUED, "RUNNING") for j in r.jobs.values())
+        ]
+        window_s = max([natural_window(s) for s, _ in runs] + finished)
+    window = window_s
+    lines = [
+        f"counting every job (one that never started waits until the cut), over the first {window:,.0f} s:"
+    ]
+    figures = [shares(s, r, window) for s, r in runs]
+    util = [utilisation(s, r, window) for s, r in runs]
+    lines.append(
+        "  utilisation %: " + " | ".join(f"{label} {u}" for label, u in zip(labels, util, strict=True))
+    )
+    for name in sorted({n for f in figures for n in f}):
+        cells = []
+        for label, f in zip(labels, figures, strict=True):
+            mine = f.get(name, {})
+            p50, p95 = (mine.get(k) for k in ("wait_p50_s", "wait_p95_s"))
+            cells.append(
+                f"{label}: p50 {'-' if p50 is None else p50}, p95 {'-' if p95 is None else p95}, "
+                f"never started {mine.get('never_started', 0)}"
+            )
+        lines.append(f"  {name} wait_s: " + " | ".join(cells))
+    for label, (s, r) in zip(labels, runs, strict=True):
+        lines += [f"  never started ({label}): {words}" for words in never_started(s, r)]
+    return "\n".join(lines) + "\n"

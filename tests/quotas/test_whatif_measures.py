@@ -113,3 +113,25 @@ def test_the_sweep_and_the_whatif_give_the_same_figures_for_the_same_value(celer
         mine["gpu_hours_run"][1],
     )
     assert row["utilisation"] == utilisation["after"]
+
+
+def test_simulate_variant_counts_the_jobs_its_variant_never_starts(tmp_path, capsys):
+    """`python -m quotas.simulate --variant LEND:team-1`: under its table, waits that count the jobs
+    that never started, and those jobs in words."""
+    import json
+
+    team = sc.Share("team-1", "t1", {"a100": 40})
+    other = sc.Share("team-2", "t2", {"a100": 24})
+    jobs = [sc.Job(f"big{i}", "team-1", 60 * i, 600, 64, "a100") for i in range(13)]
+    nodes = tuple(sc.Node(f"n{i}", "a100", 8) for i in range(8))
+    s = sc.Scenario(settings=SETTINGS, nodes=nodes, shares=(team, other), jobs=tuple(jobs))
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(s.to_dict()))
+    assert simulate.main([str(path), "--variant", "LEND:team-1"]) == 0
+    out = capsys.readouterr().out
+    assert "counting every job (one that never started waits until the cut)" in out
+    assert (
+        "never started (LEND:team-1): 13 jobs of team-1 need 64 a100 each: team-1 is LEND with 40 a100" in out
+    )
+    line = next(x for x in out.splitlines() if x.startswith("  team-1 wait_s: "))
+    assert "never started 0 | LEND:team-1: p50 " in line and "never started 13" in line
