@@ -179,3 +179,20 @@ def test_a_replay_reports_progress_and_stops_at_its_budget_mid_run(history, monk
     monkeypatch.setattr(whatif.time, "monotonic", lambda: float(next(clock)))
     with pytest.raises(whatif.ReplayTooLong):
         whatif.replay(scenario, window_s=7 * 86400, budget_s=5)
+
+
+def test_the_same_scenario_is_replayed_once_and_read_back_after(
+    celery_eager, no_messages, history, monkeypatch
+):
+    """The as-is replay of a second preview in the same window is read back, not replayed; a changed
+    variant is replayed."""
+    calls = []
+    real = whatif.replay
+    monkeypatch.setattr(whatif, "replay", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    first = whatif.status(whatif.start_preview(share=history, changes={"borrow_limit": 50}))
+    assert len(calls) == 2 and not any(p.get("reused") for p in first.parts)
+    second = whatif.status(whatif.start_preview(share=history, changes={"borrow_limit": 0}))
+    assert len(calls) == 3  # only "with the change"
+    assert [bool(p.get("reused")) for p in second.parts] == [True, False]
+    assert second.parts[0]["summary"] == first.parts[0]["summary"]
+    assert second.spec["now"] == first.spec["now"]
