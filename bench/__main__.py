@@ -7,7 +7,8 @@
 
 Benchmarks: 1 policy (plan() alone), 2 pass and 5 pages (PostgreSQL), 3 submit and arrays (granian,
 PostgreSQL + Redis), 7 cli (`gpuquota` as fresh processes), 4 latency (control worker + fake agents,
-PostgreSQL + Redis), 6 simulate, 9 what-if (a seeded 20k-job week, PostgreSQL), 8 slurm (a one-node Slurm beside gpuquota, alternating; needs
+PostgreSQL + Redis), 6 simulate, 9 what-if (a seeded 20k-job week, PostgreSQL), 10 layout (plan,
+apply and the what-if of a 50-share change, PostgreSQL), 8 slurm (a one-node Slurm beside gpuquota, alternating; needs
 slurm-wlm and root). Those that need
 PostgreSQL or Redis are skipped, with the reason, when DATABASE_URL (a database named `*_bench`, which
 they empty) or REDIS_URL is not set or not reachable. Nothing needs a GPU.
@@ -25,7 +26,7 @@ import traceback
 
 from bench import common
 
-ALL = ("policy", "pass", "submit", "cli", "latency", "simulate", "whatif", "slurm")
+ALL = ("policy", "pass", "submit", "cli", "latency", "simulate", "whatif", "layout", "slurm")
 
 
 def _fmt_s(v: float | None) -> str:
@@ -129,6 +130,14 @@ def _whatif(quick: bool) -> list[dict]:
     return bench_whatif.run(jobs=2_000 if quick else bench_whatif.JOBS)
 
 
+def _layout(quick: bool) -> list[dict]:
+    from bench import bench_layout
+
+    return bench_layout.run(
+        jobs=2_000 if quick else bench_layout.JOBS, repeats=2 if quick else bench_layout.REPEATS
+    )
+
+
 def _slurm(quick: bool) -> list[dict]:
     from bench import bench_slurm
 
@@ -143,6 +152,7 @@ RUNNERS = {
     "latency": _latency,
     "simulate": _simulate,
     "whatif": _whatif,
+    "layout": _layout,
     "slurm": _slurm,
 }
 NEEDS = {
@@ -151,6 +161,7 @@ NEEDS = {
     "cli": ("db", "redis"),
     "latency": ("db", "redis"),
     "whatif": ("db",),
+    "layout": ("db",),
     "slurm": ("db", "redis"),
 }
 
