@@ -4,10 +4,11 @@ the whole of it as one document (admins; a team manager its own team's part), pl
 versions and temporary changes (admins)."""
 
 from django.db.models import F, Prefetch
+from django.http import Http404
 from django.urls import reverse
 from django_filters import rest_framework as filters
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import mixins, renderers, status, viewsets
+from rest_framework import exceptions, mixins, renderers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
@@ -245,6 +246,15 @@ class LayoutViewSet(ApiViewMixin, viewsets.ViewSet):
 
     def get_permissions(self):
         return [IsAdmin()] if self.action == "plan" else super().get_permissions()
+
+    def perform_content_negotiation(self, request, force=False):
+        # DRF answers an unknown ?format= with a 404, as if the layout did not exist.
+        try:
+            return super().perform_content_negotiation(request, force)
+        except Http404:
+            if force:
+                raise
+            raise exceptions.NotAcceptable("format must be json or yaml.") from None
 
     @extend_schema(
         responses={

@@ -362,3 +362,8 @@ def test_a_plan_reads_back_with_its_whatif(as_alice, world, celery_eager, bob, v
     row = next(r for r in result["rows"] if r["share"] == "vision-main")
     assert row["changed"] and row["gpu_hours_run"][0] == pytest.approx(4 * 600 / 3600, abs=0.1)
     assert result["cluster"][0]["metric"] == "utilisation over the replayed window (%)"
+
+
+def test_an_unknown_format_is_406_not_404(as_alice, world):
+    r = as_alice.get(URL, {"format": "xml"})
+    assert r.status_code == 406 and r.json()["detail"] == "format must be json or yaml."
