@@ -475,4 +475,5 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(LAYOUT_REVERT_INTERVAL_S),
         "options": {"expires": float(LAYOUT_REVERT_INTERVAL_S)},
     },
+    "prune-layout-plans": {"task": "quotas.tasks.prune_layout_plans", "schedule": 3600.0},
 }

@@ -111,3 +111,11 @@ def revert_temporary_changes() -> int:
     from quotas import layout
 
     return len(layout.revert_due())
+
+
+@shared_task(name="quotas.tasks.prune_layout_plans", ignore_result=True)
+def prune_layout_plans() -> int:
+    """Hourly: plans never applied go after 30 days (applied ones stay with their version)."""
+    from quotas import layout
+
+    return layout.expire_plans()

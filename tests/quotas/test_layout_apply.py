@@ -199,3 +199,22 @@ def test_two_plans_applied_at_the_same_moment_one_wins_the_other_is_refused(visi
     assert LayoutVersion.objects.count() == 1
     winner = LayoutVersion.objects.get().hash
     assert layout.load_live().layout.hash() == winner
+
+
+@pytest.mark.django_db
+def test_plans_never_applied_go_after_30_days_applied_ones_stay(no_messages, vision):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from config.celery import app
+
+    make_share(vision, "s", capacity={"a10g": 1})
+    data = layout.load_live().layout.to_data()
+    old, applied, fresh = (layout.plan(source=data, run_whatif=False) for _ in range(3))
+    layout.apply(plan_id=applied.pk)
+    LayoutPlan.objects.filter(pk__in=[old.pk, applied.pk]).update(
+        created_at=timezone.now() - timedelta(days=31)
+    )
+    assert app.tasks["quotas.tasks.prune_layout_plans"].apply().get() == 1
+    assert set(LayoutPlan.objects.values_list("pk", flat=True)) == {applied.pk, fresh.pk}
