@@ -566,9 +566,10 @@ def share_whatif(request, name=None):
     planned = layout.change_share(
         name=share.name if share else None, share=entry, actor=request.user, dry_run=True, run_whatif=True
     )
-    if not planned.whatif_run:
-        return render(request, WHATIF_PARTS["preview"], {"unchanged": True})
-    return render(request, WHATIF_PARTS["preview"], _run_context(whatif.status(planned.whatif_run)))
+    run_id = planned.whatif_run
+    if not run_id:  # the settings as they are: last week as it went, replayed (the same twice)
+        run_id = whatif.start_preview(share=share.name if share else fields["name"], changes={})
+    return render(request, WHATIF_PARTS["preview"], _run_context(whatif.status(run_id)))
 
 
 @require_POST

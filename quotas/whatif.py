@@ -597,7 +597,12 @@ class RunStatus:
         if self.kind == "preview":
             return compare(summaries[0], summaries[1], [self.share])
         if self.kind == "layout":
-            return compare(summaries[0], summaries[1], self.spec.get("changed", ()), self.spec.get("renames"))
+            result = compare(
+                summaries[0], summaries[1], self.spec.get("changed", ()), self.spec.get("renames")
+            )
+            for chart in (result["chart"], result["chart"]["waits"]):
+                chart["after_label"] = "simulated, with the plan"
+            return result
         return sweep_table(summaries, self.labels, self.share)
 
 

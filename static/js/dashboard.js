@@ -68,7 +68,8 @@
       var d = data(el);
       Plotly.react(area, [
         { type: "bar", name: "simulated, as is", x: d.shares, y: d.before, marker: { color: "#9aa5b1" } },
-        { type: "bar", name: "simulated, with the change", x: d.shares, y: d.after, marker: { color: "#2f80ed" } }
+        { type: "bar", name: d.after_label || "simulated, with the change", x: d.shares, y: d.after,
+          marker: { color: "#2f80ed" } }
       ], merge({ barmode: "group", yaxis: { title: { text: d.y_title || "mean wait (s)" }, rangemode: "tozero" },
                  legend: { orientation: "h" } }), config);
     }

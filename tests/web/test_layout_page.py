@@ -138,3 +138,15 @@ def test_the_plan_partial_polls_its_whatif(as_alice, vision_share, nodes, monkey
     assert f'hx-get="/whatif/{planned.whatif_run}/"' in body and 'data-testid="whatif-progress"' in body
     assert hx(as_alice, f"/layout/plans/{planned.pk}/").status_code == 200
     assert as_alice.get(f"/layout/plans/{planned.pk}/").status_code == 200  # a page of its own
+
+
+def test_the_whatif_box_unticked_plans_without_the_replay(as_alice, vision_share, nodes, monkeypatch):
+    from quotas import whatif
+
+    monkeypatch.setattr(whatif, "_enqueue", lambda run_id, index: None)
+    edited = current_yaml(as_alice).replace("capacity: {a10g: 4}", "capacity: {a10g: 3}")
+    as_alice.post("/layout/plan/", {"document": edited, "whatif": ["0"]})  # the hidden field alone
+    as_alice.post("/layout/plan/", {"document": edited, "whatif": ["0", "1"]})  # and the ticked box
+    unticked, ticked = layout.LayoutPlan.objects.order_by("created_at")
+    assert unticked.whatif_run == "" and ticked.whatif_run != ""
+    assert 'type="hidden" name="whatif" value="0"' in as_alice.get("/layout/").content.decode()
