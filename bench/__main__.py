@@ -7,7 +7,8 @@
 
 Benchmarks: 1 policy (plan() alone), 2 pass and 5 pages (PostgreSQL), 3 submit and arrays (granian,
 PostgreSQL + Redis), 7 cli (`gpuquota` as fresh processes), 4 latency (control worker + fake agents,
-PostgreSQL + Redis), 6 simulate, 9 what-if (a seeded 20k-job week, PostgreSQL), 8 slurm (a one-node Slurm beside gpuquota, alternating; needs
+PostgreSQL + Redis), 6 simulate, 9 what-if (a seeded 20k-job week, PostgreSQL), 11 layout (plan,
+apply and the what-if of a 50-share change, PostgreSQL), 8 slurm (a one-node Slurm beside gpuquota, alternating; needs
 slurm-wlm and root), 10 itp (issue 26: pre-emption's cost on the real ITP trace, victims by safe point and
 protection windows; needs ../shared/data/msft-itp-2021.csv). Those that need
 PostgreSQL or Redis are skipped, with the reason, when DATABASE_URL (a database named `*_bench`, which
@@ -26,7 +27,7 @@ import traceback
 
 from bench import common
 
-ALL = ("policy", "pass", "submit", "cli", "latency", "simulate", "whatif", "slurm", "itp")
+ALL = ("policy", "pass", "submit", "cli", "latency", "simulate", "whatif", "layout", "slurm", "itp")
 
 
 def _fmt_s(v: float | None) -> str:
@@ -179,6 +180,14 @@ def _itp(quick: bool) -> list[dict]:
     return rows
 
 
+def _layout(quick: bool) -> list[dict]:
+    from bench import bench_layout
+
+    return bench_layout.run(
+        jobs=2_000 if quick else bench_layout.JOBS, repeats=2 if quick else bench_layout.REPEATS
+    )
+
+
 def _slurm(quick: bool) -> list[dict]:
     from bench import bench_slurm
 
@@ -193,6 +202,7 @@ RUNNERS = {
     "latency": _latency,
     "simulate": _simulate,
     "whatif": _whatif,
+    "layout": _layout,
     "slurm": _slurm,
     "itp": _itp,
 }
@@ -202,6 +212,7 @@ NEEDS = {
     "cli": ("db", "redis"),
     "latency": ("db", "redis"),
     "whatif": ("db",),
+    "layout": ("db",),
     "slurm": ("db", "redis"),
 }
 

@@ -99,10 +99,13 @@ def setup_django() -> None:
 
 
 def wipe() -> None:
-    """Empty every table of the bench database (and the bench Redis database)."""
+    """Empty every table of the bench database, the cache (a what-if replay of the same scenario is
+    read back from it: a benchmark must replay) and the bench Redis database."""
+    from django.core.cache import cache
     from django.core.management import call_command
 
     call_command("flush", verbosity=0, interactive=False)
+    cache.clear()
     if os.environ.get("REDIS_URL"):
         import redis
 

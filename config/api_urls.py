@@ -10,7 +10,15 @@ from rest_framework.routers import DefaultRouter
 from config.api_auth import CurrentTokenView, ObtainTokenView, TokenViewSet
 from gpunodes.api.views import NodeViewSet
 from jobs.api.views import JobArrayViewSet, JobViewSet, QueueView
-from quotas.api.views import AuditEntryViewSet, ShareViewSet, TeamViewSet
+from quotas.api.views import (
+    AuditEntryViewSet,
+    LayoutPlanViewSet,
+    LayoutVersionViewSet,
+    LayoutViewSet,
+    ShareViewSet,
+    TeamViewSet,
+    TemporaryChangeViewSet,
+)
 
 router = DefaultRouter()
 router.include_root_view = False
@@ -21,6 +29,10 @@ router.register("jobs", JobViewSet, basename="job")
 router.register("arrays", JobArrayViewSet, basename="array")
 router.register("auth/tokens", TokenViewSet, basename="token")
 router.register("audit", AuditEntryViewSet, basename="audit")
+router.register("layout/plans", LayoutPlanViewSet, basename="layout-plan")
+router.register("layout/versions", LayoutVersionViewSet, basename="layout-version")
+router.register("layout/temporary", TemporaryChangeViewSet, basename="layout-temporary")
+router.register("layout", LayoutViewSet, basename="layout")
 
 
 def index(request):

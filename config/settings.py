@@ -250,6 +250,8 @@ MESSAGE_CLOCK_SKEW_S = env_int("MESSAGE_CLOCK_SKEW_S", 30)
 
 # --- gpuquota ---------------------------------------------------------------------------------
 SCHEDULER_INTERVAL_S = env_int("SCHEDULER_INTERVAL_S", 2)
+# How often the control side looks for temporary layout changes whose time has come (quotas/layout.py).
+LAYOUT_REVERT_INTERVAL_S = env_int("LAYOUT_REVERT_INTERVAL_S", 30)
 # A node silent this long while others are heard is LOST (quotas/hearing.py). An agent that could not
 # renew its lease (a heartbeat the broker took) for FENCE_AFTER_S stops its jobs first: SIGTERM,
 # FENCE_GRACE_S, SIGKILL (gpunodes/agent/fence.py); gpunodes/checks.py holds the margin. README, "Failures
@@ -493,4 +495,11 @@ CELERY_BEAT_SCHEDULE = {
     "sample-usage": {"task": "quotas.tasks.sample_usage", "schedule": 60.0, "options": {"expires": 60.0}},
     "compact-usage": {"task": "quotas.tasks.compact_usage", "schedule": 3600.0},
     "prune-job-output": {"task": "jobs.tasks.prune_job_output", "schedule": 3600.0},
+    # Temporary layout changes (`until:` in a plan) go back at their time, within this many seconds.
+    "revert-temporary-changes": {
+        "task": "quotas.tasks.revert_temporary_changes",
+        "schedule": float(LAYOUT_REVERT_INTERVAL_S),
+        "options": {"expires": float(LAYOUT_REVERT_INTERVAL_S)},
+    },
+    "prune-layout-plans": {"task": "quotas.tasks.prune_layout_plans", "schedule": 3600.0},
 }

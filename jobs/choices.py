@@ -72,3 +72,5 @@ class EventKind(models.TextChoices):
     HELD = "HELD", "Held"
     RELEASED = "RELEASED", "Released"
     GPU_FAILED = "GPU_FAILED", "GPU failed"
+    # The layout changed under a queued job (quotas.layout.apply): e.g. its share can no longer hold it.
+    SHARE_CHANGED = "SHARE_CHANGED", "Share changed"

@@ -1,5 +1,7 @@
 """Teams, their members, and the quota shares they own (SEMANTICS.md, "Shares")."""
 
+import uuid
+
 from django.conf import settings
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
@@ -161,6 +163,9 @@ class AuditEntry(models.Model):
     object_repr = models.CharField(max_length=200)
     before = models.JSONField(default=dict, blank=True)
     after = models.JSONField(default=dict, blank=True)
+    # What changed, field by field: [{"object": "share vision-main", "field": "capacity.a10g",
+    # "before": 4, "after": 8}, ...] (a layout version: every change it made; else from before/after).
+    changes = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["-at", "-id"]
@@ -212,3 +217,113 @@ class QueueForecast(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id}: #{self.position_overall}, {self.kind}"
+
+
+class PlanState(models.TextChoices):
+    PLANNED = "PLANNED", "planned"
+    APPLIED = "APPLIED", "applied"
+
+
+class LayoutPlan(models.Model):
+    """A planned change of the layout (quotas.layout.plan): the layout it is to become, the diff from
+    the layout it started from (whose hash it keeps: apply refuses if the layout changed since), its
+    effects now, its temporary changes, and the what-if run that replays last week with it."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_by_name = models.CharField(max_length=150, blank=True)
+    base_hash = models.CharField(max_length=64)
+    base_version = models.PositiveIntegerField(null=True, blank=True)  # the latest version when planned
+    rollback_to = models.PositiveIntegerField(null=True, blank=True)  # plan --rollback N
+    document = models.JSONField()  # the layout it is to become (quotas.layoutdoc, normalised)
+    diff = models.JSONField(default=list)
+    effects = models.JSONField(default=dict)  # now: borrowed, never runnable, over-commit; warnings
+    temporary = models.JSONField(default=list)  # [{share, until, fields: {path: [before, after]}}]
+    whatif_run = models.CharField(max_length=32, blank=True)
+    state = models.CharField(max_length=16, choices=PlanState.choices, default=PlanState.PLANNED)
+    applied_at = models.DateTimeField(null=True, blank=True)
+    version = models.OneToOneField(
+        "LayoutVersion", null=True, blank=True, on_delete=models.SET_NULL, related_name="plan"
+    )
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(condition=Q(state__in=PlanState.values), name="layoutplan_state_valid")
+        ]
+
+    def __str__(self) -> str:
+        return f"plan {self.pk} ({self.state})"
+
+
+class VersionKind(models.TextChoices):
+    APPLY = "apply", "applied"
+    ROLLBACK = "rollback", "rollback"
+    REVERT = "revert", "temporary change ended"
+
+
+class LayoutVersion(models.Model):
+    """Every applied layout: who, when, the diff from the one before, and the whole layout after it."""
+
+    number = models.PositiveIntegerField(unique=True)
+    applied_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    actor_name = models.CharField(max_length=150, blank=True)  # empty: the system (a revert)
+    kind = models.CharField(max_length=16, choices=VersionKind.choices, default=VersionKind.APPLY)
+    diff = models.JSONField(default=list)
+    document = models.JSONField()
+    hash = models.CharField(max_length=64)
+    note = models.CharField(max_length=400, blank=True)
+
+    class Meta:
+        ordering = ["-number"]
+        constraints = [
+            models.CheckConstraint(condition=Q(kind__in=VersionKind.values), name="layoutversion_kind_valid")
+        ]
+
+    def __str__(self) -> str:
+        return f"layout version {self.number}"
+
+
+class TemporaryState(models.TextChoices):
+    PENDING = "PENDING", "pending"
+    REVERTED = "REVERTED", "reverted"
+    PARTLY = "PARTLY", "partly reverted"
+    SKIPPED = "SKIPPED", "skipped"
+
+
+class TemporaryChange(models.Model):
+    """Fields of one share that an applied plan changed `until` a time: then the control side sets
+    them back (quotas.layout.revert_due), once, each field only if it still holds the value this change
+    gave it (a later change is never undone)."""
+
+    version = models.ForeignKey(LayoutVersion, on_delete=models.CASCADE, related_name="temporary_changes")
+    share = models.ForeignKey(
+        Share, null=True, blank=True, on_delete=models.SET_NULL, related_name="temporary_changes"
+    )
+    share_name = models.CharField(max_length=63)  # as applied
+    until = models.DateTimeField()
+    fields = models.JSONField()  # {"capacity.a100": [before, after], "state": [before, after]}
+    state = models.CharField(max_length=16, choices=TemporaryState.choices, default=TemporaryState.PENDING)
+    done_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=400, blank=True)
+    revert_version = models.ForeignKey(
+        LayoutVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["until", "id"]
+        indexes = [models.Index(fields=["state", "until"], name="temporarychange_due")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=TemporaryState.values), name="temporarychange_state_valid"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.share_name} until {self.until:%Y-%m-%d %H:%M} ({self.state})"

@@ -17,7 +17,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 from django.db.models import ProtectedError
 from django.utils import timezone
 
@@ -25,7 +25,7 @@ from quotas import audit
 from quotas.choices import Role, ShareState, Strategy
 from quotas.engine import collector
 from quotas.engine import forecast as fc
-from quotas.models import GPU_TYPE_RE, Membership, Share, ShareCapacity, Team
+from quotas.models import GPU_TYPE_RE, Membership, Share, Team
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +34,6 @@ DEFAULT_RUNTIME_S = 3600
 # How many recent successful attempts the median observed runtime of a share is taken over.
 RUNTIME_SAMPLE = 1000
 MAX_INT = 2**31 - 1
-
-
-def _request_pass(why: str) -> None:
-    from quotas.triggers import request_pass
-
-    transaction.on_commit(lambda: request_pass(why))
 
 
 def _conflict(message: str) -> Exception:
@@ -81,10 +75,18 @@ def _set_members(team: Team, members: Iterable[Mapping[str, str]]) -> None:
             Membership.objects.filter(pk=m.pk).update(role=role)
 
 
+def _lock_layout() -> None:
+    # A team edit changes the layout (its hash): under the same lock as plans applied.
+    from quotas import layout
+
+    layout.lock()
+
+
 @transaction.atomic
 def team_create(
     *, name: str, slug: str, members: Sequence[Mapping[str, str]] | None = None, actor=None
 ) -> Team:
+    _lock_layout()
     team = Team(name=name, slug=slug)
     team.full_clean()
     team.save()
@@ -103,6 +105,7 @@ def team_update(
     members: Sequence | None = None,
     actor=None,
 ) -> Team:
+    _lock_layout()
     before = audit.snapshot(team)
     if name is not None:
         team.name = name
@@ -119,6 +122,7 @@ def team_update(
 def team_delete(*, team: Team, actor=None) -> None:
     try:
         with transaction.atomic():
+            _lock_layout()
             audit.record_audit(actor, "delete", team, audit.snapshot(team), {})
             team.delete()
     except ProtectedError as e:
@@ -165,80 +169,67 @@ def _check_share(share: Share) -> None:
         raise ValidationError(errors)
 
 
-def _save_capacity(share: Share, capacity: Mapping[str, int]) -> None:
-    share.capacities.exclude(gpu_type__in=list(capacity)).delete()
-    existing = {c.gpu_type: c for c in share.capacities.all()}
-    for gpu_type, n in capacity.items():
-        row = existing.get(gpu_type)
-        if row is None:
-            ShareCapacity.objects.create(share=share, gpu_type=gpu_type, max_gpus=n)
-        elif row.max_gpus != n:
-            ShareCapacity.objects.filter(pk=row.pk).update(max_gpus=n)
-
-
 SHARE_FIELDS = ("name", "team", "description", "strategy", "borrow_limit", "in_share_preemption", "state")
+
+
+def _share_entry(share: Share, capacity: Mapping[str, int]) -> dict[str, Any]:
+    """A share as a layout document's entry (quotas.layoutdoc)."""
+    from quotas import layoutdoc
+
+    return {
+        "name": share.name,
+        "team": share.team.slug,
+        "capacity": dict(capacity),
+        **{f: getattr(share, f) for f in layoutdoc.VALUE_FIELDS},
+    }
 
 
 def share_create(
     *, name: str, team: Team, capacity: Mapping[str, int] | None = None, actor=None, **fields: Any
 ) -> Share:
-    """Create a share with its capacity ({gpu_type: gpus}). Raises ValidationError({field: [msg]})."""
+    """Create a share with its capacity ({gpu_type: gpus}): a plan of the layout with it added, applied
+    at once (quotas.layout, the one path that changes shares). Raises ValidationError({field: [msg]})."""
+    from quotas import layout
+
     unknown = set(fields) - set(SHARE_FIELDS)
     if unknown:
         raise TypeError(f"unknown share fields: {sorted(unknown)}")
     capacity = _validate_capacity(capacity or {})
     share = Share(name=name, team=team, **fields)
     _check_share(share)
-    try:
-        with transaction.atomic():
-            share.save()
-            _save_capacity(share, capacity)
-            audit.record_audit(actor, "create", share, {}, audit.snapshot(share))
-            _request_pass("share created")
-    except IntegrityError as e:  # a concurrent create of the same name
-        raise ValidationError({"name": [f'A share named "{name}" already exists.']}) from e
-    return share
+    layout.change_share(name=None, share=_share_entry(share, capacity), actor=actor)
+    return Share.objects.select_related("team").get(name=name)
 
 
 def share_update(
     *, share: Share, capacity: Mapping[str, int] | None = None, actor=None, **fields: Any
 ) -> Share:
-    """Change a share's settings and/or capacity. Queued and running jobs go on; the next pass uses the
-    new values (a lowered capacity can turn running jobs into borrowed, reclaimable ones)."""
+    """Change a share's settings and/or capacity (a plan of that change, applied at once). Queued and
+    running jobs go on; the next pass uses the new values (a lowered capacity can turn running jobs into
+    borrowed, reclaimable ones)."""
+    from quotas import layout
+
     unknown = set(fields) - set(SHARE_FIELDS)
     if unknown:
         raise TypeError(f"unknown share fields: {sorted(unknown)}")
-    before = audit.snapshot(share)
+    name_now = Share.objects.filter(pk=share.pk).values_list("name", flat=True).first() or share.name
     for field, value in fields.items():
         setattr(share, field, value)
-    if capacity is not None:
-        capacity = _validate_capacity(capacity)
+    capacity = share.capacity_map() if capacity is None else _validate_capacity(capacity)
     _check_share(share)
-    try:
-        with transaction.atomic():
-            share.save()
-            if capacity is not None:
-                _save_capacity(share, capacity)
-            audit.record_audit(actor, "update", share, before, audit.snapshot(share))
-            _request_pass("share changed")
-    except IntegrityError as e:
-        raise ValidationError({"name": [f'A share named "{share.name}" already exists.']}) from e
+    layout.change_share(name=name_now, share=_share_entry(share, capacity), actor=actor)
+    share.refresh_from_db()
     return share
 
 
 def share_delete(*, share: Share, actor=None) -> None:
-    """Delete a DISABLED share without jobs (the one rule for the dashboard and the API)."""
+    """Delete a DISABLED share without jobs (the one rule for the dashboard and the API): a plan of the
+    layout without it, applied at once."""
+    from quotas import layout
+
     if share.state != ShareState.DISABLED:
         raise _conflict(f'Disable share "{share.name}" before deleting it.')
-    try:
-        with transaction.atomic():
-            audit.record_audit(actor, "delete", share, audit.snapshot(share), {})
-            share.delete()
-            _request_pass("share deleted")
-    except ProtectedError as e:
-        raise _conflict(
-            f'Share "{share.name}" has jobs; disable it instead (state DISABLED) so it takes no new ones.'
-        ) from e
+    layout.change_share(name=share.name, share=None, actor=actor)
 
 
 # --- read-outs -----------------------------------------------------------------------------------

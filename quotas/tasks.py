@@ -102,3 +102,20 @@ def whatif_replay(run_id: str, index: int) -> str:
     from quotas import whatif
 
     return whatif.run_part(run_id, index, isolated=not whatif_replay.request.is_eager)
+
+
+@shared_task(name="quotas.tasks.revert_temporary_changes", ignore_result=True)
+def revert_temporary_changes() -> int:
+    """Every LAYOUT_REVERT_INTERVAL_S: set back the temporary layout changes whose time has come
+    (quotas.layout.revert_due: once each, idempotent, a field changed again since left as it is)."""
+    from quotas import layout
+
+    return len(layout.revert_due())
+
+
+@shared_task(name="quotas.tasks.prune_layout_plans", ignore_result=True)
+def prune_layout_plans() -> int:
+    """Hourly: plans never applied go after 30 days (applied ones stay with their version)."""
+    from quotas import layout
+
+    return layout.expire_plans()

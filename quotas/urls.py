@@ -17,5 +17,9 @@ urlpatterns = [
     path("whatif/<slug:run_id>/", views.whatif_run, name="whatif_run"),
     path("shares/<str:name>/state/", views.share_set_state, name="share_state"),
     path("shares/<str:name>/delete/", views.share_delete, name="share_delete"),
+    path("layout/", views.share_layout, name="share_layout"),
+    path("layout/plan/", views.share_layout_plan, name="share_layout_plan"),
+    path("layout/plans/<uuid:plan_id>/", views.share_layout_plan_show, name="share_layout_plan_show"),
+    path("layout/plans/<uuid:plan_id>/apply/", views.share_layout_apply, name="share_layout_apply"),
     path("audit/", views.audit_log, name="audit"),
 ]

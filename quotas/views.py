@@ -16,7 +16,6 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, RequestDataTooBig, ValidationError
 from django.core.paginator import Paginator
 from django.db import transaction
-from django.db.models import Q
 from django.http import Http404, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import Resolver404, resolve, reverse
@@ -27,11 +26,12 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from jobs import services as job_services
 from jobs.choices import EventKind
 from jobs.models import Job, JobEvent
-from quotas import services, usage, whatif
+from quotas import layout, layoutdoc, services, usage, whatif
+from quotas.audit import field_changes as audit_field_changes
 from quotas.choices import ShareState, Strategy
 from quotas.forms import ShareForm, SweepForm, add_service_errors
 from quotas.hearing import hearing
-from quotas.models import AuditEntry, Membership, Share, Team
+from quotas.models import AuditEntry, LayoutPlan, Membership, Share, Team
 
 log = logging.getLogger(__name__)
 
@@ -421,19 +421,26 @@ def share_list(request):
     return render(
         request,
         "quotas/shares.html",
-        {"shares": shares, "overcommitted": picture.overcommitted, "totals": picture.totals},
+        {
+            "shares": shares,
+            "overcommitted": picture.overcommitted,
+            "totals": picture.totals,
+            "temporary": _temporary_rows(),
+        },
     )
+
+
+def _temporary_rows() -> list[dict]:
+    """The temporary changes still to end, each with what goes back and when (soonest first)."""
+    return [
+        {"change": c, "share": c.share.name, "until": c.until, "words": layout.temporary_words(c)}
+        for c in layout.pending_changes()
+    ]
 
 
 def _share_form_response(request, form, share, status=200, warnings=()):
     template = "quotas/partials/_share_form.html" if request.htmx else "quotas/share_edit.html"
-    recent = []
-    if share is not None:
-        recent = list(
-            AuditEntry.objects.filter(object_type="share")
-            .filter(Q(object_id=str(share.pk)) | Q(object_id=share.name) | Q(object_repr=share.name))
-            .order_by("-at", "-id")[:10]
-        )
+    recent = layout.share_history(share.name) if share is not None else []
     context = {
         "form": form,
         "share": share,
@@ -528,11 +535,15 @@ def _saves_cleanly(form, share, actor) -> bool:
         return False
 
 
-WHATIF_PARTS = {"preview": "quotas/partials/_whatif.html", "sweep": "quotas/partials/_sweep.html"}
+WHATIF_PARTS = {
+    "preview": "quotas/partials/_whatif.html",
+    "layout": "quotas/partials/_whatif.html",
+    "sweep": "quotas/partials/_sweep.html",
+}
 
 
 def _run_context(run: whatif.RunStatus) -> dict:
-    return {"run": run, "max_jobs": whatif.MAX_JOBS}
+    return {"run": run, "max_jobs": whatif.MAX_JOBS, "reuse_min": whatif.WINDOW_REUSE_S // 60}
 
 
 @require_POST
@@ -547,16 +558,19 @@ def share_whatif(request, name=None):
     if not (form.is_valid() and _saves_cleanly(form, share, request.user)):
         return render(request, WHATIF_PARTS["preview"], {"form": form, "errors": True}, status=400)
     fields = form.share_fields()
-    run_id = whatif.start_preview(
-        share=share.name if share else fields["name"],
-        changes={
-            "strategy": fields["strategy"],
-            "borrow_limit": fields["borrow_limit"],
-            "in_share_preemption": fields["in_share_preemption"],
-            "capacity": form.capacity(),
-            "team": fields["team"].slug,
-        },
+    entry = {
+        "name": fields["name"],
+        "team": fields["team"].slug,
+        "capacity": form.capacity(),
+        **{f: fields[f] for f in layoutdoc.VALUE_FIELDS if f in fields},
+    }
+    # The same plan a save makes (quotas.layout), not saved: its what-if replays the layout it gives.
+    planned = layout.change_share(
+        name=share.name if share else None, share=entry, actor=request.user, dry_run=True, run_whatif=True
     )
+    run_id = planned.whatif_run
+    if not run_id:  # the settings as they are: last week as it went, replayed (the same twice)
+        run_id = whatif.start_preview(share=share.name if share else fields["name"], changes={})
     return render(request, WHATIF_PARTS["preview"], _run_context(whatif.status(run_id)))
 
 
@@ -629,6 +643,89 @@ def share_delete(request, name):
     return hx_redirect(request, reverse("share_list"))
 
 
+# --- the layout: plan, then apply (admins) ---------------------------------------------------------
+
+LAYOUT_PARTS = {"plan": "quotas/partials/_layout_plan.html"}
+
+
+@require_GET
+@admin_required
+def share_layout(request):
+    """The whole layout to edit (or a file to upload), the versions to roll back to, the temporary
+    changes still to end."""
+    context = {
+        "document": layout.export_yaml(user=request.user),
+        "versions": layout.versions(),
+        "temporary": _temporary_rows(),
+        "max_bytes": layoutdoc.MAX_BYTES,
+    }
+    return render(request, "quotas/layout.html", context)
+
+
+def _plan_context(planned: LayoutPlan) -> dict:
+    run = whatif.status(planned.whatif_run) if planned.whatif_run else None
+    return {
+        "plan": planned,
+        "changes": [{**c, "words": layoutdoc.describe(c)} for c in planned.diff],
+        "summary": layoutdoc.summary(planned.diff),
+        "effects": planned.effects,
+        "run": run,
+        "max_jobs": whatif.MAX_JOBS,
+        "age": layout.plan_age_words(planned),
+    }
+
+
+@require_POST
+@admin_required
+def share_layout_plan(request):
+    """Plan the layout pasted, uploaded (`file`) or of an earlier version (`rollback`): its diff, every
+    problem with its path (400), what it does now, and the what-if (which polls)."""
+    run_whatif = request.POST.get("whatif", "1") != "0"
+    try:
+        if request.POST.get("rollback"):
+            number = request.POST["rollback"]
+            if not number.isdigit():
+                raise ValidationError({"rollback": ["give a version number"]})
+            planned = layout.plan_rollback(number=int(number), actor=request.user, run_whatif=run_whatif)
+        else:
+            upload = request.FILES.get("file")
+            if upload is not None:
+                if upload.size > layoutdoc.MAX_BYTES:
+                    raise ValidationError(
+                        {"document": [f"the file is larger than {layoutdoc.MAX_BYTES // 1024} KiB"]}
+                    )
+                source = upload.read()
+            else:
+                source = request.POST.get("document", "")
+            planned = layout.plan(source=source, actor=request.user, run_whatif=run_whatif)
+    except ValidationError as e:
+        errors = [(path, messages) for path, messages in e.message_dict.items()]
+        return render(request, LAYOUT_PARTS["plan"], {"errors": errors}, status=400)
+    return render(request, LAYOUT_PARTS["plan"], _plan_context(planned))
+
+
+@require_GET
+@admin_required
+def share_layout_plan_show(request, plan_id):
+    planned = get_object_or_404(LayoutPlan, pk=plan_id)
+    context = _plan_context(planned)
+    if request.htmx:
+        return render(request, LAYOUT_PARTS["plan"], context)
+    return render(request, "quotas/layout_plan.html", context)
+
+
+@require_POST
+@admin_required
+def share_layout_apply(request, plan_id):
+    """Apply a plan as planned, or refuse (409, in words) when the layout changed since."""
+    try:
+        applied = layout.apply(plan_id=plan_id, actor=request.user)
+    except job_services.Conflict as e:
+        return HttpResponse(str(e), status=409, content_type="text/plain; charset=utf-8")
+    context = {"applied": applied, **_plan_context(applied.plan)}
+    return render(request, LAYOUT_PARTS["plan"], context)
+
+
 # --- audit log (admins) ---------------------------------------------------------------------------
 
 
@@ -640,4 +737,14 @@ def audit_log(request):
     if kind:
         entries = entries.filter(object_type=kind)
     page = Paginator(entries, AUDIT_PAGE).get_page(request.GET.get("page"))
+    for entry in page:
+        entry.rows = [
+            {
+                **c,
+                "before_words": layoutdoc.value_words(c["before"]),
+                "after_words": layoutdoc.value_words(c["after"]),
+            }
+            for c in entry.changes
+            or audit_field_changes(f"{entry.object_type} {entry.object_repr}", entry.before, entry.after)
+        ]
     return render(request, "quotas/audit.html", {"page": page, "type": kind})

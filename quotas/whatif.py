@@ -33,7 +33,7 @@ from typing import Any
 from django.db.models import Count
 from django.utils import timezone
 
-from quotas.engine import policy, simulate
+from quotas.engine import measures, policy, simulate
 from quotas.engine import scenario as sc
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,10 @@ REPLAY_TASK = "quotas.tasks.whatif_replay"  # by name: quotas.tasks imports this
 RUN_TTL_S = 3600  # how long a run's spec, progress and result stay in the cache
 PROGRESS_EVERY_S = 0.25  # at most this often a replay reports how far it is
 PREFIX = "gpuquota:whatif:"
-SUMMARY_METRICS = ("mean_wait_s", "p95_wait_s", "preempted_jobs", "gpu_seconds_borrowed")
+WINDOW_REUSE_S = 300  # runs asked within this of the last one replay its window (figures that compare)
+SUMMARY_METRICS = measures.SHARE_METRICS
+# The simulator's share settings besides name, team and capacity (strategy, borrow_limit, state, ...).
+SCENARIO_SHARE_FIELDS = tuple(f for f in sc.Share.__slots__ if f not in ("name", "team", "capacity"))
 
 # Parts' states
 QUEUED, READING, REPLAYING, DONE, FAILED = "queued", "reading", "replaying", "done", "failed"
@@ -63,9 +66,10 @@ class Preview:
     window_end: datetime
     jobs: int  # replayed
     left_out: int  # submissions in the window beyond MAX_JOBS (oldest first) or fitting no node
-    rows: list[dict[str, Any]]  # per share: mean/p95 wait, pre-empted jobs, GPU-seconds, before and after
-    cluster: list[dict[str, Any]]  # utilisation, pre-emptions, lost GPU-seconds, never started
-    chart: dict[str, Any]  # plotly-ready grouped bars of mean wait per share
+    rows: list[dict[str, Any]]  # per share: SUMMARY_METRICS before, after, change
+    cluster: list[dict[str, Any]]  # utilisation over the window, waits, pre-emptions, lost, never started
+    chart: dict[str, Any]  # plotly-ready grouped bars per share (GPU-hours run, p95 wait)
+    never_started: dict[str, list[str]]  # before / after: the jobs that never started, in words
     seconds: float
 
 
@@ -88,14 +92,10 @@ def build_scenario(*, now: datetime | None = None) -> tuple[sc.Scenario, int, da
         .order_by("name")
         .values_list("name", "gpu_type", "n")
     )
+    columns = [f for f in SCENARIO_SHARE_FIELDS if f in {c.name for c in Share._meta.concrete_fields}]
     shares = tuple(
-        sc.Share(
-            name=s.name,
-            team=s.team.slug,
-            capacity=s.capacity_map(),
-            strategy=s.strategy,
-            borrow_limit=s.borrow_limit,
-            in_share_preemption=s.in_share_preemption,
+        scenario_share(
+            s.name, s.team.slug, {"capacity": s.capacity_map(), **{f: getattr(s, f) for f in columns}}
         )
         for s in Share.objects.select_related("team").prefetch_related("capacities").order_by("name")
     )
@@ -183,15 +183,117 @@ def with_change(scenario: sc.Scenario, share: str, changes: Mapping[str, Any]) -
     return dataclasses.replace(scenario, shares=tuple(shares))
 
 
+def scenario_share(name: str, team: str, values: Mapping[str, Any]) -> sc.Share:
+    """A share as the simulator takes it, from a layout's values (those the simulator knows)."""
+    capacity = {t: n for t, n in (values.get("capacity") or {}).items() if n}
+    return sc.Share(
+        name=name,
+        team=team,
+        capacity=dict(sorted(capacity.items())),
+        **{f: values[f] for f in SCENARIO_SHARE_FIELDS if f in values},
+    )
+
+
+def with_layout(scenario: sc.Scenario, variant: Mapping[str, Any]) -> tuple[sc.Scenario, int]:
+    """The scenario with a planned layout (quotas.layout.whatif_variant): every share as planned, the
+    jobs of a renamed share under its new name, those of a share left out dropped (returned: how
+    many), and each temporary change going back `after_s` into the replay (an update_share event, the
+    simulator's own format for a change of a share)."""
+    shares = tuple(scenario_share(s["name"], s["team"], s) for s in variant["shares"])
+    names = {s.name for s in shares}
+    renames = variant.get("renames") or {}
+    jobs, dropped = [], 0
+    for job in scenario.jobs:
+        share = renames.get(job.share, job.share)
+        if share not in names:
+            dropped += 1
+            continue
+        jobs.append(job if share == job.share else dataclasses.replace(job, share=share))
+    events = list(scenario.events)
+    until = scenario.settings.until_s
+    for revert in variant.get("reverts") or ():
+        if until is not None and revert["after_s"] >= until:
+            continue  # it outlasts the replay: the whole replay has the change
+        values = revert["set"]
+        update = {f: values[f] for f in SCENARIO_SHARE_FIELDS if f in values}
+        update["capacity"] = {t: n for t, n in sorted((values.get("capacity") or {}).items()) if n}
+        events.append(
+            sc.Event(at=int(revert["after_s"]), kind=sc.UPDATE_SHARE, share=revert["share"], set=update)
+        )
+    events.sort(key=lambda e: e.at)
+    return dataclasses.replace(scenario, shares=shares, jobs=tuple(jobs), events=tuple(events)), dropped
+
+
+def window_seconds(scenario: sc.Scenario, start: datetime, now: datetime) -> float:
+    """How much of the replay the figures cover: from the first submission to now, or, if later, to
+    when the last job could have ended had it started at once (a young cluster's jobs outlive its short
+    history). Never the replay's cut: a job that never starts does not stretch it. The same for every
+    variant of a run (it is read from the scenario as it is)."""
+    ends = (j.submit_at + j.duration_s for j in scenario.jobs)
+    return max((now - start).total_seconds(), max(ends, default=0))
+
+
+def scenario_digest(scenario: sc.Scenario, window_s: float) -> str:
+    """A digest of everything a replay's summary depends on (the scenario, the window), stable across
+    processes; equal scenarios built by different paths (a plan, a sweep value) digest alike."""
+
+    def share(s: sc.Share) -> tuple:
+        return (
+            s.name,
+            s.team,
+            tuple(sorted(s.capacity.items())),
+            *(getattr(s, f) for f in SCENARIO_SHARE_FIELDS),
+        )
+
+    def event(e: sc.Event) -> tuple:
+        values = {
+            k: tuple(sorted(v.items())) if isinstance(v, Mapping) else v for k, v in dict(e.set).items()
+        }
+        return (e.at, e.kind, e.job, e.share, tuple(sorted(values.items())))
+
+    text = repr(
+        (
+            scenario.settings,
+            scenario.nodes,
+            tuple(share(s) for s in sorted(scenario.shares, key=lambda s: s.name)),
+            scenario.jobs,
+            tuple(event(e) for e in scenario.events),
+            round(window_s, 3),
+        )
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def window_end(now: datetime | None = None) -> datetime:
+    """The end of the window a run replays: now, or the last run's end when that was less than
+    WINDOW_REUSE_S ago (so that runs asked together replay the same week and their figures compare)."""
+    from django.core.cache import cache
+
+    now = now or timezone.now()
+    key = f"{PREFIX}window"
+    held = cache.get(key)
+    if held:
+        end = datetime.fromisoformat(held)
+        if 0 <= (now - end).total_seconds() < WINDOW_REUSE_S:
+            return end
+    cache.set(key, now.isoformat(), WINDOW_REUSE_S)
+    return now
+
+
 # --- one replay --------------------------------------------------------------------------------------
 
 
 def replay(
-    scenario: sc.Scenario, *, on_progress: Callable[[int], None] | None = None, budget_s: float | None = None
+    scenario: sc.Scenario,
+    *,
+    window_s: float,
+    on_progress: Callable[[int], None] | None = None,
+    budget_s: float | None = None,
 ) -> dict[str, Any]:
-    """Simulate the scenario with the production policy; the summary the pages compare. `on_progress`
-    hears how many of the scenario's jobs have been submitted in the replay (at most every
-    PROGRESS_EVERY_S); past `budget_s` (default BUDGET_S) it raises ReplayTooLong."""
+    """Simulate the scenario with the production policy; the summary the pages compare, over the first
+    `window_s` seconds (the real week it stands for). `on_progress` hears how many of the scenario's
+    jobs have been submitted in the replay (at most every PROGRESS_EVERY_S); past `budget_s` (default
+    BUDGET_S) it raises ReplayTooLong."""
     budget = BUDGET_S if budget_s is None else budget_s
     deadline = time.monotonic() + budget
     submits = sorted(j.submit_at for j in scenario.jobs)
@@ -208,30 +310,15 @@ def replay(
 
     if time.monotonic() > deadline:
         raise ReplayTooLong(f"the replay took longer than {budget:.0f} s")
-    return summarise(simulate.simulate(scenario, on_pass=on_pass))
+    return measures.summary(scenario, simulate.simulate(scenario, on_pass=on_pass), window_s)
 
 
-def summarise(result: simulate.SimResult) -> dict[str, Any]:
-    """What the pages show of one replay: per share the SUMMARY_METRICS, and the cluster's totals."""
-    jobs = result.jobs.values()
-    return {
-        "shares": {
-            name: {m: values.get(m) for m in SUMMARY_METRICS} for name, values in result.shares.items()
-        },
-        "cluster": {
-            "utilisation": round(100 * result.cluster["utilisation"], 1),
-            "preemptions": sum(j.preemptions for j in jobs),
-            "lost_gpu_hours": round(result.cluster["lost_gpu_seconds"] / 3600, 1),
-            "never_started": sum(1 for j in jobs if j.first_start is None),
-        },
-        "jobs": len(result.jobs),
-    }
-
-
-def _replay_child(conn, scenario: sc.Scenario, budget_s: float) -> None:
+def _replay_child(conn, scenario: sc.Scenario, window_s: float, budget_s: float) -> None:
     """In the replay's own process: progress and the summary go back through the pipe."""
     try:
-        summary = replay(scenario, on_progress=lambda n: conn.send(("progress", n)), budget_s=budget_s)
+        summary = replay(
+            scenario, window_s=window_s, on_progress=lambda n: conn.send(("progress", n)), budget_s=budget_s
+        )
         conn.send(("done", summary))
     except ReplayTooLong as e:
         conn.send(("too_long", str(e)))
@@ -242,7 +329,11 @@ def _replay_child(conn, scenario: sc.Scenario, budget_s: float) -> None:
 
 
 def replay_isolated(
-    scenario: sc.Scenario, *, on_progress: Callable[[int], None] | None = None, budget_s: float | None = None
+    scenario: sc.Scenario,
+    *,
+    window_s: float,
+    on_progress: Callable[[int], None] | None = None,
+    budget_s: float | None = None,
 ) -> dict[str, Any]:
     """`replay` in a process of its own (spawned: the worker's threads are not forked)."""
     import multiprocessing
@@ -250,7 +341,7 @@ def replay_isolated(
     budget = BUDGET_S if budget_s is None else budget_s
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_replay_child, args=(child, scenario, budget), daemon=True)
+    proc = ctx.Process(target=_replay_child, args=(child, scenario, window_s, budget), daemon=True)
     proc.start()
     child.close()
     try:
@@ -289,55 +380,104 @@ def replay_isolated(
 
 def _delta(a, b):
     if isinstance(a, int | float) and isinstance(b, int | float):
-        return b - a
+        return round(b - a, 1) if isinstance(a, float) or isinstance(b, float) else b - a
     return None
 
 
 CLUSTER_LABELS = (
-    ("utilisation", "utilisation (%)"),
+    ("utilisation", "utilisation over the replayed window (%)"),
+    ("wait_p50_s", "wait p50, every job (s)"),
+    ("wait_p95_s", "wait p95, every job (s)"),
     ("preemptions", "pre-emptions"),
     ("lost_gpu_hours", "GPU-hours of work lost to pre-emption"),
-    ("never_started", "jobs not started by the cut"),
+    ("never_started", "jobs never started (counted as waiting until the cut)"),
+    ("refused", "jobs refused (share DISABLED)"),
 )
 
 
-def compare(before: Mapping[str, Any], after: Mapping[str, Any], share: str) -> dict[str, Any]:
-    """Two summaries side by side: rows per share, the cluster's totals, the chart's data."""
-    names = sorted(set(before["shares"]) | set(after["shares"]))
+def compare(
+    before: Mapping[str, Any],
+    after: Mapping[str, Any],
+    changed: Sequence[str] = (),
+    renames: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Two summaries side by side: rows per share (under its new name when `renames` renames it) with
+    each of SUMMARY_METRICS before, after and the change, and its waits by priority; the cluster's
+    figures; the jobs that never started, in words; the charts' data."""
+    renames = dict(renames or {})
+    before_shares = {renames.get(name, name): v for name, v in before["shares"].items()}
+    names = sorted(set(before_shares) | set(after["shares"]))
     rows = []
     for name in names:
-        b, a = before["shares"].get(name, {}), after["shares"].get(name, {})
-        row: dict[str, Any] = {"share": name, "changed": name == share}
+        b, a = before_shares.get(name, {}), after["shares"].get(name, {})
+        row: dict[str, Any] = {
+            "share": name,
+            "changed": name in changed,
+            "renamed_from": next((old for old, new in renames.items() if new == name), None),
+            "added": name not in before_shares,
+            "removed": name not in after["shares"],
+        }
         for metric in SUMMARY_METRICS:
             row[metric] = (b.get(metric), a.get(metric), _delta(b.get(metric), a.get(metric)))
+        priorities = sorted(
+            set(b.get("by_priority", {})) | set(a.get("by_priority", {})), key=lambda p: -int(p)
+        )
+        row["by_priority"] = [
+            {
+                "priority": p,
+                "before": b.get("by_priority", {}).get(p),
+                "after": a.get("by_priority", {}).get(p),
+            }
+            for p in priorities
+        ]
         rows.append(row)
     tb, ta = before["cluster"], after["cluster"]
     cluster = [
-        {"metric": label, "before": tb[key], "after": ta[key], "change": _delta(tb[key], ta[key])}
+        {
+            "metric": label,
+            "before": tb.get(key),
+            "after": ta.get(key),
+            "change": _delta(tb.get(key), ta.get(key)),
+        }
         for key, label in CLUSTER_LABELS
     ]
     chart = {
         "shares": names,
-        "before": [before["shares"].get(n, {}).get("mean_wait_s") or 0 for n in names],
-        "after": [after["shares"].get(n, {}).get("mean_wait_s") or 0 for n in names],
+        "before": [before_shares.get(n, {}).get("gpu_hours_run") or 0 for n in names],
+        "after": [after["shares"].get(n, {}).get("gpu_hours_run") or 0 for n in names],
+        "y_title": "GPU-hours run in the week",
+        "waits": {
+            "shares": names,
+            "before": [before_shares.get(n, {}).get("wait_p95_s") or 0 for n in names],
+            "after": [after["shares"].get(n, {}).get("wait_p95_s") or 0 for n in names],
+            "y_title": "p95 wait (s)",
+        },
     }
-    return {"rows": rows, "cluster": cluster, "chart": chart}
+    return {
+        "rows": rows,
+        "cluster": cluster,
+        "chart": chart,
+        "never_started": {"before": before.get("never_started", []), "after": after.get("never_started", [])},
+    }
 
 
 def sweep_table(summaries: Sequence[Mapping[str, Any]], labels: Sequence[str], share: str) -> dict[str, Any]:
-    """One row per swept value: the share's waits and pre-emptions, the cluster's utilisation; and the
-    trade-off chart's data (the share's p95 wait and the utilisation per value)."""
+    """One row per swept value: the share's waits (never-started jobs counted), pre-emptions and GPU-hours,
+    the cluster's utilisation over the window; and the trade-off chart's data (the share's p95 wait
+    and the utilisation per value). The same figures as a what-if of that value (one summary)."""
     rows = []
     for label, s in zip(labels, summaries, strict=True):
         mine = s["shares"].get(share, {})
         rows.append(
             {
                 "value": label,
-                "p95_wait_s": mine.get("p95_wait_s"),
-                "mean_wait_s": mine.get("mean_wait_s"),
-                "preempted_jobs": mine.get("preempted_jobs"),
+                "p95_wait_s": mine.get("wait_p95_s"),
+                "p50_wait_s": mine.get("wait_p50_s"),
+                "preemptions": mine.get("preemptions"),
+                "gpu_hours_run": mine.get("gpu_hours_run"),
+                "never_started": mine.get("never_started"),
                 "utilisation": s["cluster"]["utilisation"],
-                "never_started": s["cluster"]["never_started"],
+                "never_started_words": [w for w in s.get("never_started", []) if f" of {share} " in w],
             }
         )
     chart = {
@@ -355,9 +495,10 @@ def preview(*, share: str, changes: Mapping[str, Any], now: datetime | None = No
     t0 = time.perf_counter()
     now = now or timezone.now()
     base, left_out, start = build_scenario(now=now)
-    before = replay(base)
-    after = replay(with_change(base, share, changes))
-    table = compare(before, after, share)
+    window_s = window_seconds(base, start, now)
+    before = replay(base, window_s=window_s)
+    after = replay(with_change(base, share, changes), window_s=window_s)
+    table = compare(before, after, [share])
     return Preview(
         window_start=start,
         window_end=now,
@@ -433,8 +574,10 @@ class RunStatus:
                 return {
                     "jobs": p["total"],
                     "left_out": p.get("left_out", 0),
+                    "dropped": max((q.get("dropped") or 0) for q in self.parts),
                     "start": datetime.fromisoformat(p["window_start"]),
                     "end": datetime.fromisoformat(self.spec["now"]),
+                    "reverts": self.spec.get("reverts", []),
                 }
         return None
 
@@ -452,7 +595,14 @@ class RunStatus:
             return None
         summaries = [p["summary"] for p in self.parts]
         if self.kind == "preview":
-            return compare(summaries[0], summaries[1], self.share)
+            return compare(summaries[0], summaries[1], [self.share])
+        if self.kind == "layout":
+            result = compare(
+                summaries[0], summaries[1], self.spec.get("changed", ()), self.spec.get("renames")
+            )
+            for chart in (result["chart"], result["chart"]["waits"]):
+                chart["after_label"] = "simulated, with the plan"
+            return result
         return sweep_table(summaries, self.labels, self.share)
 
 
@@ -483,13 +633,15 @@ def start(
     variants: Sequence[Mapping[str, Any]],
     now: datetime | None = None,
     setting_label: str = "",
+    extra: Mapping[str, Any] | None = None,
 ) -> str:
     """Start a run of `variants` ({"label", "changes"} each: one replay per variant) for `share`, or
-    return the id of the same request's run while it is still going. Each replay is its own task."""
+    return the id of the same request's run while it is still going. Each replay is its own task.
+    `changes` is one share's settings, or {"layout": a planned layout} (with_layout)."""
     from django.core.cache import cache
 
     fingerprint = hashlib.sha256(
-        json.dumps([kind, share, list(variants)], sort_keys=True, default=str).encode()
+        json.dumps([kind, share, list(variants), extra], sort_keys=True, default=str).encode()
     ).hexdigest()[:32]
     request_key = f"{PREFIX}request:{fingerprint}"
     running = cache.get(request_key)
@@ -501,8 +653,9 @@ def start(
         "share": share,
         "variants": [{"label": str(v["label"]), "changes": dict(v["changes"])} for v in variants],
         "setting_label": setting_label,
-        "now": (now or timezone.now()).isoformat(),
+        "now": (now or window_end()).isoformat(),
         "created": time.time(),
+        **(extra or {}),
     }
     cache.set(_run_key(run_id), spec, RUN_TTL_S)
     cache.set(request_key, run_id, RUN_TTL_S)
@@ -527,6 +680,22 @@ def start_preview(*, share: str, changes: Mapping[str, Any]) -> str:
         kind="preview",
         share=share,
         variants=[{"label": "as is", "changes": {}}, {"label": "with the change", "changes": changes}],
+    )
+
+
+def start_layout(
+    *, variant: Mapping[str, Any], changed: Sequence[str], renames: Mapping[str, str] | None = None
+) -> str:
+    """Last week replayed as is and with a planned layout (quotas.layout), side by side."""
+    reverts = [{"share": r["share"], "after_s": r["after_s"]} for r in variant.get("reverts", ())]
+    return start(
+        kind="layout",
+        share="",
+        variants=[
+            {"label": "as is", "changes": {}},
+            {"label": "with the plan", "changes": {"layout": dict(variant)}},
+        ],
+        extra={"changed": list(changed), "renames": dict(renames or {}), "reverts": reverts},
     )
 
 
@@ -567,14 +736,20 @@ def run_part(run_id: str, index: int, *, isolated: bool) -> str:
     part = {"state": READING, "done": 0, "total": None}
     cache.set(key, part, RUN_TTL_S)
     try:
-        scenario, left_out, window_start = build_scenario(now=datetime.fromisoformat(spec["now"]))
+        now = datetime.fromisoformat(spec["now"])
+        scenario, left_out, window_start = build_scenario(now=now)
+        window_s = window_seconds(scenario, window_start, now)
         changes = spec["variants"][index]["changes"]
-        if changes:
+        dropped = 0
+        if "layout" in changes:
+            scenario, dropped = with_layout(scenario, changes["layout"])
+        elif changes:
             scenario = with_change(scenario, spec["share"], changes)
         part.update(
             state=REPLAYING,
             total=len(scenario.jobs),
             left_out=left_out,
+            dropped=dropped,
             window_start=window_start.isoformat(),
         )
         cache.set(key, part, RUN_TTL_S)
@@ -583,7 +758,17 @@ def run_part(run_id: str, index: int, *, isolated: bool) -> str:
             part["done"] = done
             cache.set(key, part, RUN_TTL_S)
 
-        summary = (replay_isolated if isolated else replay)(scenario, on_progress=progress)
+        # The same scenario over the same window replays the same: a run asked again, or the as-is
+        # replay of every plan of the same window, is read back instead (the engine is deterministic).
+        replay_key = f"{PREFIX}replay:{scenario_digest(scenario, window_s)}"
+        summary = cache.get(replay_key)
+        if summary is None:
+            summary = (replay_isolated if isolated else replay)(
+                scenario, window_s=window_s, on_progress=progress
+            )
+            cache.set(replay_key, summary, RUN_TTL_S)
+        else:
+            part["reused"] = True
         part.update(state=DONE, done=part["total"], summary=summary)
     except ReplayTooLong as e:
         part.update(state=FAILED, error=str(e))

@@ -124,3 +124,106 @@ class AuditEntrySerializer(serializers.ModelSerializer):
         model = AuditEntry
         fields = ["id", "at", "actor", "action", "object_type", "object_id", "object_repr", "before", "after"]
         read_only_fields = fields
+
+
+# --- the layout ------------------------------------------------------------------------------------
+
+
+class LayoutPlanRequestSerializer(StrictSerializer):
+    """A layout to plan (`document`: YAML or JSON text, or the document as an object), or a version to
+    roll back to (`rollback`); `whatif` false leaves last week's replay out."""
+
+    document = serializers.JSONField(
+        required=False,
+        help_text="The whole layout: YAML or JSON text (comments allowed), or the document itself.",
+    )
+    rollback = serializers.IntegerField(
+        required=False, min_value=1, max_value=MAX_INT, help_text="Plan back to the layout of this version."
+    )
+    whatif = serializers.BooleanField(default=True, help_text="Replay last week with it (the what-if).")
+
+    def validate(self, data):
+        if ("document" in data) == ("rollback" in data):
+            raise serializers.ValidationError(
+                {"document": ["Give the layout to plan (document), or a version to roll back to (rollback)."]}
+            )
+        return data
+
+
+_ANY_OBJECT = {"type": "object", "additionalProperties": True}
+_OBJECTS = {"type": "array", "items": _ANY_OBJECT}
+
+
+class LayoutPlanSerializer(serializers.Serializer):
+    """A plan: the diff, what it does now, its temporary changes, the what-if (while it runs: its
+    progress), and where to apply it."""
+
+    id = serializers.UUIDField()
+    state = serializers.CharField(help_text="PLANNED or APPLIED.")
+    created_at = serializers.DateTimeField()
+    created_by = serializers.CharField()
+    base_hash = serializers.CharField(help_text="The hash of the layout this plan started from.")
+    base_version = serializers.IntegerField(allow_null=True)
+    rollback_to = serializers.IntegerField(allow_null=True)
+    changed = serializers.BooleanField()
+    summary = serializers.CharField()
+    changes = serializers.JSONField(help_text="Share by share, field by field: added, changed, renamed, ...")
+    now = serializers.JSONField(help_text="borrowed, never_runnable, overcommit (each with words).")
+    warnings = serializers.ListField(child=serializers.CharField())
+    temporary = serializers.JSONField()
+    whatif = serializers.JSONField(allow_null=True)
+    version = serializers.IntegerField(allow_null=True, help_text="The version it became, once applied.")
+    apply = serializers.CharField(help_text="POST here to apply it.")
+
+
+class LayoutAppliedSerializer(serializers.Serializer):
+    applied = serializers.BooleanField(help_text="False: the plan changed nothing.")
+    version = serializers.IntegerField(allow_null=True)
+    summary = serializers.CharField()
+    told = serializers.IntegerField(help_text="Queued jobs told they can never run now.")
+    detail = serializers.CharField()
+
+
+class LayoutVersionSerializer(serializers.Serializer):
+    number = serializers.IntegerField()
+    applied_at = serializers.DateTimeField()
+    actor = serializers.CharField(
+        source="actor_name", help_text="Empty: the system (a temporary change ended)."
+    )
+    kind = serializers.CharField(help_text="apply, rollback or revert.")
+    note = serializers.CharField()
+    summary = serializers.SerializerMethodField()
+    changes = serializers.JSONField(source="diff")
+    hash = serializers.CharField()
+
+    @extend_schema_field(serializers.CharField())
+    def get_summary(self, version):
+        from quotas import layoutdoc
+
+        return layoutdoc.summary(version.diff)
+
+
+class LayoutVersionDetailSerializer(LayoutVersionSerializer):
+    document = serializers.JSONField(help_text="The whole layout after this version.")
+
+
+class TemporaryChangeSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    share = serializers.CharField(source="share_name", help_text="Its name when the change was applied.")
+    share_now = serializers.SerializerMethodField()
+    until = serializers.DateTimeField()
+    fields = serializers.JSONField(help_text='{"capacity.a100": [before, after], ...}')
+    state = serializers.CharField(
+        help_text="PENDING, REVERTED, PARTLY (some fields changed since) or SKIPPED."
+    )
+    outcome = serializers.CharField()
+    version = serializers.IntegerField(source="version.number")
+    revert_version = serializers.SerializerMethodField()
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_share_now(self, change):
+        return change.share.name if change.share_id else None
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_revert_version(self, change):
+        return change.revert_version.number if change.revert_version_id else None

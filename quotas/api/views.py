@@ -1,23 +1,34 @@
 """Teams (admins write; members read their own), shares (admins write; everyone logged in reads,
-with live usage per GPU type), and the audit log of admin changes (admins only, read-only)."""
+with live usage per GPU type), the audit log of admin changes (admins only, read-only), and the layout:
+the whole of it as one document (admins; a team manager its own team's part), plans and their apply,
+versions and temporary changes (admins)."""
 
-from django.db.models import Prefetch
+from django.db.models import F, Prefetch
+from django.http import Http404
+from django.urls import reverse
 from django_filters import rest_framework as filters
-from drf_spectacular.utils import extend_schema
-from rest_framework import status, viewsets
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import exceptions, mixins, renderers, status, viewsets
+from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from config.api import ApiSchema, ApiViewMixin, IsAdmin, IsAdminOrReadOnly
-from quotas import services
+from quotas import layout, layoutdoc, services, whatif
 from quotas.api.serializers import (
     AuditEntrySerializer,
+    LayoutAppliedSerializer,
+    LayoutPlanRequestSerializer,
+    LayoutPlanSerializer,
+    LayoutVersionDetailSerializer,
+    LayoutVersionSerializer,
     ShareSerializer,
     ShareWriteSerializer,
     TeamSerializer,
     TeamWriteSerializer,
+    TemporaryChangeSerializer,
 )
 from quotas.choices import ShareState, Strategy
-from quotas.models import AuditEntry, Membership, Share, Team
+from quotas.models import AuditEntry, LayoutPlan, LayoutVersion, Membership, Share, Team, TemporaryChange
 
 
 class TeamViewSet(ApiViewMixin, viewsets.ModelViewSet):
@@ -122,12 +133,15 @@ class ShareViewSet(ApiViewMixin, viewsets.ModelViewSet):
 
 class AuditFilter(filters.FilterSet):
     object_type = filters.ChoiceFilter(
-        choices=[("share", "share"), ("team", "team"), ("node", "node")], help_text="share, team or node."
+        choices=[("share", "share"), ("team", "team"), ("node", "node"), ("layout", "layout")],
+        help_text="share, team, node or layout (a layout version: shares changed through a plan).",
     )
     object_id = filters.CharFilter(help_text="The object's id.")
     object = filters.CharFilter(field_name="object_repr", help_text="The object's name.")
     actor = filters.CharFilter(field_name="actor_name", help_text="Username of who made the change.")
-    action = filters.CharFilter(help_text="create, update, delete, cordon, uncordon, drain.")
+    action = filters.CharFilter(
+        help_text="create, update, delete, cordon, uncordon, drain; apply, rollback, revert (layout)."
+    )
     since = filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte", help_text="Changes at or after.")
 
     class Meta:
@@ -136,10 +150,205 @@ class AuditFilter(filters.FilterSet):
 
 
 class AuditEntryViewSet(ApiViewMixin, viewsets.ReadOnlyModelViewSet):
-    """Every admin change to shares, teams and nodes: who, when, before and after. Newest first."""
+    """Every admin change to shares, teams and nodes: who, when, what changed (`changes`: each field
+    before -> after; a layout version's whole diff), and the records before and after. Newest first."""
 
     schema = ApiSchema()
     serializer_class = AuditEntrySerializer
     permission_classes = [IsAdmin]
     filterset_class = AuditFilter
     queryset = AuditEntry.objects.order_by("-at", "-id")
+
+
+# --- the layout --------------------------------------------------------------------------------------
+
+
+class YAMLRenderer(renderers.BaseRenderer):
+    """The layout as YAML (`?format=yaml`, or `Accept: application/yaml`): text the view rendered with
+    its comments is sent as it is; anything else (an error) as plain YAML."""
+
+    media_type = "application/yaml"
+    format = "yaml"
+    charset = "utf-8"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        if isinstance(data, str):
+            return data.encode()
+        import json
+
+        import yaml
+
+        plain = json.loads(json.dumps(data, default=str))  # DRF's ErrorDetail (a str) as a plain str
+        return yaml.safe_dump(plain, sort_keys=False, allow_unicode=True).encode()
+
+
+class TextYAMLRenderer(YAMLRenderer):
+    media_type = "text/yaml"
+
+
+def plan_payload(planned: LayoutPlan, request) -> dict:
+    """A plan as the API and the CLI read it."""
+    effects = dict(planned.effects or {})
+    warnings = effects.pop("warnings", [])
+    run = whatif.status(planned.whatif_run) if planned.whatif_run else None
+    replay = None
+    if run is not None:
+        replay = {
+            "run": run.id,
+            "state": "failed" if run.failed else "done" if run.finished else "running",
+            "percent": run.percent,
+            "errors": run.errors,
+            "window": run.window,
+            "seconds": run.seconds,
+            "result": run.result,
+        }
+    elif planned.whatif_run:
+        replay = {
+            "run": planned.whatif_run,
+            "state": "expired",
+            "percent": 0,
+            "errors": [],
+            "window": None,
+            "seconds": None,
+            "result": None,
+        }
+    changes = [{**c, "words": layoutdoc.describe(c)} for c in planned.diff]
+    return {
+        "id": planned.pk,
+        "state": planned.state,
+        "created_at": planned.created_at,
+        "created_by": planned.created_by_name,
+        "base_hash": planned.base_hash,
+        "base_version": planned.base_version,
+        "rollback_to": planned.rollback_to,
+        "changed": bool(planned.diff),
+        "summary": layoutdoc.summary(planned.diff),
+        "changes": changes,
+        "now": effects,
+        "warnings": warnings,
+        "temporary": planned.temporary,
+        "whatif": replay,
+        "version": planned.version.number if planned.version_id else None,
+        "apply": request.build_absolute_uri(reverse("api:layout-plan-apply", args=[planned.pk])),
+    }
+
+
+class LayoutViewSet(ApiViewMixin, viewsets.ViewSet):
+    """The whole layout as one document, and plans of a new one."""
+
+    schema = ApiSchema()
+    renderer_classes = [
+        renderers.JSONRenderer,
+        YAMLRenderer,
+        TextYAMLRenderer,
+        renderers.BrowsableAPIRenderer,
+    ]
+
+    def get_permissions(self):
+        return [IsAdmin()] if self.action == "plan" else super().get_permissions()
+
+    def perform_content_negotiation(self, request, force=False):
+        # DRF answers an unknown ?format= with a 404, as if the layout did not exist.
+        try:
+            return super().perform_content_negotiation(request, force)
+        except Http404:
+            if force:
+                raise
+            raise exceptions.NotAcceptable("format must be json or yaml.") from None
+
+    @extend_schema(
+        responses={
+            (200, "application/json"): OpenApiResponse(
+                {"type": "object", "additionalProperties": True},
+                description="The layout document: format, teams (with members), shares. An admin reads "
+                "the whole of it; a team manager its own teams' part (marked team_part).",
+            ),
+            (200, "application/yaml"): OpenApiResponse({"type": "string"}, description="The same, as YAML."),
+        },
+        parameters=[
+            OpenApiParameter("format", str, enum=["json", "yaml"], description="yaml: the document as YAML.")
+        ],
+    )
+    def list(self, request):
+        """GET /api/v1/layout/: the layout (JSON, or YAML with comments: ?format=yaml or Accept)."""
+        if request.accepted_renderer.format == "yaml":
+            response = Response(layout.export_yaml(user=request.user))
+        else:
+            response = Response(layout.export_data(user=request.user))
+        response["X-Layout-Version"] = str(layout.current_version() or 0)
+        return response
+
+    @extend_schema(request=LayoutPlanRequestSerializer, responses={201: LayoutPlanSerializer})
+    @action(detail=False, methods=["post"], renderer_classes=[renderers.JSONRenderer])
+    def plan(self, request):
+        """POST /api/v1/layout/plan/: check and plan a layout (every problem at once, each under its
+        path: {"shares[3].capacity.a10g": ["..."]}), or a rollback to a version."""
+        serializer = LayoutPlanRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        if "rollback" in data:
+            planned = layout.plan_rollback(
+                number=data["rollback"], actor=request.user, run_whatif=data["whatif"]
+            )
+        else:
+            planned = layout.plan(source=data["document"], actor=request.user, run_whatif=data["whatif"])
+        return Response(plan_payload(planned, request), status=status.HTTP_201_CREATED)
+
+
+class LayoutPlanViewSet(ApiViewMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """A plan (admins): read it (the what-if's progress and result), apply it."""
+
+    schema = ApiSchema()
+    permission_classes = [IsAdmin]
+    queryset = LayoutPlan.objects.select_related("version")
+    serializer_class = LayoutPlanSerializer
+    lookup_value_regex = r"[0-9a-fA-F-]{32,36}"
+
+    def retrieve(self, request, *args, **kwargs):
+        return Response(plan_payload(self.get_object(), request))
+
+    @extend_schema(request=None, responses={200: LayoutAppliedSerializer})
+    @action(detail=True, methods=["post"])
+    def apply(self, request, pk=None):
+        """Apply the plan exactly as planned, in one transaction; 409 when it was applied already, the
+        layout changed since it was made, or one of its `until`s has passed."""
+        planned = self.get_object()
+        applied = layout.apply(plan_id=planned.pk, actor=request.user)
+        summary = layoutdoc.summary(applied.plan.diff)
+        if applied.version is None:
+            detail = "Nothing to apply: the layout already is as planned."
+        else:
+            detail = f"Applied as version {applied.version.number}: {summary}."
+        return Response(
+            {
+                "applied": applied.version is not None,
+                "version": applied.version.number if applied.version else None,
+                "summary": summary,
+                "told": applied.told,
+                "detail": detail,
+            }
+        )
+
+
+class LayoutVersionViewSet(ApiViewMixin, viewsets.ReadOnlyModelViewSet):
+    """Every applied layout (admins): who, when, the diff; one version with its whole layout."""
+
+    schema = ApiSchema()
+    permission_classes = [IsAdmin]
+    queryset = LayoutVersion.objects.order_by("-number")
+    lookup_field = "number"
+    lookup_value_regex = r"\d+"
+
+    def get_serializer_class(self):
+        return LayoutVersionDetailSerializer if self.action == "retrieve" else LayoutVersionSerializer
+
+
+class TemporaryChangeViewSet(ApiViewMixin, viewsets.ReadOnlyModelViewSet):
+    """Temporary changes (admins): those still to end first (soonest first), then those done."""
+
+    schema = ApiSchema()
+    permission_classes = [IsAdmin]
+    serializer_class = TemporaryChangeSerializer
+    queryset = TemporaryChange.objects.select_related("share", "version", "revert_version").order_by(
+        F("done_at").asc(nulls_first=True), "until", "id"
+    )

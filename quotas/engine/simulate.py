@@ -1151,6 +1151,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(
             compare_table([result.to_dict(), other_result.to_dict()], ["as given", args.variant])
         )
+        from quotas.engine import measures  # waits that count never-started jobs (issue 28)
+
+        sys.stdout.write(
+            measures.compare_note([(scenario, result), (other, other_result)], ["as given", args.variant])
+        )
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     for job_id, why in sorted(result.waiting.items())[:10]:

@@ -63,12 +63,14 @@
                              solidity: 0.15 } }
       }], merge({ xaxis: { type: "date" }, yaxis: { autorange: "reversed" }, margin: { l: 80, r: 10, t: 10, b: 30 } }), config);
     },
+    // Before and after per share, grouped: GPU-hours run, or p95 wait (the figure in d.y_title).
     whatif: function (el, area) {
       var d = data(el);
       Plotly.react(area, [
         { type: "bar", name: "simulated, as is", x: d.shares, y: d.before, marker: { color: "#9aa5b1" } },
-        { type: "bar", name: "simulated, with the change", x: d.shares, y: d.after, marker: { color: "#2f80ed" } }
-      ], merge({ barmode: "group", yaxis: { title: { text: "mean wait (s)" }, rangemode: "tozero" },
+        { type: "bar", name: d.after_label || "simulated, with the change", x: d.shares, y: d.after,
+          marker: { color: "#2f80ed" } }
+      ], merge({ barmode: "group", yaxis: { title: { text: d.y_title || "mean wait (s)" }, rangemode: "tozero" },
                  legend: { orientation: "h" } }), config);
     }
   };

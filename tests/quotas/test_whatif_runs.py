@@ -99,7 +99,7 @@ def test_a_preview_answers_the_comparison_when_both_replays_are_done(celery_eage
     result = run.result
     assert {r["share"] for r in result["rows"]} >= {history}
     assert next(r for r in result["rows"] if r["share"] == history)["changed"]
-    assert [c["metric"] for c in result["cluster"]][0] == "utilisation (%)"
+    assert [c["metric"] for c in result["cluster"]][0] == "utilisation over the replayed window (%)"
     assert run.window["jobs"] == 120 and run.window["left_out"] == 0
     # the same engine as the in-process preview (no second copy of the comparison)
     same = whatif.preview(share=history, changes={"strategy": Strategy.RESERVE, "borrow_limit": -1})
@@ -162,9 +162,9 @@ def test_on_a_worker_the_replay_runs_in_a_process_of_its_own(no_messages, bob, v
         submit(bob, vision_share, gpus=4, max_runtime_s=600)
     scenario, _, _ = whatif.build_scenario()
     heard = []
-    summary = whatif.replay_isolated(scenario, on_progress=heard.append)
-    assert summary == whatif.replay(scenario)
-    assert summary["jobs"] == 6 and summary["shares"]["vision-main"]["preempted_jobs"] == 0
+    summary = whatif.replay_isolated(scenario, window_s=3600, on_progress=heard.append)
+    assert summary == whatif.replay(scenario, window_s=3600)
+    assert summary["jobs"] == 6 and summary["shares"]["vision-main"]["preemptions"] == 0
 
 
 def test_a_replay_reports_progress_and_stops_at_its_budget_mid_run(history, monkeypatch):
@@ -173,9 +173,26 @@ def test_a_replay_reports_progress_and_stops_at_its_budget_mid_run(history, monk
     scenario, _, _ = whatif.build_scenario()
     heard = []
     monkeypatch.setattr(whatif, "PROGRESS_EVERY_S", 0.0)
-    whatif.replay(scenario, on_progress=heard.append)
+    whatif.replay(scenario, window_s=7 * 86400, on_progress=heard.append)
     assert heard and heard == sorted(heard) and heard[-1] <= len(scenario.jobs) and heard[-1] > 0
     clock = iter(range(10**6))  # each look at the clock is one second later: out of budget mid-run
     monkeypatch.setattr(whatif.time, "monotonic", lambda: float(next(clock)))
     with pytest.raises(whatif.ReplayTooLong):
-        whatif.replay(scenario, budget_s=5)
+        whatif.replay(scenario, window_s=7 * 86400, budget_s=5)
+
+
+def test_the_same_scenario_is_replayed_once_and_read_back_after(
+    celery_eager, no_messages, history, monkeypatch
+):
+    """The as-is replay of a second preview in the same window is read back, not replayed; a changed
+    variant is replayed."""
+    calls = []
+    real = whatif.replay
+    monkeypatch.setattr(whatif, "replay", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    first = whatif.status(whatif.start_preview(share=history, changes={"borrow_limit": 50}))
+    assert len(calls) == 2 and not any(p.get("reused") for p in first.parts)
+    second = whatif.status(whatif.start_preview(share=history, changes={"borrow_limit": 0}))
+    assert len(calls) == 3  # only "with the change"
+    assert [bool(p.get("reused")) for p in second.parts] == [True, False]
+    assert second.parts[0]["summary"] == first.parts[0]["summary"]
+    assert second.spec["now"] == first.spec["now"]

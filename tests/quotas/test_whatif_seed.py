@@ -43,3 +43,28 @@ def test_it_refuses_a_gpu_type_that_other_nodes_have(no_messages, nodes):
     with pytest.raises(CommandError, match="another --gpu-type"):
         seed(jobs=40, gpu_type="a10g")
     assert not Job.objects.exists()
+
+
+def test_remove_deletes_exactly_what_it_seeded_and_the_overcommit_goes_with_it(
+    no_messages, vision_share, nodes, bob
+):
+    from jobs.services import job_submit
+    from quotas import usage
+    from quotas.models import Share, Team
+
+    job_submit(user=bob, share=vision_share, gpus=1, gpu_type="a10g", command=["true"])
+    out = io.StringIO()
+    call_command("seed_history", jobs=80, stdout=out)
+    assert "until `python manage.py seed_history --remove` deletes them" in out.getvalue()
+    assert usage.cluster_picture().overcommitted == ["v100"]  # its shares hold GPUs no READY node has
+    out = io.StringIO()
+    call_command("seed_history", remove=True, stdout=out)
+    assert out.getvalue().startswith("removed the seeded history: 80 jobs, ")
+    assert not Share.objects.filter(name__startswith="hist-").exists()
+    assert not Team.objects.filter(slug__startswith="hist-").exists()
+    assert not Node.objects.filter(name__startswith="hist-").exists()
+    assert usage.cluster_picture().overcommitted == []
+    # The rest is as it was.
+    assert vision_share.jobs.count() == 1 and Node.objects.count() == 2
+    with pytest.raises(CommandError, match="nothing to remove"):
+        call_command("seed_history", remove=True, stdout=io.StringIO())

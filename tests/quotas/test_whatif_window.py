@@ -25,7 +25,9 @@ def test_the_window_of_a_young_cluster_starts_at_its_first_submission(no_message
 
     preview = whatif.preview(share=vision_share.name, changes={}, now=now)
     assert (preview.window_start, preview.window_end) == (now - timedelta(hours=2), now)
-    utilisation = next(r for r in preview.cluster if r["metric"] == "utilisation (%)")
+    utilisation = next(
+        r for r in preview.cluster if r["metric"] == "utilisation over the replayed window (%)"
+    )
     # 2 jobs × 4 GPUs × 1 h on 8 GPUs over the 2 h they took: 50 %, not the 1.2 % of an idle week.
     assert utilisation["before"] == pytest.approx(50, abs=1)
 

@@ -14,15 +14,20 @@ def entries(**kw):
     return list(AuditEntry.objects.filter(**kw).order_by("id"))
 
 
-def test_a_share_change_through_the_api_is_recorded_with_before_and_after(world):
+def test_a_share_change_through_the_api_is_recorded_as_what_changed(world):
+    """One entry per applied layout version: the fields that changed, before -> after, not two records."""
     r = client_as(world, "admin").patch(
         "/api/v1/shares/vision-main/", {"capacity": {"a10g": 2}, "strategy": "LEND"}, format="json"
     )
     assert r.status_code == 200
-    [entry] = entries(object_type="share", action="update")
-    assert entry.actor_name == "alice" and entry.object_repr == "vision-main"
-    assert entry.before["capacity"] == {"a10g": 4} and entry.after["capacity"] == {"a10g": 2}
-    assert (entry.before["strategy"], entry.after["strategy"]) == ("LEND_AND_BORROW", "LEND")
+    [entry] = entries(object_type="layout")
+    assert (entry.actor_name, entry.action, entry.object_id) == ("alice", "apply", "1")
+    assert entry.object_repr == "version 1: 1 share: 1 changed (vision-main)"
+    assert [(c["field"], c["before"], c["after"]) for c in entry.changes] == [
+        ("capacity.a10g", 4, 2),
+        ("strategy", "LEND_AND_BORROW", "LEND"),
+    ]
+    assert {c["object"] for c in entry.changes} == {"share vision-main (changed)"}
 
 
 def test_share_create_and_delete_are_recorded(world):
@@ -30,10 +35,22 @@ def test_share_create_and_delete_are_recorded(world):
     client.post("/api/v1/shares/", {"name": "s2", "team": "vision", "capacity": {"a10g": 1}}, format="json")
     client.patch("/api/v1/shares/s2/", {"state": "DISABLED"}, format="json")
     assert client.delete("/api/v1/shares/s2/").status_code == 204
-    [created] = entries(object_repr="s2", action="create")
-    [deleted] = entries(object_repr="s2", action="delete")
-    assert created.before == {} and created.after["capacity"] == {"a10g": 1}
-    assert deleted.before["name"] == "s2" and deleted.after == {}
+    created, disabled, deleted = entries(object_type="layout")
+    assert created.object_repr == "version 1: 1 share: 1 added (s2)"
+    assert {
+        "object": "share s2 (added)",
+        "field": "capacity.a10g",
+        "before": None,
+        "after": 1,
+    } in created.changes
+    assert [(c["field"], c["before"], c["after"]) for c in disabled.changes] == [
+        ("state", "ENABLED", "DISABLED")
+    ]
+    assert deleted.object_repr == "version 3: 1 share: 1 removed (s2)"
+    assert {c["object"] for c in deleted.changes} == {"share s2 (removed)"}
+    assert {"field": "team", "before": "vision", "after": None} in [
+        {k: c[k] for k in ("field", "before", "after")} for c in deleted.changes
+    ]
 
 
 def test_a_refused_change_leaves_no_entry(world):
@@ -81,7 +98,8 @@ def test_a_service_call_without_actor_is_recorded_as_the_system(world):
     share = Share.objects.get(name="vision-main")
     services.share_update(share=share, description="by a script")
     node_services.node_cordon(node=world_node(world))
-    assert {e.actor_name for e in entries(action__in=["update", "cordon"])} == {""}
+    got = entries(action__in=["apply", "cordon"])
+    assert [e.action for e in got] == ["apply", "cordon"] and {e.actor_name for e in got} == {""}
 
 
 def world_node(world):

@@ -68,6 +68,11 @@ PAGES = [
     ("share_state", "post", "/shares/{spare}/state/", {"state": "DISABLED"}, ADMINS),
     ("share_delete", "post", "/shares/old/delete/", {}, ADMINS),
     ("audit", "get", "/audit/", None, ADMINS),
+    ("share_layout", "get", "/layout/", None, ADMINS),
+    ("share_layout_plan", "post", "/layout/plan/", {"document": "teams: []", "whatif": "0"}, ADMINS),
+    ("share_layout_plan", "post", "/layout/plan/", {"rollback": "1", "whatif": "0"}, ADMINS),
+    ("share_layout_plan_show", "get", "/layout/plans/{plan}/", None, ADMINS),
+    ("share_layout_apply", "post", "/layout/plans/{plan}/apply/", {}, ADMINS),
     ("admin", "get", "/admin/", None, expect("ok", "login", "login", "login", "ok")),
     ("healthz", "get", "/healthz", None, expect("ok", "ok", "ok", "ok", "ok", "ok", "ok")),
     ("metrics", "get", "/metrics", None, expect(*(["denied"] * 5), "denied", "denied")),
@@ -96,11 +101,12 @@ CASES = [_case(n, m, p, d, role, want[role]) for n, m, p, d, want in PAGES for r
 
 @pytest.fixture
 def pages(world, django_user_model, vision):
-    from quotas import whatif
+    from quotas import layout, whatif
     from tests.conftest import make_share
 
     make_share(vision, "old", capacity={"a10g": 1}, state="DISABLED")
     world["whatif_run"] = whatif.start_preview(share="vision-main", changes={})  # its tasks are not run
+    world["plan"] = layout.plan(source=layout.load_live().layout.to_data(), run_whatif=False).pk
     staff = django_user_model.objects.create_user("sam", "sam@example.com", "sam-pw-123", is_staff=True)
     world["users"]["staff"] = staff
     return world

@@ -89,6 +89,31 @@ MATRIX = [
     ("audit-retrieve", "get", "/audit/{audit}/", None, ADMIN_ONLY_READ),
     ("audit-delete", "delete", "/audit/{audit}/", None, expect(405, 403, 403, 403)),
     ("audit-create", "post", "/audit/", {"action": "x"}, expect(405, 403, 403, 403)),
+    # the layout: admins read it whole; a team manager reads its own team's part; only admins plan,
+    # apply, and read plans, versions and temporary changes
+    ("layout-read", "get", "/layout/", None, expect(200, 200, 403, 403)),
+    ("layout-read-yaml", "get", "/layout/?format=yaml", None, expect(200, 200, 403, 403)),
+    (
+        "layout-plan",
+        "post",
+        "/layout/plan/",
+        {"document": "{plan_document}", "whatif": False},
+        ADMIN_ONLY_WRITE["create"],
+    ),
+    (
+        "layout-plan-rollback",
+        "post",
+        "/layout/plan/",
+        {"rollback": 1, "whatif": False},
+        ADMIN_ONLY_WRITE["create"],
+    ),
+    ("layout-plan-retrieve", "get", "/layout/plans/{plan}/", None, ADMIN_ONLY_READ),
+    ("layout-plan-apply", "post", "/layout/plans/{plan}/apply/", None, ADMIN_ONLY_WRITE["ok"]),
+    ("layout-plan-delete", "delete", "/layout/plans/{plan}/", None, expect(405, 403, 403, 403)),
+    ("layout-versions-list", "get", "/layout/versions/", None, ADMIN_ONLY_READ),
+    ("layout-versions-retrieve", "get", "/layout/versions/1/", None, ADMIN_ONLY_READ),
+    ("layout-temporary-list", "get", "/layout/temporary/", None, ADMIN_ONLY_READ),
+    ("layout-temporary-retrieve", "get", "/layout/temporary/{temporary}/", None, ADMIN_ONLY_READ),
 ]
 
 CASES = [
@@ -98,12 +123,57 @@ CASES = [
 ]
 
 
+@pytest.fixture
+def layout_world(world):
+    """The world with a layout version (1: spare's description, ending in a day), a plan of the layout
+    as it is, and a document to plan (the live one, spare's description changed)."""
+    from quotas import layout, services
+    from quotas.models import Share
+
+    services.share_update(
+        share=Share.objects.get(name="spare"), description="spare GPUs", actor=world["users"]["admin"]
+    )
+    data = layout.load_live().layout.to_data()
+    entry = next(s for s in data["shares"] if s["name"] == "vision-main")
+    entry["description"], entry["until"] = "for a day", "1d"
+    temporary = layout.apply(plan_id=layout.plan(source=data, run_whatif=False).pk).version
+    document = layout.load_live().layout.to_data()
+    document["shares"][0]["description"] = "planned"
+    return {
+        **world,
+        "plan": layout.plan(source=layout.load_live().layout.to_data(), run_whatif=False).pk,
+        "plan_document": document,
+        "temporary": temporary.temporary_changes.get().pk,
+    }
+
+
+def _body(body, values):
+    if isinstance(body, dict):
+        return {k: _body(v, values) for k, v in body.items()}
+    if isinstance(body, str) and body.startswith("{") and body.endswith("}") and body[1:-1] in values:
+        return values[body[1:-1]]
+    return body
+
+
 @pytest.mark.parametrize("method,url,body,role,status", CASES)
-def test_permission_matrix(world, method, url, body, role, status):
+def test_permission_matrix(layout_world, method, url, body, role, status):
+    world = layout_world
     client = client_as(world, role)
     path = V1 + url.format(**world)
+    body = _body(body, world)
     response = getattr(client, method)(path, body, format="json") if body else getattr(client, method)(path)
     assert response.status_code == status, (method, path, role, response.content[:300])
+
+
+def test_a_team_manager_reads_only_its_own_teams_part_of_the_layout(layout_world):
+    data = client_as(layout_world, "manager").get(f"{V1}/layout/").json()
+    assert data["team_part"] == ["vision"]
+    assert [t["slug"] for t in data["teams"]] == ["vision"]
+    assert {s["name"] for s in data["shares"]} == {"vision-main", "spare"}  # not language-main
+    text = client_as(layout_world, "manager").get(f"{V1}/layout/?format=yaml").content.decode()
+    assert "team_part: [vision]" in text and "language" not in text
+    whole = client_as(layout_world, "admin").get(f"{V1}/layout/").json()
+    assert "team_part" not in whole and {t["slug"] for t in whole["teams"]} == {"vision", "language", "empty"}
 
 
 def test_every_api_route_is_in_the_matrix():

@@ -295,6 +295,9 @@ def cmd_logout(args, out) -> int:
 
 
 def cmd_shares(args, out) -> int:
+    action = getattr(args, "shares_command", None)
+    if action is not None:
+        return SHARES_COMMANDS[action](args, out)
     shares = args.client().shares()
     if args.json:
         out(shares)
@@ -313,6 +316,254 @@ def cmd_shares(args, out) -> int:
     ]
     out(table(rows, ["SHARE", "TEAM", "STRATEGY", "STATE", "CAPACITY", "IN USE (OWN/CAP)", "QUEUED"]))
     return 0
+
+
+# --- the layout: export, plan, apply, history ----------------------------------------------------
+
+
+def cmd_shares_export(args, out) -> int:
+    """The layout as YAML with comments (the server writes it: the client needs no YAML library), or
+    JSON with --json; to a file with -o."""
+    client = args.client()
+    if args.json:
+        import json
+
+        text = json.dumps(client.layout(), indent=2) + "\n"
+    else:
+        text = client.layout_text()
+    if args.output and args.output != "-":
+        try:
+            with open(args.output, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as e:
+            raise UsageError(f"cannot write {args.output}: {e.strerror}") from None
+        print(f"Wrote the layout to {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _read_layout_file(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise UsageError(
+            f"-f {path}: no such file (`gpuquota shares export -o {path}` writes the layout)"
+        ) from None
+    except UnicodeDecodeError:
+        raise UsageError(f"-f {path}: not UTF-8 text") from None
+    except OSError as e:
+        raise UsageError(f"-f {path}: cannot read it ({e.strerror})") from None
+
+
+def _plan_problems(error) -> str | None:
+    """A refused plan's problems, one a line under its path; None if the answer is not that shape."""
+    data = error.data
+    if error.status != 400 or not isinstance(data, dict):
+        return None
+    lines = [
+        f"  {clean(path)}: {clean(m)}"
+        for path, messages in data.items()
+        for m in (messages if isinstance(messages, list) else [messages])
+    ]
+    n = len(lines)
+    return f"the layout was not planned: {n} problem{'s' if n != 1 else ''}\n" + "\n".join(lines)
+
+
+def _arrow(pair) -> str:
+    before, after = pair[0], pair[1]
+    shown = ["-" if v is None else f"{v:g}" if isinstance(v, float) else str(v) for v in (before, after)]
+    return shown[0] if shown[0] == shown[1] else f"{shown[0]} -> {shown[1]}"
+
+
+def plan_lines(plan: dict) -> list[str]:
+    """A plan in words: the diff, what it does now, warnings, temporary changes."""
+    head = f"Plan {plan['id']}"
+    head += (
+        f" (from version {plan['base_version']})"
+        if plan.get("base_version")
+        else " (from the layout before any version)"
+    )
+    if plan.get("rollback_to"):
+        head += f", a rollback to version {plan['rollback_to']}"
+    lines = [f"{head}: {plan['summary']}"]
+    lines += [f"  {clean(c['words'])}" for c in plan["changes"]]
+    now = plan.get("now") or {}
+    effects = [f"  over-committed: {clean(o['words'])}" for o in now.get("overcommit", [])]
+    effects += [f"  could never run any more: {clean(g['words'])}" for g in now.get("never_runnable", [])]
+    if now.get("borrowed_total"):
+        effects.append(f"  {now['borrowed_total']} running job(s) become borrowed (reclaimable):")
+        effects += [f"    {clean(b['words'])}" for b in now.get("borrowed", [])]
+    if now.get("no_longer_borrowed"):
+        effects.append(f"  {now['no_longer_borrowed']} running job(s) are no longer borrowed")
+    if plan["changed"]:
+        lines += ["Now:", *(effects or ["  nothing running or queued is affected"])]
+    lines += [f"Warning: {clean(w)}" for w in plan.get("warnings", [])]
+    for t in plan.get("temporary", []):
+        backs = ", ".join(f"{path} back to {pair[0]}" for path, pair in t["fields"].items())
+        lines.append(f"Temporary: {t['share']} until {when(t['until'])}: {backs}")
+    return lines
+
+
+def whatif_lines(replay: dict | None) -> list[str]:
+    """The what-if's comparison: per share, the cluster, the jobs that never started."""
+    if not replay:
+        return []
+    if replay["state"] != "done":
+        why = "; ".join(replay.get("errors") or []) or replay["state"]
+        return [f"What if (last week replayed): no result ({clean(why)})"]
+    result, window = replay["result"], replay["window"] or {}
+    lines = [
+        f"What if: last week replayed as is and with the plan ({window.get('jobs', '?')} submissions from "
+        f"{when(window.get('start'))} to {when(window.get('end'))}, in {replay.get('seconds')} s; a job "
+        "that never started counts as waiting until the cut):"
+    ]
+    rows = [
+        (
+            r["share"] + (" *" if r["changed"] else ""),
+            _arrow(r["gpu_hours_run"]),
+            _arrow(r["wait_p50_s"]),
+            _arrow(r["wait_p95_s"]),
+            _arrow(r["preemptions"]),
+            _arrow(r["borrowed_gpu_hours"]),
+            _arrow(r["lent_gpu_hours"]),
+            _arrow(r["never_started"]),
+        )
+        for r in result["rows"]
+    ]
+    headers = [
+        "SHARE",
+        "GPU-H RUN",
+        "WAIT P50 S",
+        "WAIT P95 S",
+        "PRE-EMPTIONS",
+        "BORROWED GPU-H",
+        "LENT GPU-H",
+        "NEVER STARTED",
+    ]
+    lines += ["  " + line for line in Table(headers).lines(rows)]
+    lines += [f"  {c['metric']}: {_arrow((c['before'], c['after']))}" for c in result["cluster"]]
+    lines += [f"  never started with the plan: {clean(w)}" for w in result["never_started"]["after"]]
+    return lines
+
+
+def _wait_for_whatif(client, plan: dict, timeout_s: float) -> dict:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    shown = False
+    while plan.get("whatif") and plan["whatif"]["state"] == "running" and time.monotonic() < deadline:
+        if sys.stderr.isatty():
+            sys.stderr.write(f"\rreplaying last week: {plan['whatif']['percent']} %  ")
+            sys.stderr.flush()
+            shown = True
+        time.sleep(1.0)
+        plan = client.layout_plan_get(plan["id"])
+    if shown:
+        sys.stderr.write("\r" + " " * 40 + "\r")
+    return plan
+
+
+def cmd_shares_plan(args, out) -> int:
+    from gpuquota_client.client import ApiError
+
+    if (args.file is None) == (args.rollback is None):
+        raise UsageError("plan: give the layout with -f FILE (- for stdin), or --rollback N")
+    client = args.client()
+    document = _read_layout_file(args.file) if args.file is not None else None
+    try:
+        plan = client.layout_plan(document=document, rollback=args.rollback, whatif=not args.no_whatif)
+    except ApiError as e:
+        problems = _plan_problems(e)
+        if problems is None:
+            raise
+        print(f"gpuquota: {problems}", file=sys.stderr)
+        return 2
+    if not args.no_whatif and not args.no_wait:
+        plan = _wait_for_whatif(client, plan, args.wait)
+    if args.json:
+        out(plan)
+        return 0
+    lines = plan_lines(plan) + whatif_lines(plan.get("whatif"))
+    if plan["changed"]:
+        lines.append(f"Apply it: gpuquota shares apply {plan['id']}")
+    else:
+        lines.append("Nothing to apply: this is the layout as it is.")
+    out("\n".join(lines))
+    return 0
+
+
+PLAN_ID_RE = r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$"
+
+
+def cmd_shares_apply(args, out) -> int:
+    import re
+
+    if not re.match(PLAN_ID_RE, args.plan.strip()):
+        raise UsageError(f"{args.plan!r} is not a plan id (`gpuquota shares plan` prints it: Apply it: ...)")
+    applied = args.client().layout_apply(args.plan.strip())
+    out(
+        applied
+        if args.json
+        else clean(applied["detail"])
+        + (
+            f" {applied['told']} queued job(s) that can never run now were told so."
+            if applied.get("told")
+            else ""
+        )
+    )
+    return 0
+
+
+def cmd_shares_history(args, out) -> int:
+    client = args.client()
+    versions = client.layout_versions(limit=args.limit)
+    temporary = [t for t in client.layout_temporary() if t["state"] == "PENDING"]
+    if args.json:
+        out({"versions": versions, "temporary": temporary})
+        return 0
+    rows = [
+        (
+            v["number"],
+            when(v["applied_at"]),
+            v["actor"] or "(system)",
+            v["kind"],
+            v["summary"] + (f" ({v['note']})" if v["note"] else ""),
+        )
+        for v in versions
+    ]
+    lines = [table(rows, ["VERSION", "APPLIED", "BY", "KIND", "CHANGES"])]
+    if temporary:
+        lines.append("")
+        lines.append(
+            table(
+                [
+                    (
+                        t["share_now"] or t["share"],
+                        when(t["until"]),
+                        t["version"],
+                        ", ".join(f"{p} back to {pair[0]}" for p, pair in t["fields"].items()),
+                    )
+                    for t in temporary
+                ],
+                ["TEMPORARY", "ENDS", "VERSION", "GOES BACK"],
+            )
+        )
+    lines.append("")
+    lines.append("Plan a rollback: gpuquota shares plan --rollback N")
+    out("\n".join(lines))
+    return 0
+
+
+SHARES_COMMANDS = {
+    "export": cmd_shares_export,
+    "plan": cmd_shares_plan,
+    "apply": cmd_shares_apply,
+    "history": cmd_shares_history,
+}
 
 
 def cmd_nodes(args, out) -> int:
@@ -686,11 +937,40 @@ def _nothing(p) -> None:
     pass
 
 
+def _shares(p) -> None:
+    import argparse
+
+    sub = p.add_subparsers(dest="shares_command", metavar="ACTION")
+    export = sub.add_parser("export", help="the layout (every team, member and share) as YAML")
+    export.add_argument("-o", "--output", metavar="FILE", help="write it here (default: standard output)")
+    plan = sub.add_parser(
+        "plan",
+        help="plan a layout: the change, what it does now, last week replayed with it (nothing changes yet)",
+    )
+    plan.add_argument("-f", "--file", metavar="FILE", help="the layout (YAML or JSON; - for stdin)")
+    plan.add_argument(
+        "--rollback", type=parse_count, metavar="N", help="plan back to the layout of version N"
+    )
+    plan.add_argument("--no-whatif", action="store_true", help="leave out the replay of last week")
+    plan.add_argument("--no-wait", action="store_true", help="do not wait for the replay (read it later)")
+    plan.add_argument("--wait", type=parse_duration, default=900, help=argparse.SUPPRESS)
+    apply = sub.add_parser(
+        "apply", help="apply a plan exactly as planned (refused if the layout changed since)"
+    )
+    apply.add_argument("plan", metavar="PLAN", help="the plan's id, as `gpuquota shares plan` printed it")
+    history = sub.add_parser("history", help="the layout's versions and the temporary changes still to end")
+    history.add_argument("--limit", type=parse_count, default=20, metavar="N", help="the last N versions")
+
+
 # Each command: its help line, what adds its arguments, what runs it (in the order --help lists them).
 COMMANDS = {
     "login": ("log in and store the token", _login, "cmd_login"),
     "logout": ("revoke the token and forget it", _nothing, "cmd_logout"),
-    "shares": ("shares with capacity and usage", _nothing, "cmd_shares"),
+    "shares": (
+        "shares with capacity and usage; `shares export|plan|apply|history`: the layout as one file",
+        _shares,
+        "cmd_shares",
+    ),
     "nodes": ("GPU hosts", _nothing, "cmd_nodes"),
     "submit": (
         "submit a job: gpuquota submit --share S --gpus N --gpu-type T -- CMD...",

@@ -77,6 +77,22 @@ def _flatten(value: Any) -> list[str]:
     return [str(value)]
 
 
+def _yaml_error(body: str) -> dict | None:
+    """The few shapes of an error the server answers in YAML (config's YAMLRenderer), read without a
+    YAML library: `key: value` and `key:` followed by `- item` lines."""
+    data: dict[str, Any] = {}
+    key = None
+    for line in body.splitlines():
+        if line.startswith("- ") and key is not None:
+            data.setdefault(key, []).append(line[2:].strip().strip("'\""))
+        elif ":" in line and not line.startswith(" "):
+            key, _, value = line.partition(":")
+            key = key.strip().strip("'\"")
+            if value.strip():
+                data[key] = value.strip().strip("'\"")
+    return data or None
+
+
 class _Response:
     def __init__(self, status: int, reason: str, headers: Mapping[str, str], body: bytes):
         self.status_code, self.reason, self.headers, self.content = status, reason, headers, body
@@ -270,8 +286,12 @@ class Client:
 
     # --- plumbing --------------------------------------------------------------------------------
 
-    def request(self, method: str, path: str, *, params=None, json=None, auth: bool = True) -> Any:
-        headers = {"Accept": "application/json"}
+    def request(
+        self, method: str, path: str, *, params=None, json=None, auth: bool = True, text: bool = False
+    ) -> Any:
+        """The server's JSON answer; with text=True the body as text (e.g. the layout as YAML: the
+        client needs no YAML library)."""
+        headers = {"Accept": "application/yaml" if text else "application/json"}
         if auth and self.token:
             headers["Authorization"] = f"Token {self.token}"
         url = path if path.startswith("http") else f"{self.url}/api/v1/{path.lstrip('/')}"
@@ -283,10 +303,14 @@ class Client:
             raise ClientError(f"cannot reach {self.url}: {e}") from e
         if response.status_code == 204:
             return None
+        if text and response.status_code < 400:
+            return response.content.decode("utf-8")
         try:
             data = response.json()
         except ValueError:
             data = None
+        if text and data is None:  # an error answered in YAML: "detail: ..." or "path:\n- message"
+            data = _yaml_error(response.content.decode("utf-8", "replace"))
         if response.status_code >= 400:
             message = error_message(data) if data is not None else (response.reason or "error")
             if response.status_code == 429 and response.headers.get("Retry-After"):
@@ -492,6 +516,38 @@ class Client:
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"array A{array_id} is not done after {timeout_s} s: {array['counts']}")
             time.sleep(poll_s)
+
+    # --- the layout (admins; a team manager reads its own team's part) -------------------------------
+
+    def layout_text(self) -> str:
+        """The layout as the server writes it: YAML with comments."""
+        return self.request("GET", "layout/", params={"format": "yaml"}, text=True)
+
+    def layout(self) -> dict:
+        return self.request("GET", "layout/")
+
+    def layout_plan(
+        self, *, document: str | None = None, rollback: int | None = None, whatif: bool = True
+    ) -> dict:
+        """Plan a layout (YAML or JSON text, sent as it is) or a rollback to a version."""
+        body: dict[str, Any] = {"whatif": whatif}
+        if rollback is not None:
+            body["rollback"] = rollback
+        else:
+            body["document"] = document
+        return self.request("POST", "layout/plan/", json=body)
+
+    def layout_plan_get(self, plan_id: str) -> dict:
+        return self.request("GET", f"layout/plans/{plan_id}/")
+
+    def layout_apply(self, plan_id: str) -> dict:
+        return self.request("POST", f"layout/plans/{plan_id}/apply/")
+
+    def layout_versions(self, limit: int = 20) -> list[dict]:
+        return self.request("GET", "layout/versions/", params={"limit": limit})["results"]
+
+    def layout_temporary(self) -> list[dict]:
+        return self._all("layout/temporary/")
 
     def cancel(self, job_id: int) -> dict:
         """Cancel a job. A running one answers CANCELLING (stopping, its GPUs still held); wait() for

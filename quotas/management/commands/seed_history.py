@@ -8,6 +8,9 @@ CANCELLED with max_runtime_s = its run time (what the what-if then replays it wi
 
 Safe on a demo database: it adds only `hist-` rows, refuses while earlier `hist-` rows exist (unless
 --replace, which deletes exactly those first), and refuses a GPU type that nodes not its own have.
+Its shares and LOST nodes are part of the live layout and the nodes page while they exist (an
+over-commit warning included: no READY node holds their GPUs): `--remove` deletes exactly what it
+wrote, and nothing else, when the what-if has served.
 """
 
 from __future__ import annotations
@@ -49,16 +52,26 @@ def generate(*, jobs: int, gpus: int, seed: int, gpu_type: str) -> dict:
     raise CommandError(f"tracegen cannot shape {jobs} jobs on {gpus} GPUs")
 
 
-def delete_seeded() -> int:
-    """Delete what an earlier seed_history wrote (only `hist-` rows)."""
+def delete_seeded() -> dict[str, int]:
+    """Delete what an earlier seed_history wrote (only `hist-` rows), under the layout lock (its shares
+    are part of the layout: a plan made before is stale after). Returns how many of each went."""
+    from quotas import layout
+
+    layout.lock()
     shares = Share.objects.filter(name__startswith=PREFIX)
-    n, _ = Job.objects.filter(share__in=shares).delete()
+    counts = {
+        "jobs": Job.objects.filter(share__in=shares).count(),
+        "shares": shares.count(),
+        "teams": Team.objects.filter(slug__startswith=PREFIX).count(),
+        "nodes": Node.objects.filter(name__startswith=PREFIX).count(),
+    }
+    Job.objects.filter(share__in=shares).delete()
     ShareCapacity.objects.filter(share__in=shares).delete()
     shares.delete()
     Team.objects.filter(slug__startswith=PREFIX).delete()
     Node.objects.filter(name__startswith=PREFIX).delete()
     get_user_model().objects.filter(username=USER).delete()
-    return n
+    return counts
 
 
 class Command(BaseCommand):
@@ -71,8 +84,25 @@ class Command(BaseCommand):
         parser.add_argument("--seed", type=int, default=1)
         parser.add_argument("--gpu-type", default="v100")
         parser.add_argument("--replace", action="store_true", help="delete an earlier seed_history first")
+        parser.add_argument(
+            "--remove",
+            action="store_true",
+            help="delete what an earlier seed_history wrote (its hist- jobs, shares, teams, nodes, user) and stop",
+        )
 
-    def handle(self, *args, jobs, gpus, days, seed, gpu_type, replace, **options):
+    def handle(self, *args, jobs, gpus, days, seed, gpu_type, replace, remove=False, **options):
+        if remove:
+            with transaction.atomic():
+                counts = delete_seeded()
+            if not any(counts.values()):
+                raise CommandError("no seeded history (hist- shares, teams or nodes) here: nothing to remove")
+            self.stdout.write(
+                self.style.SUCCESS(
+                    f"removed the seeded history: {counts['jobs']} jobs, {counts['shares']} shares, "
+                    f"{counts['teams']} teams, {counts['nodes']} nodes"
+                )
+            )
+            return
         if jobs < 1 or not 0 < days <= 7:
             raise CommandError("--jobs must be at least 1 and --days between 0 and 7")
         gpus = gpus or default_gpus(jobs, days)
@@ -94,14 +124,16 @@ class Command(BaseCommand):
             )
         data = generate(jobs=jobs, gpus=gpus, seed=seed, gpu_type=gpu_type)
         with transaction.atomic():
-            removed = delete_seeded() if seeded else 0
+            removed = delete_seeded()["jobs"] if seeded else 0
             written = self.write(data, days=days)
         self.stdout.write(
             self.style.SUCCESS(
                 f"seeded {written} jobs over {days:g} days on {gpus} {gpu_type} GPUs "
                 f"({len(data['nodes'])} LOST nodes, {len(data['shares'])} shares: "
                 f"{', '.join(PREFIX + s['name'] for s in data['shares'])})"
-                + (f"; {removed} rows of the earlier seed deleted" if removed else "")
+                + (f"; {removed} jobs of the earlier seed deleted" if removed else "")
+                + ". They are part of the live layout and the nodes page until `python manage.py "
+                "seed_history --remove` deletes them."
             )
         )
 
