@@ -4,11 +4,14 @@ Screenshots of each page are saved under var/screenshots/ as test artifacts."""
 
 import os
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from django.conf import settings
 from django.core.cache import cache
+from django.core.signals import request_finished, request_started
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
@@ -44,6 +47,48 @@ def quiet(monkeypatch, settings):
     cache.clear()
 
 
+class InFlight:
+    """Requests the live server is still answering. A page closed while a request is on its way (an htmx
+    poll, a what-if preview) leaves the server thread in a transaction after the test: the database
+    flush between tests (TRUNCATE) then deadlocks with it on PostgreSQL, and the next test finds the
+    last one's rows. The browser fixtures wait for these to end before the flush."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.cond = threading.Condition()
+        request_started.connect(self.started, dispatch_uid="tests.browser.inflight.started")
+        request_finished.connect(self.finished, dispatch_uid="tests.browser.inflight.finished")
+
+    def started(self, **kwargs) -> None:
+        with self.cond:
+            self.count += 1
+
+    def finished(self, **kwargs) -> None:
+        with self.cond:
+            self.count -= 1
+            self.cond.notify_all()
+
+    def wait_idle(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while self.count > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    pytest.fail(
+                        f"the live server still answers {self.count} request(s) {timeout_s:.0f} s after the test"
+                    )
+                self.cond.wait(left)
+
+
+IN_FLIGHT = InFlight()
+
+
+def close_and_settle(context) -> None:
+    """Close a browser context, then wait until the live server has answered what it sent."""
+    context.close()
+    IN_FLIGHT.wait_idle()
+
+
 @pytest.fixture
 def page(chromium, live_server):
     context = chromium.new_context(base_url=live_server.url, viewport={"width": 1280, "height": 900})
@@ -52,7 +97,7 @@ def page(chromium, live_server):
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     yield page
-    context.close()
+    close_and_settle(context)
     assert not errors, f"JavaScript errors: {errors}"
 
 

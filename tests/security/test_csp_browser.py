@@ -6,7 +6,7 @@ import pytest
 
 from quotas import usage
 from tests.api.conftest import run
-from tests.browser.conftest import chromium, login  # noqa: F401 - the browser fixture
+from tests.browser.conftest import chromium, close_and_settle, login  # noqa: F401 - the browser fixture
 from tests.web.conftest import submit
 
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -27,7 +27,7 @@ def browser_page(chromium, live_server, monkeypatch, settings):  # noqa: F811 - 
     page.on("console", lambda m: console.append(m.text))
     page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
     yield page, console
-    context.close()
+    close_and_settle(context)
 
 
 def test_pages_load_without_csp_violations(browser_page, alice, bob, vision_share, language_share, nodes):
