@@ -333,6 +333,9 @@ CHECKPOINT_KEEP_DAYS = env_int("CHECKPOINT_KEEP_DAYS", 30)
 # written for CHECKPOINT_SETTLE_S (not a file still being written). Seconds, may be fractional.
 CHECKPOINT_SCAN_S = env_float("CHECKPOINT_SCAN_S", 1.0)
 CHECKPOINT_SETTLE_S = env_float("CHECKPOINT_SETTLE_S", 2.0)
+# The longest protection window a share may give its jobs (Share.min_runtime_s, SEMANTICS rule 10): an
+# owner whose GPUs are held by protected jobs waits at most this long for them.
+MAX_MIN_RUNTIME_S = env_int("MAX_MIN_RUNTIME_S", 86400)
 # The host's directories every uid may write, where a job uid that left files is not handed out again
 # (an attempt gets its own /tmp, /var/tmp and /dev/shm where the host allows mount namespaces).
 JOB_SHARED_DIRS = env_list("JOB_SHARED_DIRS", "/tmp,/var/tmp,/dev/shm,/run/lock,/dev/mqueue")

@@ -40,6 +40,14 @@ class ShareForm(forms.Form):
     in_share_preemption = forms.BooleanField(
         required=False, label="In-share pre-emption", help_text="Higher priority may pre-empt lower."
     )
+    # Parsed here; its limit (jobs.limits.MIN_RUNTIME) is the service's, whose words go beside it.
+    min_runtime_s = forms.IntegerField(
+        initial=0,
+        required=False,
+        label="Protection window (s)",
+        help_text="min_runtime_s: each job runs at least this long after a start before a reclaim or "
+        "in-share pre-emption may take it (0: never protected). Owners may wait up to this long for them.",
+    )
     state = forms.ChoiceField(choices=ShareState.choices, initial=ShareState.ENABLED)
     new_gpu_type = forms.RegexField(
         regex=GPU_TYPE_RE,
@@ -86,6 +94,7 @@ class ShareForm(forms.Form):
             "strategy": data["strategy"],
             "borrow_limit": data["borrow_limit"],
             "in_share_preemption": data.get("in_share_preemption", False),
+            "min_runtime_s": data.get("min_runtime_s") or 0,  # left empty: not protected
             "state": data["state"],
         }
 
@@ -98,6 +107,7 @@ class ShareForm(forms.Form):
             "strategy": share.strategy,
             "borrow_limit": share.borrow_limit,
             "in_share_preemption": share.in_share_preemption,
+            "min_runtime_s": share.min_runtime_s,
             "state": share.state,
         }
         for gpu_type, n in share.capacity_map().items():

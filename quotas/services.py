@@ -161,6 +161,10 @@ def _check_share(share: Share) -> None:
         ]
     if share.borrow_limit > MAX_INT:
         errors["borrow_limit"] = ["borrow_limit is a percentage: -1 (no limit) or 0 or more."]
+    from jobs.limits import MIN_RUNTIME
+
+    if problem := MIN_RUNTIME.problem(share.min_runtime_s):
+        errors["min_runtime_s"] = [problem]  # in place of the model's own words: one sentence everywhere
     if errors:
         raise ValidationError(errors)
 
@@ -176,7 +180,16 @@ def _save_capacity(share: Share, capacity: Mapping[str, int]) -> None:
             ShareCapacity.objects.filter(pk=row.pk).update(max_gpus=n)
 
 
-SHARE_FIELDS = ("name", "team", "description", "strategy", "borrow_limit", "in_share_preemption", "state")
+SHARE_FIELDS = (
+    "name",
+    "team",
+    "description",
+    "strategy",
+    "borrow_limit",
+    "in_share_preemption",
+    "min_runtime_s",
+    "state",
+)
 
 
 def share_create(
