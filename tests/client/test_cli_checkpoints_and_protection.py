@@ -7,7 +7,11 @@ import os
 import pytest
 
 from gpunodes.agent import checkpoints
+from jobs.models import Attempt
+from jobs.tasks import attempt_finished
 from quotas.models import Share
+from tests.api.conftest import run, submit
+from tests.api.test_job_checkpoints import make_story
 
 
 @pytest.fixture
@@ -122,3 +126,36 @@ def test_a_window_over_a_limit_lowered_since_the_login_exits_2_with_the_servers_
     code, _, err = cli("min-runtime", "vision-main", "10m")
     assert code == 2 and "min_runtime_s is 0 to 300 seconds" in err
     assert Share.objects.get(name="vision-main").min_runtime_s == 0
+
+
+# --- gpuquota status: the last checkpoint and the work each attempt lost --------------------------------
+
+
+def test_gpuquota_status_shows_them(bob, vision_share, nodes, live_server, config_file, capsys, monkeypatch):
+    from gpuquota_client.cli import main
+
+    story = make_story(bob, vision_share, nodes)
+    monkeypatch.setattr("sys.stdin", io.StringIO("bob-pw-123\n"))
+    assert main(["login", live_server.url, "-u", "bob", "--password-stdin"]) == 0
+    capsys.readouterr()
+    assert main(["status", str(story.pk)]) == 0
+    out = capsys.readouterr().out
+    assert "last checkpoint: " in out and "(4m ago)" in out
+    assert "2 GPUs x 4m (reclaim)" in out and "WORK LOST" in out
+
+
+def test_an_attempt_that_lost_nothing_says_none_in_status(
+    bob, vision_share, nodes, live_server, config_file, capsys, monkeypatch
+):
+    from gpuquota_client.cli import main
+
+    job = submit(bob, vision_share, gpus=1)
+    a = run(job, nodes[0], [0])
+    attempt_finished(a.pk, 1, "node-1", "exited", 0)
+    monkeypatch.setattr("sys.stdin", io.StringIO("bob-pw-123\n"))
+    main(["login", live_server.url, "-u", "bob", "--password-stdin"])
+    capsys.readouterr()
+    main(["status", str(job.pk)])
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("1 ")][0]
+    assert row.rstrip().endswith("none")
+    assert Attempt.objects.get(pk=a.pk).gpu_seconds_lost == 0

@@ -223,6 +223,17 @@ def job_line(job: dict) -> str:
     return text
 
 
+def lost_text(attempt: dict) -> str | None:
+    """The work an ended attempt threw away: '2 GPUs x 45s (reclaim)'; 'none' for one that lost nothing."""
+    if attempt.get("gpu_seconds_run") is None:
+        return None  # still running (or a server before lost work was counted)
+    cause = attempt.get("lost_cause")
+    if not cause:
+        return "none"
+    gpus = sum(len(p["gpus"]) for p in attempt["placement"]) or 1
+    return f"{gpus} GPU{'s' if gpus != 1 else ''} x {human_seconds(attempt['gpu_seconds_lost'] / gpus)} ({cause})"
+
+
 def eta_text(job: dict) -> str:
     """The stored forecast in words: when (never a time in the past), what it rests on, its age."""
     kind = job.get("eta_kind")
@@ -504,6 +515,7 @@ def cmd_status(args, out) -> int:
         ("max runtime", human_seconds(job["max_runtime_s"]) if job["max_runtime_s"] else None),
         ("attempts", job["attempt_count"]),
         ("pre-emptions", job["preemption_count"]),
+        ("last checkpoint", when(job.get("last_checkpoint_at")) or "none reported"),
         ("exit code", job["exit_code"]),
         ("reason", job["state_reason"] or None),
     ]
@@ -521,10 +533,11 @@ def cmd_status(args, out) -> int:
                         "borrowed" if a["borrowed"] else "own",
                         when(a["started_at"]),
                         when(a["ended_at"]),
+                        lost_text(a),
                     )
                     for a in job["attempts"]
                 ],
-                ["ATTEMPT", "STATE", "OUTCOME", "GPUS", "CAPACITY", "STARTED", "ENDED"],
+                ["ATTEMPT", "STATE", "OUTCOME", "GPUS", "CAPACITY", "STARTED", "ENDED", "WORK LOST"],
             ),
         ]
     if job["events"]:
