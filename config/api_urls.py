@@ -10,7 +10,7 @@ from rest_framework.routers import DefaultRouter
 from config.api_auth import CurrentTokenView, ObtainTokenView, TokenViewSet
 from gpunodes.api.views import NodeViewSet
 from jobs.api.views import JobArrayViewSet, JobViewSet, QueueView
-from quotas.api.views import AuditEntryViewSet, ShareViewSet, TeamViewSet
+from quotas.api.views import AuditEntryViewSet, ShareViewSet, TeamViewSet, UsageView
 
 router = DefaultRouter()
 router.include_root_view = False
@@ -26,7 +26,7 @@ router.register("audit", AuditEntryViewSet, basename="audit")
 def index(request):
     """GET /api/v1/: where everything is (the schema has the details)."""
     root = request.build_absolute_uri("/api/")
-    endpoints = {name: f"{root}v1/{name}/" for name in ("auth/token", "auth/token/current", "queue")}
+    endpoints = {name: f"{root}v1/{name}/" for name in ("auth/token", "auth/token/current", "queue", "usage")}
     endpoints.update({prefix: f"{root}v1/{prefix}/" for prefix, _viewset, _basename in router.registry})
     return JsonResponse(
         {"endpoints": dict(sorted(endpoints.items())), "schema": f"{root}schema/", "docs": f"{root}docs/"}
@@ -38,6 +38,7 @@ v1 = [
     path("auth/token/", ObtainTokenView.as_view(), name="token-obtain"),
     path("auth/token/current/", CurrentTokenView.as_view(), name="token-current"),
     path("queue/", QueueView.as_view(), name="queue"),
+    path("usage/", UsageView.as_view(), name="usage"),
     *router.urls,
 ]
 

@@ -178,3 +178,31 @@ class SweepForm(forms.Form):
         if setting.startswith("capacity:"):
             return [f"{v} GPUs" for v in values]
         return [str(v) for v in values]
+
+
+class UsageForm(forms.Form):
+    """The usage page's (and its API's) question: how many days back, and which share (all if none)."""
+
+    days = forms.IntegerField(
+        min_value=1,
+        max_value=90,
+        initial=7,
+        required=False,
+        error_messages={
+            "min_value": "Give 1 to 90 days (usage samples are kept 90 days).",
+            "max_value": "Give 1 to 90 days (usage samples are kept 90 days).",
+            "invalid": "Give 1 to 90 days (usage samples are kept 90 days).",
+        },
+    )
+    share = forms.CharField(max_length=63, required=False)
+
+    def clean_share(self):
+        from quotas.models import Share
+
+        name = self.cleaned_data.get("share") or ""
+        if name and not Share.objects.filter(name=name).exists():
+            raise ValidationError(f'No share named "{name}".')
+        return name
+
+    def clean_days(self):
+        return self.cleaned_data.get("days") or 7

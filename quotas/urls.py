@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from quotas import views
+from quotas import sharing_views, views
 
 urlpatterns = [
     path("", views.overview, name="overview"),
@@ -18,4 +18,5 @@ urlpatterns = [
     path("shares/<str:name>/state/", views.share_set_state, name="share_state"),
     path("shares/<str:name>/delete/", views.share_delete, name="share_delete"),
     path("audit/", views.audit_log, name="audit"),
+    path("usage/", sharing_views.usage_page, name="usage"),
 ]

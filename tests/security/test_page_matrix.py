@@ -66,6 +66,7 @@ PAGES = [
     ("share_state", "post", "/shares/{spare}/state/", {"state": "DISABLED"}, ADMINS),
     ("share_delete", "post", "/shares/old/delete/", {}, ADMINS),
     ("audit", "get", "/audit/", None, ADMINS),
+    ("usage", "get", "/usage/", None, ADMINS),
     ("admin", "get", "/admin/", None, expect("ok", "login", "login", "login", "ok")),
     ("healthz", "get", "/healthz", None, expect("ok", "ok", "ok", "ok", "ok", "ok", "ok")),
     ("metrics", "get", "/metrics", None, expect(*(["denied"] * 5), "denied", "denied")),
