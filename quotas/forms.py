@@ -120,14 +120,16 @@ SWEEP_MAX_VALUES = 8
 
 class SweepForm(forms.Form):
     """One setting of one share over several values (the what-if sweep). `setting` is "borrow_limit",
-    "strategy" or "capacity:<gpu type>"; `values` a comma-separated list of 2 to SWEEP_MAX_VALUES."""
+    "strategy", "min_runtime_s" or "capacity:<gpu type>"; `values` a comma-separated list of 2 to
+    SWEEP_MAX_VALUES."""
 
     setting = forms.ChoiceField(label="Setting to sweep")
     values = forms.CharField(
         label="Values",
         max_length=200,
         help_text="2 to 8 values, separated by commas: e.g. 0, 50, 100, 200 (borrow limit, %), "
-        "RESERVE, LEND, LEND_AND_BORROW (strategy), or GPU counts (capacity).",
+        "RESERVE, LEND, LEND_AND_BORROW (strategy), 0, 300, 600, 1800 (protection window, s), or GPU counts "
+        "(capacity).",
     )
 
     def __init__(self, *args, gpu_types=(), **kwargs):
@@ -135,6 +137,7 @@ class SweepForm(forms.Form):
         self.fields["setting"].choices = [
             ("borrow_limit", "borrow limit (%)"),
             ("strategy", "strategy"),
+            ("min_runtime_s", "protection window, min_runtime_s (s)"),
             *[(f"capacity:{t}", f"capacity of {t} (GPUs)") for t in sorted(set(gpu_types))],
         ]
 
@@ -165,6 +168,13 @@ class SweepForm(forms.Form):
             if any(v < low or v > 2**31 - 1 for v in values):
                 self.add_error("values", f"Each value must be {low} or more.")
                 return data
+            if setting == "min_runtime_s":
+                from jobs.limits import MIN_RUNTIME
+
+                wrong = [MIN_RUNTIME.problem(v) for v in values if MIN_RUNTIME.problem(v)]
+                if wrong:
+                    self.add_error("values", wrong[0])
+                    return data
         if len(set(values)) != len(values):
             self.add_error("values", "Each value once.")
             return data
@@ -177,6 +187,10 @@ class SweepForm(forms.Form):
             return ["no limit" if v == -1 else f"{v} %" for v in values]
         if setting.startswith("capacity:"):
             return [f"{v} GPUs" for v in values]
+        if setting == "min_runtime_s":
+            from quotas.services import duration_words
+
+            return ["none" if v == 0 else duration_words(v) for v in values]
         return [str(v) for v in values]
 
 

@@ -551,6 +551,7 @@ def share_whatif(request, name=None):
             "strategy": fields["strategy"],
             "borrow_limit": fields["borrow_limit"],
             "in_share_preemption": fields["in_share_preemption"],
+            "min_runtime_s": fields["min_runtime_s"],
             "capacity": form.capacity(),
             "team": fields["team"].slug,
         },

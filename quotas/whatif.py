@@ -47,7 +47,8 @@ REPLAY_TASK = "quotas.tasks.whatif_replay"  # by name: quotas.tasks imports this
 RUN_TTL_S = 3600  # how long a run's spec, progress and result stay in the cache
 PROGRESS_EVERY_S = 0.25  # at most this often a replay reports how far it is
 PREFIX = "gpuquota:whatif:"
-SUMMARY_METRICS = ("mean_wait_s", "p95_wait_s", "preempted_jobs", "gpu_seconds_borrowed")
+SUMMARY_METRICS = ("mean_wait_s", "p95_wait_s", "preempted_jobs", "gpu_seconds_borrowed", "lost_gpu_hours")
+EARLY_S = 600  # "pre-empted within 10 minutes of its start": thrash a protection window prevents
 
 # Parts' states
 QUEUED, READING, REPLAYING, DONE, FAILED = "queued", "reading", "replaying", "done", "failed"
@@ -96,6 +97,7 @@ def build_scenario(*, now: datetime | None = None) -> tuple[sc.Scenario, int, da
             strategy=s.strategy,
             borrow_limit=s.borrow_limit,
             in_share_preemption=s.in_share_preemption,
+            min_runtime_s=s.min_runtime_s,
         )
         for s in Share.objects.select_related("team").prefetch_related("capacities").order_by("name")
     )
@@ -120,15 +122,23 @@ def build_scenario(*, now: datetime | None = None) -> tuple[sc.Scenario, int, da
         # (idle days it never lived would dilute the utilisation).
         start = max(start, rows[0][2])
     ran: dict[int, int] = {}
+    saves: dict[int, tuple[int, bool]] = {}  # job -> (checkpoint every s, saves when told to stop)
     # The window's attempts by a join, not an IN list of up to 100k ids; the latest attempt wins.
-    for job_id, started, ended in (
+    for job_id, started, ended, last_checkpoint, checkpoints, stop_asked in (
         Attempt.objects.filter(
             job__submitted_at__gte=start, job__submitted_at__lte=now, started_at__isnull=False
         )
         .order_by("job_id", "number")
-        .values_list("job_id", "started_at", "ended_at")
+        .values_list(
+            "job_id", "started_at", "ended_at", "last_checkpoint_at", "checkpoints", "stop_requested_at"
+        )
     ):
         ran[job_id] = max(1, int(((ended or now) - started).total_seconds()))
+        if checkpoints and last_checkpoint is not None and last_checkpoint > started:
+            # The job checkpoints as its hosts saw it: on average every (last - start) / count, and, if
+            # its last one came after it was told to stop, on stop too (the scenario's own terms).
+            every = max(1, int((last_checkpoint - started).total_seconds() / checkpoints))
+            saves[job_id] = (every, stop_asked is not None and last_checkpoint >= stop_asked)
     sizes: dict[str, int] = {}
     for n in nodes:
         sizes[n.gpu_type] = max(sizes.get(n.gpu_type, 0), n.gpus)
@@ -151,6 +161,8 @@ def build_scenario(*, now: datetime | None = None) -> tuple[sc.Scenario, int, da
                 max_preemptions=max_pre,
                 preemption_grace_s=grace,
                 max_runtime_s=max_rt if max_rt and max_rt >= duration else None,
+                checkpoint_every_s=saves[pk][0] if pk in saves else None,
+                checkpoint_on_stop=saves[pk][1] if pk in saves else False,
             )
         )
     last = max((j.submit_at for j in jobs), default=0)
@@ -167,7 +179,7 @@ def build_scenario(*, now: datetime | None = None) -> tuple[sc.Scenario, int, da
 def with_change(scenario: sc.Scenario, share: str, changes: Mapping[str, Any]) -> sc.Scenario:
     """The scenario with one share's settings replaced (strategy, borrow_limit, in_share_preemption,
     capacity); a new share (not in the scenario) is added."""
-    allowed = {"strategy", "borrow_limit", "in_share_preemption", "capacity", "team"}
+    allowed = {"strategy", "borrow_limit", "in_share_preemption", "min_runtime_s", "capacity", "team"}
     changes = {k: v for k, v in changes.items() if k in allowed and v is not None}
     if "capacity" in changes:
         changes["capacity"] = dict(changes["capacity"])
@@ -211,17 +223,45 @@ def replay(
     return summarise(simulate.simulate(scenario, on_pass=on_pass))
 
 
+def owner_waits(result: simulate.SimResult) -> list[int]:
+    """Owners' waits for reclaimed GPUs in a replay, sorted: over the attempts admitted on own capacity
+    whose admission needed GPUs back (a reclaim named the job, or it waited for protection), from the
+    first instant that needed them to the start (bench/bench_itp.py's definition; quotas/sharing.py
+    counts the same in production)."""
+    return sorted(
+        a.start - a.needed_reclaim_at
+        for job in result.jobs.values()
+        for a in job.attempts
+        if a.needed_reclaim_at is not None and a.reason == policy.ADMITTED_OWN
+    )
+
+
 def summarise(result: simulate.SimResult) -> dict[str, Any]:
-    """What the pages show of one replay: per share the SUMMARY_METRICS, and the cluster's totals."""
+    """What the pages show of one replay: per share the SUMMARY_METRICS (lost GPU-hours: all causes), and
+    the cluster's totals, with the two sides of a protection window: pre-emptions within EARLY_S of
+    their attempt's start (thrash) and the owners' wait for reclaimed GPUs."""
     jobs = result.jobs.values()
+    shares = {}
+    for name, values in result.shares.items():
+        lost = sum((values.get("lost_gpu_seconds") or {}).values())
+        shares[name] = {m: values.get(m) for m in SUMMARY_METRICS if m != "lost_gpu_hours"}
+        shares[name]["lost_gpu_hours"] = round(lost / 3600, 2)
+    early = sum(
+        1
+        for j in jobs
+        for a in j.attempts
+        if a.preemption_reason is not None and a.end is not None and a.end - a.start < EARLY_S
+    )
+    waits = owner_waits(result)
     return {
-        "shares": {
-            name: {m: values.get(m) for m in SUMMARY_METRICS} for name, values in result.shares.items()
-        },
+        "shares": shares,
         "cluster": {
             "utilisation": round(100 * result.cluster["utilisation"], 1),
             "preemptions": sum(j.preemptions for j in jobs),
+            "early_preemptions": early,
             "lost_gpu_hours": round(result.cluster["lost_gpu_seconds"] / 3600, 1),
+            "owner_wait_p50_s": simulate.percentile(waits, 50),
+            "owner_wait_p95_s": simulate.percentile(waits, 95),
             "never_started": sum(1 for j in jobs if j.first_start is None),
         },
         "jobs": len(result.jobs),
@@ -296,7 +336,9 @@ def _delta(a, b):
 CLUSTER_LABELS = (
     ("utilisation", "utilisation (%)"),
     ("preemptions", "pre-emptions"),
+    ("early_preemptions", f"of them within {EARLY_S // 60} min of their start"),
     ("lost_gpu_hours", "GPU-hours of work lost to pre-emption"),
+    ("owner_wait_p95_s", "owners' p95 wait for reclaimed GPUs (s)"),
     ("never_started", "jobs not started by the cut"),
 )
 
@@ -313,7 +355,12 @@ def compare(before: Mapping[str, Any], after: Mapping[str, Any], share: str) -> 
         rows.append(row)
     tb, ta = before["cluster"], after["cluster"]
     cluster = [
-        {"metric": label, "before": tb[key], "after": ta[key], "change": _delta(tb[key], ta[key])}
+        {
+            "metric": label,
+            "before": tb.get(key),
+            "after": ta.get(key),
+            "change": _delta(tb.get(key), ta.get(key)),
+        }
         for key, label in CLUSTER_LABELS
     ]
     chart = {
@@ -336,7 +383,11 @@ def sweep_table(summaries: Sequence[Mapping[str, Any]], labels: Sequence[str], s
                 "p95_wait_s": mine.get("p95_wait_s"),
                 "mean_wait_s": mine.get("mean_wait_s"),
                 "preempted_jobs": mine.get("preempted_jobs"),
+                "lost_gpu_hours": mine.get("lost_gpu_hours"),
                 "utilisation": s["cluster"]["utilisation"],
+                "cluster_lost_gpu_hours": s["cluster"].get("lost_gpu_hours"),
+                "early_preemptions": s["cluster"].get("early_preemptions"),
+                "owner_wait_p95_s": s["cluster"].get("owner_wait_p95_s"),
                 "never_started": s["cluster"]["never_started"],
             }
         )
@@ -345,6 +396,10 @@ def sweep_table(summaries: Sequence[Mapping[str, Any]], labels: Sequence[str], s
         "values": list(labels),
         "p95_wait_s": [r["p95_wait_s"] for r in rows],
         "utilisation": [r["utilisation"] for r in rows],
+        # The protection window's trade-off (drawn for a min_runtime_s sweep): work thrown away by
+        # pre-emption against the owners' p95 wait for reclaimed GPUs.
+        "lost_gpu_hours": [r["cluster_lost_gpu_hours"] for r in rows],
+        "owner_wait_p95_s": [r["owner_wait_p95_s"] for r in rows],
     }
     return {"rows": rows, "chart": chart}
 
@@ -533,8 +588,8 @@ def start_preview(*, share: str, changes: Mapping[str, Any]) -> str:
 def start_sweep(
     *, share: str, setting: str, values: Sequence[Any], labels: Sequence[str], setting_label: str = ""
 ) -> str:
-    """One replay per value of `setting` ("strategy", "borrow_limit" or "capacity:<gpu type>") of an
-    existing share; the other settings stay as they are."""
+    """One replay per value of `setting` ("strategy", "borrow_limit", "min_runtime_s" or "capacity:<gpu
+    type>") of an existing share; the other settings stay as they are."""
     from quotas.models import Share
 
     variants = []
