@@ -11,6 +11,7 @@ import logging
 import math
 from datetime import UTC, datetime, timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -92,11 +93,13 @@ def record_checkpoint(attempt_id: int, number: int, *, node: str, at: float, cou
     attempt = (
         Attempt.objects.select_for_update()
         .filter(pk=attempt_id, number=number, state__in=list(ATTEMPT_ACTIVE_STATES))
-        .only("pk", "checkpoints", "checkpoint_by_node", "last_checkpoint_at")
+        .only("pk", "checkpoints", "checkpoint_by_node", "last_checkpoint_at", "admitted_at")
         .first()
     )
     if attempt is None:
         return False
+    if at < attempt.admitted_at.timestamp() - settings.MESSAGE_CLOCK_SKEW_S:
+        return False  # saved before this attempt existed: not its checkpoint
     by_node = dict(attempt.checkpoint_by_node or {})
     seen = max(attempt.checkpoints, count if type(count) is int and 0 <= count < 2**31 else 0)
     if type(by_node.get(node)) in (int, float) and by_node[node] >= at and seen == attempt.checkpoints:

@@ -36,12 +36,14 @@ def job(bob, vision_share, nodes):
 def running(job, placement, *, started_ago_s=600.0, number=1):
     """A RUNNING attempt of `job` on `placement` [(node, [gpus])], started that long ago."""
     Job.objects.filter(pk=job.pk).update(state=JobState.RUNNING, attempt_count=number)
+    started = timezone.now() - timedelta(seconds=started_ago_s)
     attempt = Attempt.objects.create(
         job=job,
         number=number,
         state=AttemptState.RUNNING,
         placement=[{"node": n, "gpus": list(g)} for n, g in placement],
-        started_at=timezone.now() - timedelta(seconds=started_ago_s),
+        admitted_at=started,
+        started_at=started,
     )
     for node, gpus in placement:
         for gpu in Gpu.objects.filter(node__name=node, index__in=gpus):
@@ -82,6 +84,15 @@ def test_a_malformed_checkpoint_report_changes_nothing(job, nodes, at, count, wh
     assert attempt_checkpoint(a.pk, 1, "node-1", at, count) is False, why
     a.refresh_from_db()
     assert a.last_checkpoint_at is None and a.checkpoints == 0
+
+
+def test_a_checkpoint_dated_before_the_attempt_was_admitted_is_not_its(job, nodes, settings):
+    """A stale report (an outbox that outlived its database, a clock far behind) says nothing of this
+    attempt: one dated more than MESSAGE_CLOCK_SKEW_S before its admission is refused."""
+    a = running(job, [("node-1", [0, 1])])
+    Attempt.objects.filter(pk=a.pk).update(admitted_at=timezone.now() - timedelta(seconds=60))
+    assert attempt_checkpoint(a.pk, 1, "node-1", ago(60 + settings.MESSAGE_CLOCK_SKEW_S + 5), 3) is False
+    assert attempt_checkpoint(a.pk, 1, "node-1", ago(60 + settings.MESSAGE_CLOCK_SKEW_S - 5), 1) is True
 
 
 def test_a_checkpoint_dated_ahead_of_this_side_is_taken_as_now(job, nodes):
