@@ -135,17 +135,18 @@ class Attempt(models.Model):
     end_reason = models.CharField(max_length=300, blank=True)
     # The job's latest checkpoint in this attempt, as its host saw it written (or was told), and how
     # many it saw: the attempt's safe point is the later of its start and this (SEMANTICS "Checkpoints
-    # and safe points").
+    # and safe points"). (db_default: rows written by a release without these columns, in a rolling
+    # upgrade, get their defaults too.)
     last_checkpoint_at = models.DateTimeField(null=True, blank=True)
-    checkpoints = models.PositiveIntegerField(default=0)
+    checkpoints = models.PositiveIntegerField(default=0, db_default=0)
     # {node: epoch seconds of its latest checkpoint} for the nodes that reported one: an attempt on
     # several nodes is safe up to the oldest of them (last_checkpoint_at).
-    checkpoint_by_node = models.JSONField(default=dict, blank=True)
+    checkpoint_by_node = models.JSONField(default=dict, db_default={}, blank=True)
     # Written when the attempt ends: GPUs x its run, and GPUs x (end - safe point) where its work was
     # thrown away (pre-empted, its host lost or fenced; never for a success, a failure or a cancel).
     gpu_seconds_run = models.FloatField(null=True, blank=True)
     gpu_seconds_lost = models.FloatField(null=True, blank=True)
-    lost_cause = models.CharField(max_length=16, choices=LostCause.choices, blank=True)
+    lost_cause = models.CharField(max_length=16, choices=LostCause.choices, blank=True, db_default="")
     # Its job's reclaim_needed_at when it was admitted: the owner waited from then to started_at.
     reclaim_needed_at = models.DateTimeField(null=True, blank=True)
 

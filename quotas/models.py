@@ -66,7 +66,8 @@ class Share(models.Model):
     in_share_preemption = models.BooleanField(default=False)
     # Rule 10: an attempt of this share is protected from reclaim and in-share pre-emption until it has
     # run this long since its start (0: never protected). At most MAX_MIN_RUNTIME_S (jobs/limits.py).
-    min_runtime_s = models.PositiveIntegerField(default=0, validators=[min_runtime_validator])
+    # db_default: rows written by a release without the column (a rolling upgrade) get 0 too.
+    min_runtime_s = models.PositiveIntegerField(default=0, db_default=0, validators=[min_runtime_validator])
     state = models.CharField(max_length=16, choices=ShareState.choices, default=ShareState.ENABLED)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
