@@ -3,6 +3,7 @@ agent's outbox and their acknowledgement, reconciliation).
 Nodes that stop heartbeating are marked LOST by the scheduling pass itself (quotas/scheduler.py)."""
 
 import logging
+import math
 
 from celery import shared_task
 from django.db.models import Func, IntegerField
@@ -120,6 +121,10 @@ def _report_key(report: dict) -> tuple[int | None, str, int, int] | None:
     a, n = kwargs.get("attempt_id"), kwargs.get("number")
     if type(a) is not int or type(n) is not int or (entry_id is not None and type(entry_id) is not int):
         return None
+    if report["name"] == CHECKPOINT and not (
+        type(kwargs.get("at")) in (int, float) and math.isfinite(kwargs["at"])
+    ):
+        return None  # a checkpoint without its time
     return entry_id, report["name"], a, n
 
 
@@ -157,7 +162,7 @@ def apply_reports(node: str, reports: list[dict]) -> tuple[list[int], list[list[
                     attempt_id=attempt_id,
                     number=number,
                     node=node,
-                    at=_number(kwargs.get("at")),  # a malformed time (-1) changes nothing
+                    at=kwargs["at"],
                     count=count if type(count) is int else 0,
                 )
             else:

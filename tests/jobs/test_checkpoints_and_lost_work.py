@@ -143,8 +143,10 @@ def test_a_heartbeat_applies_checkpoint_reports_from_its_outbox(job, nodes, no_d
     assert acks == [[9]]
 
 
-@pytest.mark.parametrize("kwargs", [{"at": "x"}, {"at": None}, {"number": "1"}, {}])
-def test_a_malformed_checkpoint_report_in_a_heartbeat_is_acknowledged_and_changes_nothing(job, nodes, kwargs):
+@pytest.mark.parametrize("kwargs", [{"at": "x"}, {"at": None}, {"at": float("inf")}, {"number": "1"}, {}])
+def test_a_malformed_checkpoint_report_in_a_heartbeat_is_logged_acknowledged_and_changes_nothing(
+    job, nodes, no_dispatch, caplog, kwargs
+):
     a = running(job, [("node-1", [0, 1])])
     report = {"attempt_id": a.pk, "number": 1, "node": "node-1", "count": 1, **kwargs}
     if not kwargs:
@@ -161,6 +163,9 @@ def test_a_malformed_checkpoint_report_in_a_heartbeat_is_acknowledged_and_change
     )
     a.refresh_from_db()
     assert a.last_checkpoint_at is None
+    assert "ignoring a malformed report in a heartbeat of node-1" in caplog.text
+    acks = [kw["kwargs"]["ids"] for name, kw in no_dispatch if name == "gpunodes.agent.tasks.outbox_ack"]
+    assert acks == [[4]]
 
 
 # --- lost work, per attempt, with its cause ----------------------------------------------------------
