@@ -118,3 +118,60 @@ def test_a_checkpointing_job_is_preempted_loses_seconds_and_resumes_from_its_ste
         jobs=[job, owner_job],
     )
     assert Job.objects.get(pk=owner_job.pk).state == JobState.SUCCEEDED
+
+
+def test_a_signed_agent_reports_checkpoints_and_the_control_side_takes_them(
+    cluster, django_user_model, tmp_path
+):
+    """With signed messages the checkpoint report is one of the few a node may send about itself: the
+    control side takes it, by the quick path and with the heartbeat, and refuses nothing."""
+    import shutil
+
+    from gpunodes import signing
+    from tests.security.test_signed_cluster import signing_env
+
+    keys = tmp_path / "keys"
+    for name in ("control", "k1"):
+        signing.make_credentials(name, keys)
+    (keys / "control-trusts").mkdir()
+    (keys / "agent-trusts").mkdir()
+    for name in ("control", "k1"):
+        shutil.copy(keys / f"{name}.pem", keys / "control-trusts")
+    shutil.copy(keys / "control.pem", keys / "agent-trusts")
+    base = dict(cluster.env)
+    cluster.env = {**base, **signing_env(keys, "control", "control-trusts")}
+    cluster.start_control_plane()
+    cluster.env = {**base, **signing_env(keys, "k1", "agent-trusts")}
+    cluster.start_agent("k1", 1)
+    cluster.env = base
+    wait_for(lambda: Node.objects.filter(name="k1", state=NodeState.READY).exists(), 60, what="k1 READY")
+
+    team = Team.objects.create(name="k", slug="k")
+    user = django_user_model.objects.create_user("k-user", password="pw-123456")
+    Membership.objects.create(team=team, user=user, role=Role.MEMBER)
+    share = Share.objects.create(team=team, name="k")
+    ShareCapacity.objects.create(share=share, gpu_type="a10g", max_gpus=1)
+    train = [job_python(), cluster.program("train.py"), "--steps", "60", "--step-seconds", str(STEP_S)]
+    job = job_submit(
+        user=user,
+        share=share,
+        name="signed",
+        gpus=1,
+        gpu_type="a10g",
+        command=[*train, "--checkpoint-every", "3"],
+    )
+    wait_for(
+        lambda: Attempt.objects.filter(job=job, last_checkpoint_at__isnull=False).exists(),
+        60,
+        what="a checkpoint on record",
+        jobs=[job],
+    )
+    wait_for(
+        lambda: Job.objects.get(pk=job.pk).state == JobState.SUCCEEDED,
+        60,
+        what="the job to succeed",
+        jobs=[job],
+    )
+    control_log = (cluster.tmp / "control.log").read_text(errors="replace")
+    assert "refused a message" not in control_log, control_log[-2000:]
+    assert Attempt.objects.get(job=job).checkpoints >= 2
