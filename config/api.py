@@ -97,6 +97,16 @@ class ApiViewMixin:
     def handle_exception(self, exc):
         return super().handle_exception(translate(exc))
 
+    def perform_content_negotiation(self, request, force=False):
+        # DRF answers an unknown ?format= with a 404, as if the resource did not exist: say what it takes.
+        try:
+            return super().perform_content_negotiation(request, force)
+        except Http404:
+            if force:
+                raise
+            formats = list(dict.fromkeys(r.format for r in self.get_renderers() if r.format != "api"))
+            raise exceptions.NotAcceptable(f"format must be {' or '.join(formats)}.") from None
+
 
 class StrictSerializer(serializers.Serializer):
     """Refuses fields it does not know (a typo must not be silently ignored)."""

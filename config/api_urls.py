@@ -18,6 +18,7 @@ from quotas.api.views import (
     ShareViewSet,
     TeamViewSet,
     TemporaryChangeViewSet,
+    UsageView,
 )
 
 router = DefaultRouter()
@@ -38,7 +39,7 @@ router.register("layout", LayoutViewSet, basename="layout")
 def index(request):
     """GET /api/v1/: where everything is (the schema has the details)."""
     root = request.build_absolute_uri("/api/")
-    endpoints = {name: f"{root}v1/{name}/" for name in ("auth/token", "auth/token/current", "queue")}
+    endpoints = {name: f"{root}v1/{name}/" for name in ("auth/token", "auth/token/current", "queue", "usage")}
     endpoints.update({prefix: f"{root}v1/{prefix}/" for prefix, _viewset, _basename in router.registry})
     return JsonResponse(
         {"endpoints": dict(sorted(endpoints.items())), "schema": f"{root}schema/", "docs": f"{root}docs/"}
@@ -50,6 +51,7 @@ v1 = [
     path("auth/token/", ObtainTokenView.as_view(), name="token-obtain"),
     path("auth/token/current/", CurrentTokenView.as_view(), name="token-current"),
     path("queue/", QueueView.as_view(), name="queue"),
+    path("usage/", UsageView.as_view(), name="usage"),
     *router.urls,
 ]
 

@@ -37,6 +37,11 @@ def env_int(name: str, default: int) -> int:
     return int(value) if value not in (None, "") else default
 
 
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return float(value) if value not in (None, "") else default
+
+
 def env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
@@ -325,6 +330,14 @@ JOB_WORKDIR_MAX_BYTES = env_int("JOB_WORKDIR_MAX_BYTES", 0)
 JOB_ALLOW_USER_NAMESPACES = env_bool("JOB_ALLOW_USER_NAMESPACES", False)
 # Checkpoints of jobs that have not run on a host for this many days are removed from it.
 CHECKPOINT_KEEP_DAYS = env_int("CHECKPOINT_KEEP_DAYS", 30)
+# Checkpoint reports (gpunodes/agent/checkpoints.py): the agent looks at each running attempt's
+# checkpoint directory every CHECKPOINT_SCAN_S; a change counts once nothing in the directory has been
+# written for CHECKPOINT_SETTLE_S (not a file still being written). Seconds, may be fractional.
+CHECKPOINT_SCAN_S = env_float("CHECKPOINT_SCAN_S", 1.0)
+CHECKPOINT_SETTLE_S = env_float("CHECKPOINT_SETTLE_S", 2.0)
+# The longest protection window a share may give its jobs (Share.min_runtime_s, SEMANTICS rule 10): an
+# owner whose GPUs are held by protected jobs waits at most this long for them.
+MAX_MIN_RUNTIME_S = env_int("MAX_MIN_RUNTIME_S", 86400)
 # The host's directories every uid may write, where a job uid that left files is not handed out again
 # (an attempt gets its own /tmp, /var/tmp and /dev/shm where the host allows mount namespaces).
 JOB_SHARED_DIRS = env_list("JOB_SHARED_DIRS", "/tmp,/var/tmp,/dev/shm,/run/lock,/dev/mqueue")

@@ -4,6 +4,10 @@
 It counts steps, checkpoints every --checkpoint-every seconds into $GPUQUOTA_CHECKPOINT_DIR, resumes
 from the checkpoint on a new attempt, prints progress, and on SIGTERM saves and exits cleanly (code 0
 is not used then: it exits 143 so that a pre-emption is not mistaken for success).
+
+It has no code for gpuquota's checkpoint reports: its host's agent sees each save (a file renamed into
+place), so a pre-emption picks the job that loses the least and counts only the work since its last
+save (README, "Checkpoints").
 """
 
 import argparse

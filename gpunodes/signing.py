@@ -61,6 +61,7 @@ NODE_TASKS = {
     "gpunodes.tasks.node_heartbeat": "name",
     "jobs.tasks.attempt_started": "node",
     "jobs.tasks.attempt_finished": "node",
+    "jobs.tasks.attempt_checkpoint": "node",
     "jobs.tasks.attempt_log": "node",
 }
 # A protocol-2 body's third part; anything else in it becomes an attribute of the task's request.

@@ -3,6 +3,7 @@ agent's outbox and their acknowledgement, reconciliation).
 Nodes that stop heartbeating are marked LOST by the scheduling pass itself (quotas/scheduler.py)."""
 
 import logging
+import math
 
 from celery import shared_task
 from django.db.models import Func, IntegerField
@@ -14,6 +15,7 @@ log = logging.getLogger(__name__)
 # Report and message names, by name: the control side never imports the agent's code.
 STARTED = "jobs.tasks.attempt_started"
 FINISHED = "jobs.tasks.attempt_finished"
+CHECKPOINT = "jobs.tasks.attempt_checkpoint"
 OUTBOX_ACK = "gpunodes.agent.tasks.outbox_ack"
 MAX_REPORTS = 1000  # one heartbeat's worth (the agent sends at most outbox.BATCH)
 MAX_GAPS = 100  # log gaps asked for in one ack (the rest with the next heartbeats)
@@ -122,11 +124,15 @@ def _report_key(report: dict) -> tuple[int | None, str, int, int] | None:
     """(outbox id, task name, attempt id, number) of a well-formed report, else None."""
     kwargs = report.get("kwargs") if isinstance(report, dict) else None
     entry_id = report.get("id") if isinstance(report, dict) else None
-    if not isinstance(kwargs, dict) or report.get("name") not in (STARTED, FINISHED):
+    if not isinstance(kwargs, dict) or report.get("name") not in (STARTED, FINISHED, CHECKPOINT):
         return None
     a, n = kwargs.get("attempt_id"), kwargs.get("number")
     if type(a) is not int or type(n) is not int or (entry_id is not None and type(entry_id) is not int):
         return None
+    if report["name"] == CHECKPOINT and not (
+        type(kwargs.get("at")) in (int, float) and math.isfinite(kwargs["at"])
+    ):
+        return None  # a checkpoint without its time
     return entry_id, report["name"], a, n
 
 
@@ -140,7 +146,7 @@ def apply_reports(node: str, reports: list[dict]) -> tuple[list[int], list[list[
     id is held back until it does)."""
     from jobs.choices import AttemptState
     from jobs.models import Attempt
-    from jobs.tasks import attempt_finished, attempt_started
+    from jobs.tasks import attempt_checkpoint, attempt_finished, attempt_started
 
     keyed = [(r, _report_key(r)) for r in reports[:MAX_REPORTS]]
     for r, key in keyed:
@@ -155,12 +161,22 @@ def apply_reports(node: str, reports: list[dict]) -> tuple[list[int], list[list[
     for r, key in keyed:
         if key is not None and (key[2], key[3]) in live:
             entry_id, task, attempt_id, number = key
+            kwargs = r["kwargs"]
             if task == STARTED:
                 attempt_started(attempt_id=attempt_id, number=number, node=node)
+            elif task == CHECKPOINT:
+                count = kwargs.get("count")
+                attempt_checkpoint(
+                    attempt_id=attempt_id,
+                    number=number,
+                    node=node,
+                    at=kwargs["at"],
+                    count=count if type(count) is int else 0,
+                )
             else:
                 log.info("applying a repeated finished report of attempt %s/%s from %s", *key[2:], node)
-                kwargs = r["kwargs"]
                 exit_code = kwargs.get("exit_code")
+                checkpoint_at, count = kwargs.get("checkpoint_at"), kwargs.get("checkpoints")
                 attempt_finished(
                     attempt_id=attempt_id,
                     number=number,
@@ -168,6 +184,8 @@ def apply_reports(node: str, reports: list[dict]) -> tuple[list[int], list[list[
                     how=str(kwargs.get("how", "exited")),
                     exit_code=exit_code if type(exit_code) is int else None,
                     detail=str(kwargs.get("detail", "")),
+                    checkpoint_at=_number(checkpoint_at) if checkpoint_at is not None else None,
+                    checkpoints=count if type(count) is int else 0,
                 )
                 live.discard((attempt_id, number))  # ended (or refused): a later copy is moot
         entry_id = r.get("id") if isinstance(r, dict) else None

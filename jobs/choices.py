@@ -55,6 +55,18 @@ class PreemptionReason(models.TextChoices):
     PRIORITY = "PRIORITY", "Higher priority in the share"
 
 
+class LostCause(models.TextChoices):
+    """Why an attempt's work since its safe point was thrown away (SEMANTICS "Checkpoints and safe
+    points"): the same causes as the simulator's result (`lost_gpu_seconds`), plus the two only a real
+    host has. An attempt that succeeded, failed or was cancelled lost nothing to anyone's decision."""
+
+    RECLAIM = "reclaim", "Reclaim of borrowed capacity"
+    PRIORITY = "priority", "Higher priority in the share"
+    NODE_LOST = "node_lost", "Its host was lost"
+    FENCED = "fenced", "Fenced: its host's agent lost its lease"
+    GPU_FAILED = "gpu_failed", "A GPU of it failed"
+
+
 class EventKind(models.TextChoices):
     SUBMITTED = "SUBMITTED", "Submitted"
     ADMITTED = "ADMITTED", "Admitted"

@@ -8,8 +8,10 @@ number is ignored. Messages to the GPU hosts are sent only after the transaction
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+import math
+from datetime import UTC, datetime, timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -21,7 +23,9 @@ from jobs.choices import (
     AttemptState,
     EventKind,
     JobState,
+    LostCause,
     Outcome,
+    PreemptionReason,
 )
 from jobs.limits import effective_grace
 from jobs.models import Attempt, GpuClaim, Job
@@ -68,6 +72,97 @@ def mark_started(attempt_id: int, number: int, node: str) -> bool:
     return True
 
 
+# --- checkpoints and the work an end loses (SEMANTICS "Checkpoints and safe points") ------------------
+
+# A checkpoint time further back than this is no time a live attempt's host could have seen.
+CHECKPOINT_MAX_AGE_S = 366 * 86400
+
+
+@transaction.atomic
+def record_checkpoint(attempt_id: int, number: int, *, node: str, at: float, count: int = 0) -> bool:
+    """A host of a live attempt saw its job save a checkpoint at `at` (epoch seconds, the host's clock;
+    one ahead of this side's is taken as now), `count` being how many it has seen in this attempt. The
+    attempt's safe point moves forward only: a late or repeated report changes nothing. An attempt on
+    several nodes is safe up to the oldest of the latest checkpoints of the nodes that reported any (a
+    job that saves on its first node only is safe up to that one). No pass is asked for: the order of
+    victims is read from the next pass's snapshot. Returns whether anything changed."""
+    now = timezone.now()
+    if type(at) not in (int, float) or not math.isfinite(at) or at < now.timestamp() - CHECKPOINT_MAX_AGE_S:
+        return False
+    at = min(float(at), now.timestamp())
+    attempt = (
+        Attempt.objects.select_for_update()
+        .filter(pk=attempt_id, number=number, state__in=list(ATTEMPT_ACTIVE_STATES))
+        .only("pk", "checkpoints", "checkpoint_by_node", "last_checkpoint_at", "admitted_at")
+        .first()
+    )
+    if attempt is None:
+        return False
+    if at < attempt.admitted_at.timestamp() - settings.MESSAGE_CLOCK_SKEW_S:
+        return False  # saved before this attempt existed: not its checkpoint
+    by_node = dict(attempt.checkpoint_by_node or {})
+    seen = max(attempt.checkpoints, count if type(count) is int and 0 <= count < 2**31 else 0)
+    if type(by_node.get(node)) in (int, float) and by_node[node] >= at and seen == attempt.checkpoints:
+        return False
+    by_node[node] = max(at, by_node.get(node) or 0.0)
+    safe = datetime.fromtimestamp(min(by_node.values()), tz=UTC)
+    Attempt.objects.filter(pk=attempt.pk).update(
+        checkpoint_by_node=by_node, checkpoints=seen, last_checkpoint_at=safe
+    )
+    return True
+
+
+def lost_cause(outcome: str, preemption_reason: str, *, fenced: bool = False) -> str:
+    """Why an attempt that ended so lost its work since its safe point; "" where it lost nothing to
+    anyone's decision (it succeeded, failed, timed out, or its job was cancelled)."""
+    if outcome == Outcome.PREEMPTED:
+        return {
+            PreemptionReason.RECLAIM: LostCause.RECLAIM,
+            PreemptionReason.PRIORITY: LostCause.PRIORITY,
+        }.get(preemption_reason, "")
+    if outcome == Outcome.NODE_LOST:
+        return LostCause.FENCED if fenced else LostCause.NODE_LOST
+    if outcome == Outcome.GPU_FAILED:
+        return LostCause.GPU_FAILED
+    return ""
+
+
+def work_done_and_lost(attempt: Attempt, cause: str, ended: datetime) -> tuple[float, float]:
+    """(GPU-seconds run, GPU-seconds lost) of an attempt ending at `ended`: GPUs x its run, and where
+    there is a `cause`, GPUs x (end - safe point), the safe point being the later of its start and its
+    last checkpoint. An attempt that never started ran and lost nothing."""
+    if attempt.started_at is None:
+        return 0.0, 0.0
+    gpus = sum(len(p.get("gpus", ())) for p in attempt.placement or ())
+    run = gpus * max(0.0, (ended - attempt.started_at).total_seconds())
+    if not cause:
+        return run, 0.0
+    safe = max(attempt.started_at, attempt.last_checkpoint_at or attempt.started_at)
+    return run, gpus * max(0.0, (ended - safe).total_seconds())
+
+
+def duration_words(seconds: float) -> str:
+    """A span in a few words: "42 s", "3 min", "2 h" (as quotas.services says it; not imported: the
+    pass's side imports this module)."""
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds} s"
+    return f"{seconds // 60} min" if seconds < 7200 else f"{seconds // 3600} h"
+
+
+def lost_words(attempt: Attempt, lost_s: float) -> str:
+    """The work an end threw away, as the job's events say it: "lost 2 GPUs × 4 min of work since its
+    last checkpoint at 12:03:05", or "since its start at 11:58:40 (no checkpoint)"."""
+    gpus = sum(len(p.get("gpus", ())) for p in attempt.placement or ())
+    span = duration_words(lost_s / gpus) if gpus else "0 s"
+    last, started = attempt.last_checkpoint_at, attempt.started_at
+    if last is not None and (started is None or last > started):
+        since = f"its last checkpoint at {timezone.localtime(last):%H:%M:%S}"
+    else:
+        since = f"its start at {timezone.localtime(started):%H:%M:%S} (no checkpoint)"
+    return f"lost {gpus} GPU{'s' if gpus != 1 else ''} × {span} of work since {since}"
+
+
 def _release(attempt_id: int) -> None:
     GpuClaim.objects.filter(attempt_id=attempt_id).delete()
 
@@ -81,8 +176,11 @@ def end_attempt(
     exit_code: int | None = None,
     reason: str = "",
     at: datetime | None = None,
+    fenced: bool = False,
 ) -> bool:
-    """End a live attempt, free its GPUs, and move its job on:
+    """End a live attempt, free its GPUs, store the work it ran and the work it lost (since its safe
+    point, with the cause: lost_cause; `fenced`: its host's agent killed it for a lapsed lease), and
+    move its job on:
 
     - a cancelled job (CANCELLING) → CANCELLED, now that its processes are gone and its GPUs free;
     - a stopping attempt (pre-empted) → the job is re-queued (or FAILED past max_preemptions); a
@@ -115,10 +213,29 @@ def end_attempt(
         Outcome.GPU_FAILED,
     ):
         outcome = Outcome.PREEMPTED  # one that finished within its grace (exit 0) succeeded: not run again
+    cause = lost_cause(outcome, attempt.preemption_reason, fenced=fenced)
+    run_s, lost_s = work_done_and_lost(attempt, cause, now)
     Attempt.objects.filter(pk=attempt.pk).update(
-        state=AttemptState.ENDED, outcome=outcome, exit_code=exit_code, ended_at=now, end_reason=reason[:300]
+        state=AttemptState.ENDED,
+        outcome=outcome,
+        exit_code=exit_code,
+        ended_at=now,
+        end_reason=reason[:300],
+        gpu_seconds_run=run_s,
+        gpu_seconds_lost=lost_s,
+        lost_cause=cause,
     )
     _release(attempt.pk)
+    # What it lost, for the event that says it ended (PREEMPTED, NODE_LOST).
+    lost, words = {}, ""
+    if cause:
+        last = attempt.last_checkpoint_at
+        lost = {
+            "gpu_seconds_lost": round(lost_s, 1),
+            "lost_cause": cause,
+            "last_checkpoint_at": last.isoformat() if last else None,
+        }
+        words = lost_words(attempt, lost_s) if attempt.started_at is not None else ""
     _request_pass("attempt ended")
     if cancelling:
         ended = "its host lost it" if how == Outcome.NODE_LOST else (reason or "stopped")
@@ -173,13 +290,14 @@ def end_attempt(
                 finished_at=now,
             )
         else:
+            said = attempt.end_reason or reason or "stopped"
             record_event(
                 job.pk,
                 EventKind.PREEMPTED,
-                attempt.end_reason or reason or "stopped",
+                f"{said}; {words}" if words else said,
                 attempt_number=number,
                 at=now,
-                detail={"preempted_by": attempt.preempted_by_id, "reason": attempt.preemption_reason},
+                detail={"preempted_by": attempt.preempted_by_id, "reason": attempt.preemption_reason, **lost},
             )
             transition(
                 job.pk,
@@ -191,22 +309,25 @@ def end_attempt(
                 node_lost_streak=0,
             )
     elif outcome == Outcome.NODE_LOST:
-        hold_or_requeue(job, number, reason or "node lost", now)
+        said = reason or "node lost"
+        hold_or_requeue(job, number, f"{said}; {words}" if words else said, now, detail=lost)
     elif outcome == Outcome.GPU_FAILED:
+        said = f"{reason or 'its GPU failed'}; the hardware's fault, not the job's"
         transition(
             job.pk,
             from_states=active,
             to_state=JobState.QUEUED,
             event=EventKind.GPU_FAILED,
-            reason=f"{reason or 'its GPU failed'}; the hardware's fault, not the job's: re-queued with its "
-            "original submit time",
+            reason=f"{said}; {words}; re-queued with its original submit time"
+            if words
+            else f"{said}: re-queued with its original submit time",
             attempt_number=number,
-            detail={"outcome": outcome},
+            detail={"outcome": outcome, **lost},
         )
     return True
 
 
-def hold_or_requeue(job: Job, number: int, reason: str, now: datetime) -> None:
+def hold_or_requeue(job: Job, number: int, reason: str, now: datetime, detail: dict | None = None) -> None:
     """An attempt ended with its host's agent (NODE_LOST). The job goes back to the queue with its
     original submit time, unless its last HOLD_AFTER_NODE_LOST attempts all ended so: a job that keeps
     taking its host's agent down (or losing it) is HELD instead of run again for ever, until an admin
@@ -225,10 +346,10 @@ def hold_or_requeue(job: Job, number: int, reason: str, now: datetime) -> None:
             reason=f"{reason}; re-queued with its original submit time",
             attempt_number=number,
             node_lost_streak=streak,
-            detail={"node_lost_in_a_row": streak},
+            detail={"node_lost_in_a_row": streak, **(detail or {})},
         )
         return
-    record_event(job.pk, EventKind.NODE_LOST, reason, attempt_number=number, at=now)
+    record_event(job.pk, EventKind.NODE_LOST, reason, attempt_number=number, at=now, detail=detail)
     transition(
         job.pk,
         from_states=active,

@@ -81,6 +81,16 @@ ARRAY_SIZE = IntLimit(
     value_words="this one has {value:,}",
 )
 
+# A share's protection window (Share.min_runtime_s, SEMANTICS rule 10): a promise to its jobs, held to
+# the same one-sentence rule in the shares form, the API and `gpuquota min-runtime`.
+MIN_RUNTIME = IntLimit(
+    "min_runtime_s",
+    0,
+    message="min_runtime_s is {low} to {high:,} seconds (MAX_MIN_RUNTIME_S): how long a share's jobs run "
+    "before a pre-emption may take them.",
+    setting="MAX_MIN_RUNTIME_S",
+)
+
 # What a job's submit may ask for, by field: the form, the API and the CLI (at login) all get these.
 JOB_LIMITS = {
     limit.field: limit for limit in (GPUS, PRIORITY, PREEMPTION_GRACE, MAX_RUNTIME, MAX_PREEMPTIONS)
@@ -90,7 +100,8 @@ JOB_LIMITS = {
 def job_limits() -> dict[str, dict]:
     """Every limit as {field: {"min", "max", "message"}}, the settings' values filled in (the token
     answer gives it to the CLI, which checks before it sends anything)."""
-    return {name: limit.as_dict() for name, limit in {**JOB_LIMITS, "array": ARRAY_SIZE}.items()}
+    limits = {**JOB_LIMITS, "array": ARRAY_SIZE, "min_runtime_s": MIN_RUNTIME}
+    return {name: limit.as_dict() for name, limit in limits.items()}
 
 
 def effective_grace(grace_s: int) -> int:

@@ -10,6 +10,7 @@ from jobs.choices import (
     AttemptState,
     EventKind,
     JobState,
+    LostCause,
     Outcome,
     PreemptionReason,
 )
@@ -69,6 +70,10 @@ class Job(models.Model):
     node_lost_streak = models.PositiveIntegerField(default=0)
     # Pre-emptions were decided for this job and it has not been admitted since (rule 7).
     beneficiary = models.BooleanField(default=False)
+    # The first pass, since it last entered the queue, that reclaimed GPUs for it or found it waiting
+    # for protection (rule 10): its owner's wait for reclaimed GPUs runs from here to its next start.
+    # Handed to the attempt at admission (Attempt.reclaim_needed_at) and cleared.
+    reclaim_needed_at = models.DateTimeField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -131,6 +136,22 @@ class Attempt(models.Model):
     # The port its rank 0 listens on for the other ranks (MASTER_PORT), chosen at admission, a fresh one
     # per attempt (quotas.scheduler.rendezvous_ports).
     rendezvous_port = models.PositiveIntegerField(null=True, blank=True)
+    # The job's latest checkpoint in this attempt, as its host saw it written (or was told), and how
+    # many it saw: the attempt's safe point is the later of its start and this (SEMANTICS "Checkpoints
+    # and safe points"). (db_default: rows written by a release without these columns, in a rolling
+    # upgrade, get their defaults too.)
+    last_checkpoint_at = models.DateTimeField(null=True, blank=True)
+    checkpoints = models.PositiveIntegerField(default=0, db_default=0)
+    # {node: epoch seconds of its latest checkpoint} for the nodes that reported one: an attempt on
+    # several nodes is safe up to the oldest of them (last_checkpoint_at).
+    checkpoint_by_node = models.JSONField(default=dict, db_default={}, blank=True)
+    # Written when the attempt ends: GPUs x its run, and GPUs x (end - safe point) where its work was
+    # thrown away (pre-empted, its host lost or fenced; never for a success, a failure or a cancel).
+    gpu_seconds_run = models.FloatField(null=True, blank=True)
+    gpu_seconds_lost = models.FloatField(null=True, blank=True)
+    lost_cause = models.CharField(max_length=16, choices=LostCause.choices, blank=True, db_default="")
+    # Its job's reclaim_needed_at when it was admitted: the owner waited from then to started_at.
+    reclaim_needed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["job", "number"]
@@ -153,6 +174,8 @@ class Attempt(models.Model):
         indexes = [
             # Not partial: SQLite cannot match a partial index to `state IN (?, ?, ?)` with parameters.
             models.Index(fields=["state"], name="attempt_state_idx"),
+            # Lost work and usage over a window (the usage page, its API and CSV).
+            models.Index(fields=["ended_at"], name="attempt_ended_at_idx"),
             # The latest successful attempts, for the observed median runtime behind ETAs.
             models.Index(
                 fields=["-ended_at"],

@@ -20,6 +20,9 @@ HOST_OUTCOMES = {
     "unknown": Outcome.PREEMPTED,
     "failed_to_start": Outcome.FAILED,
     "gpu_failed": Outcome.GPU_FAILED,
+    # Killed by its agent's fence watchdog (the agent lost its lease): re-queued; its work since its
+    # safe point counts as lost to fencing.
+    "fenced": Outcome.PREEMPTED,
 }
 
 
@@ -57,17 +60,23 @@ def attempt_finished(
     how: str = "exited",
     exit_code: int | None = None,
     detail: str = "",
+    checkpoint_at: float | None = None,
+    checkpoints: int = 0,
 ) -> bool:
+    """`checkpoint_at`, `checkpoints`: the attempt's latest checkpoint as its host saw it by the end (one
+    saved when told to stop included), applied before the end so that the work lost counts from it."""
     attempt = Attempt.objects.filter(pk=attempt_id, number=number).first()
     if attempt is None or attempt.state == AttemptState.ENDED:
         return False
     if not _in_placement(attempt.placement, node, attempt_id, "an end report"):
         return False
+    if checkpoint_at is not None:
+        lifecycle.record_checkpoint(attempt_id, number, node=node, at=checkpoint_at, count=checkpoints)
     if how == "exited":
         outcome = Outcome.SUCCEEDED if exit_code == 0 else Outcome.FAILED
     else:
         outcome = HOST_OUTCOMES.get(how, Outcome.FAILED)
-    if attempt.state != AttemptState.STOPPING and how in ("stopped", "unknown"):
+    if attempt.state != AttemptState.STOPPING and how in ("stopped", "unknown", "fenced"):
         # The host lost or stopped it without being asked: the job is re-queued.
         outcome = Outcome.NODE_LOST
     reason = detail or {
@@ -77,13 +86,29 @@ def attempt_finished(
         Outcome.NODE_LOST: f"host {node} no longer runs it",
         Outcome.GPU_FAILED: f"a GPU of {node} failed",
     }.get(outcome, f"stopped on {node}")
-    ended = lifecycle.end_attempt(attempt_id, number, outcome=outcome, exit_code=exit_code, reason=reason)
+    ended = lifecycle.end_attempt(
+        attempt_id, number, outcome=outcome, exit_code=exit_code, reason=reason, fenced=how == "fenced"
+    )
     if ended and len(attempt.placement) > 1:
         # A gang ends with its first rank to end: stop the others.
         for p in attempt.placement:
             if p["node"] != node:
                 preempt_attempt(p["node"], attempt_id, number, 0)
     return ended
+
+
+@shared_task(name="jobs.tasks.attempt_checkpoint", ignore_result=True)
+def attempt_checkpoint(attempt_id: int, number: int, node: str, at: float, count: int = 0) -> bool:
+    """A host saw the job of a live attempt save a checkpoint at `at` (epoch seconds): the attempt's
+    safe point moves (jobs.lifecycle.record_checkpoint). From a node of its placement only."""
+    if type(attempt_id) is not int or type(number) is not int:
+        return False
+    placement = (
+        Attempt.objects.filter(pk=attempt_id, number=number).values_list("placement", flat=True).first()
+    )
+    if placement is None or not _in_placement(placement, node, attempt_id, "a checkpoint report"):
+        return False
+    return lifecycle.record_checkpoint(attempt_id, number, node=node, at=at, count=count)
 
 
 @shared_task(name="jobs.tasks.attempt_log", ignore_result=True)

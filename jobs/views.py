@@ -85,6 +85,10 @@ def _job_context(request, job: Job) -> dict:
         "e": forecast,  # eta, kind, basis, computed_at (templates/jobs/partials/_eta.html)
         "waiting": forecast["waiting"],
         "finished": job.state in JOB_TERMINAL_STATES,
+        # The job's latest checkpoint its hosts saw (any attempt): where a restart resumes from.
+        "last_checkpoint": max(
+            (a.last_checkpoint_at for a in attempts if a.last_checkpoint_at), default=None
+        ),
         "priority_form": PriorityForm(initial={"priority": job.priority}),
         "poll": True,
         "now": timezone.now(),

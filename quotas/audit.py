@@ -50,6 +50,7 @@ def snapshot(obj: Any) -> dict[str, Any]:
             "strategy": row.strategy,
             "borrow_limit": row.borrow_limit,
             "in_share_preemption": row.in_share_preemption,
+            "min_runtime_s": row.min_runtime_s,
             "state": row.state,
             "capacity": dict(sorted(row.capacity_map().items())),
         }

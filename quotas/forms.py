@@ -40,6 +40,14 @@ class ShareForm(forms.Form):
     in_share_preemption = forms.BooleanField(
         required=False, label="In-share pre-emption", help_text="Higher priority may pre-empt lower."
     )
+    # Parsed here; its limit (jobs.limits.MIN_RUNTIME) is the service's, whose words go beside it.
+    min_runtime_s = forms.IntegerField(
+        initial=0,
+        required=False,
+        label="Protection window (s)",
+        help_text="min_runtime_s: each job runs at least this long after a start before a reclaim or "
+        "in-share pre-emption may take it (0: never protected). Owners may wait up to this long for them.",
+    )
     state = forms.ChoiceField(choices=ShareState.choices, initial=ShareState.ENABLED)
     new_gpu_type = forms.RegexField(
         regex=GPU_TYPE_RE,
@@ -86,6 +94,7 @@ class ShareForm(forms.Form):
             "strategy": data["strategy"],
             "borrow_limit": data["borrow_limit"],
             "in_share_preemption": data.get("in_share_preemption", False),
+            "min_runtime_s": data.get("min_runtime_s") or 0,  # left empty: not protected
             "state": data["state"],
         }
 
@@ -98,6 +107,7 @@ class ShareForm(forms.Form):
             "strategy": share.strategy,
             "borrow_limit": share.borrow_limit,
             "in_share_preemption": share.in_share_preemption,
+            "min_runtime_s": share.min_runtime_s,
             "state": share.state,
         }
         for gpu_type, n in share.capacity_map().items():
@@ -110,14 +120,16 @@ SWEEP_MAX_VALUES = 8
 
 class SweepForm(forms.Form):
     """One setting of one share over several values (the what-if sweep). `setting` is "borrow_limit",
-    "strategy" or "capacity:<gpu type>"; `values` a comma-separated list of 2 to SWEEP_MAX_VALUES."""
+    "strategy", "min_runtime_s" or "capacity:<gpu type>"; `values` a comma-separated list of 2 to
+    SWEEP_MAX_VALUES."""
 
     setting = forms.ChoiceField(label="Setting to sweep")
     values = forms.CharField(
         label="Values",
         max_length=200,
         help_text="2 to 8 values, separated by commas: e.g. 0, 50, 100, 200 (borrow limit, %), "
-        "RESERVE, LEND, LEND_AND_BORROW (strategy), or GPU counts (capacity).",
+        "RESERVE, LEND, LEND_AND_BORROW (strategy), 0, 300, 600, 1800 (protection window, s), or GPU counts "
+        "(capacity).",
     )
 
     def __init__(self, *args, gpu_types=(), **kwargs):
@@ -125,6 +137,7 @@ class SweepForm(forms.Form):
         self.fields["setting"].choices = [
             ("borrow_limit", "borrow limit (%)"),
             ("strategy", "strategy"),
+            ("min_runtime_s", "protection window, min_runtime_s (s)"),
             *[(f"capacity:{t}", f"capacity of {t} (GPUs)") for t in sorted(set(gpu_types))],
         ]
 
@@ -155,6 +168,13 @@ class SweepForm(forms.Form):
             if any(v < low or v > 2**31 - 1 for v in values):
                 self.add_error("values", f"Each value must be {low} or more.")
                 return data
+            if setting == "min_runtime_s":
+                from jobs.limits import MIN_RUNTIME
+
+                wrong = [MIN_RUNTIME.problem(v) for v in values if MIN_RUNTIME.problem(v)]
+                if wrong:
+                    self.add_error("values", wrong[0])
+                    return data
         if len(set(values)) != len(values):
             self.add_error("values", "Each value once.")
             return data
@@ -167,4 +187,36 @@ class SweepForm(forms.Form):
             return ["no limit" if v == -1 else f"{v} %" for v in values]
         if setting.startswith("capacity:"):
             return [f"{v} GPUs" for v in values]
+        if setting == "min_runtime_s":
+            from quotas.services import duration_words
+
+            return ["none" if v == 0 else duration_words(v) for v in values]
         return [str(v) for v in values]
+
+
+class UsageForm(forms.Form):
+    """The usage page's (and its API's) question: how many days back, and which share (all if none)."""
+
+    days = forms.IntegerField(
+        min_value=1,
+        max_value=90,
+        initial=7,
+        required=False,
+        error_messages={
+            "min_value": "Give 1 to 90 days (usage samples are kept 90 days).",
+            "max_value": "Give 1 to 90 days (usage samples are kept 90 days).",
+            "invalid": "Give 1 to 90 days (usage samples are kept 90 days).",
+        },
+    )
+    share = forms.CharField(max_length=63, required=False)
+
+    def clean_share(self):
+        from quotas.models import Share
+
+        name = self.cleaned_data.get("share") or ""
+        if name and not Share.objects.filter(name=name).exists():
+            raise ValidationError(f'No share named "{name}".')
+        return name
+
+    def clean_days(self):
+        return self.cleaned_data.get("days") or 7

@@ -93,6 +93,17 @@ def _text(max_length: int) -> Check:
     return check
 
 
+def _min_runtime(value: Any) -> tuple[Any, str | None]:
+    from jobs.limits import MIN_RUNTIME  # MAX_MIN_RUNTIME_S, read when checked
+
+    if MIN_RUNTIME.problem(value) is not None:
+        return (
+            None,
+            f"must be {MIN_RUNTIME.low} to {MIN_RUNTIME.top:,} seconds, MAX_MIN_RUNTIME_S (got {_shown(value)})",
+        )
+    return value, None
+
+
 def _capacity(value: Any) -> tuple[Any, str | None]:
     # Checked per type by parse() (each type its own path); here only the shape.
     if value is None:
@@ -125,6 +136,9 @@ SHARE_FIELDS: tuple[Field, ...] = (
     Field("strategy", policy.LEND_AND_BORROW, _choice(policy.STRATEGIES)),
     Field("borrow_limit", policy.UNLIMITED, _whole(-1, "-1 (no limit) or a percentage, 0 or more")),
     Field("in_share_preemption", False, _boolean),
+    Field(
+        "min_runtime_s", 0, _min_runtime, "seconds an attempt is protected from pre-emption after it starts"
+    ),
     Field("state", ENABLED, _choice(STATES)),
 )
 FIELDS_BY_NAME = {f.name: f for f in SHARE_FIELDS}

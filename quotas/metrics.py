@@ -5,10 +5,10 @@ nothing is lost when a process restarts. A scrape costs a constant number of que
 of jobs: the pass's own snapshot (`scheduler.load_snapshot`, six queries) for the share gauges, so the
 numbers are the ones the dashboard, the API and the policy see (`policy.usage` / `policy.lending`), plus
 one aggregate query each for nodes (and their GPUs by health), GPU failures, admissions, pre-emptions,
-waits and passes, and one for whether the control side hears the nodes (quotas/hearing.py).
+lost work, waits and passes, and one for whether the control side hears the nodes (quotas/hearing.py).
 
 Counters and histograms are aggregates over rows that are kept: attempts (admissions, pre-emptions,
-waits) are never pruned, so those only grow; `gpuquota_pass_duration_seconds` covers the retained
+lost work, waits) are never pruned, so those only grow; `gpuquota_pass_duration_seconds` covers the retained
 `SchedulerPass` rows (the last `scheduler.KEEP_PASS_RECORDS`, pruned hourly), so its count drops back at
 each prune, which Prometheus reads as a counter reset.
 
@@ -41,6 +41,7 @@ from prometheus_client.utils import floatToGoString
 
 from gpunodes.choices import HOLDING_STATES, GpuFailureReason, GpuHealth, NodeState
 from gpunodes.models import GpuFailure, Node
+from jobs.choices import LostCause
 from jobs.models import Attempt
 from quotas.engine import policy
 from quotas.hearing import hearing
@@ -171,6 +172,26 @@ class GpuquotaCollector(Collector):
         for (share, reason), n in sorted(counts.items()):
             preemptions.add_metric([share, reason], n)
         yield preemptions
+
+        lost = CounterMetricFamily(
+            "gpuquota_lost_gpu_seconds",
+            "GPU-seconds of work thrown away when attempts stopped before they succeeded (GPUs x time since "
+            "their safe point: the later of their start and their last checkpoint), by the attempt's share "
+            "and the cause (reclaim, priority, node_lost, fenced, gpu_failed)",
+            labels=["share", "cause"],
+        )
+        seconds = {(s, c): 0.0 for s in shares for c in LostCause.values}
+        for share, cause, total in (
+            Attempt.objects.exclude(lost_cause="")
+            .values_list("job__share__name", "lost_cause")
+            .annotate(total=Sum("gpu_seconds_lost"))
+            .values_list("job__share__name", "lost_cause", "total")
+            .order_by()
+        ):
+            seconds[(share, cause)] = seconds.get((share, cause), 0.0) + (total or 0.0)
+        for (share, cause), total in sorted(seconds.items()):
+            lost.add_metric([share, cause], total)
+        yield lost
 
     # -- histograms --------------------------------------------------------------------------------------
 

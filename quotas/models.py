@@ -16,6 +16,17 @@ share_name_validator = RegexValidator(SHARE_NAME_RE, "Use 1 to 63 lower-case let
 gpu_type_validator = RegexValidator(GPU_TYPE_RE, "A GPU type is a lower-case name such as a10g or h100.")
 
 
+def min_runtime_validator(value) -> None:
+    """A share's protection window within its one limit (jobs.limits.MIN_RUNTIME), in its one sentence:
+    what the Django admin says too."""
+    from django.core.exceptions import ValidationError
+
+    from jobs.limits import MIN_RUNTIME
+
+    if problem := MIN_RUNTIME.problem(value):
+        raise ValidationError(problem)
+
+
 class Team(models.Model):
     name = models.CharField(max_length=100, unique=True)
     slug = models.SlugField(max_length=63, unique=True)
@@ -55,6 +66,10 @@ class Share(models.Model):
     # Percent of own capacity per type that may be borrowed; -1 = no limit. Only LEND_AND_BORROW.
     borrow_limit = models.IntegerField(default=-1, validators=[MinValueValidator(-1)])
     in_share_preemption = models.BooleanField(default=False)
+    # Rule 10: an attempt of this share is protected from reclaim and in-share pre-emption until it has
+    # run this long since its start (0: never protected). At most MAX_MIN_RUNTIME_S (jobs/limits.py).
+    # db_default: rows written by a release without the column (a rolling upgrade) get 0 too.
+    min_runtime_s = models.PositiveIntegerField(default=0, db_default=0, validators=[min_runtime_validator])
     state = models.CharField(max_length=16, choices=ShareState.choices, default=ShareState.ENABLED)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -65,6 +80,7 @@ class Share(models.Model):
             models.CheckConstraint(condition=Q(strategy__in=Strategy.values), name="share_strategy_valid"),
             models.CheckConstraint(condition=Q(state__in=ShareState.values), name="share_state_valid"),
             models.CheckConstraint(condition=Q(borrow_limit__gte=-1), name="share_borrow_limit_gte_-1"),
+            models.CheckConstraint(condition=Q(min_runtime_s__gte=0), name="share_min_runtime_s_gte_0"),
         ]
 
     def __str__(self) -> str:

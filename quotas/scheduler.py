@@ -30,7 +30,7 @@ from jobs.transitions import transition
 from quotas import hearing
 from quotas.engine import policy
 from quotas.models import SchedulerPass, Share, ShareCapacity
-from quotas.triggers import clear_pending
+from quotas.triggers import clear_pending, request_pass_at
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,10 @@ class PassResult:
     ended: list[int] = field(default_factory=list)  # attempt ids ended by housekeeping
     lost_nodes: list[str] = field(default_factory=list)
     hearing_since: datetime | None = None
+    # Jobs that wait for protection (rule 10), and when the first window that matters to one ends: a
+    # pass is asked for then (nothing else is sure to come at that instant).
+    protected: list[int] = field(default_factory=list)
+    recheck_at: float | None = None
     queued: int = 0
     running: int = 0
     duration_ms: float = 0.0
@@ -252,7 +256,9 @@ def load_snapshot(now: datetime | None = None, *, queued: bool = True) -> Loaded
 
     capacities: dict[int, dict[str, int]] = {}
     shares_rows = list(
-        Share.objects.values_list("pk", "name", "strategy", "borrow_limit", "in_share_preemption")
+        Share.objects.values_list(
+            "pk", "name", "strategy", "borrow_limit", "in_share_preemption", "min_runtime_s"
+        )
     )
     for share_id, gpu_type, max_gpus in ShareCapacity.objects.values_list("share_id", "gpu_type", "max_gpus"):
         capacities.setdefault(share_id, {})[gpu_type] = max_gpus
@@ -263,8 +269,9 @@ def load_snapshot(now: datetime | None = None, *, queued: bool = True) -> Loaded
             strategy=strategy,
             borrow_limit=limit,
             in_share_preemption=isp,
+            min_runtime_s=min_runtime,
         )
-        for pk, name, strategy, limit, isp in shares_rows
+        for pk, name, strategy, limit, isp, min_runtime in shares_rows
     )
 
     running = []
@@ -272,7 +279,10 @@ def load_snapshot(now: datetime | None = None, *, queued: bool = True) -> Loaded
     ports_in_use: dict[str, set[int]] = {}
     share_names = {pk: name for pk, name, *_ in shares_rows}
     active = Attempt.objects.filter(state__in=list(ATTEMPT_ACTIVE_STATES)).annotate(
-        submitted_s=Epoch("job__submitted_at"), started_s=Epoch("started_at"), admitted_s=Epoch("admitted_at")
+        submitted_s=Epoch("job__submitted_at"),
+        started_s=Epoch("started_at"),
+        admitted_s=Epoch("admitted_at"),
+        checkpoint_s=Epoch("last_checkpoint_at"),
     )
     for row in active.values_list(
         "pk",
@@ -290,6 +300,7 @@ def load_snapshot(now: datetime | None = None, *, queued: bool = True) -> Loaded
         "preempted_by_id",
         "job__preemption_grace_s",
         "rendezvous_port",
+        "checkpoint_s",
     ):
         (
             pk,
@@ -307,6 +318,7 @@ def load_snapshot(now: datetime | None = None, *, queued: bool = True) -> Loaded
             beneficiary,
             grace,
             port,
+            checkpoint,
         ) = row
         attempt_numbers[pk] = (number, effective_grace(grace))
         if port is not None and placement:
@@ -324,6 +336,7 @@ def load_snapshot(now: datetime | None = None, *, queued: bool = True) -> Loaded
                 borrowed=borrowed,
                 preempting=state == AttemptState.STOPPING,
                 beneficiary_job_id=beneficiary if state == AttemptState.STOPPING else None,
+                last_checkpoint_at=checkpoint,  # the safe point's other half (SEMANTICS "Checkpoints")
             )
         )
 
@@ -403,7 +416,14 @@ def apply_admissions(loaded: Loaded, admissions: tuple[policy.Admission, ...], n
         Job.objects.select_for_update()
         .filter(pk__in=list(by_job), state=JobState.QUEUED)
         .values_list(
-            "pk", "attempt_count", "command", "env", "use_shell", "max_runtime_s", "preemption_grace_s"
+            "pk",
+            "attempt_count",
+            "command",
+            "env",
+            "use_shell",
+            "max_runtime_s",
+            "preemption_grace_s",
+            "reclaim_needed_at",
         )
     )
     if not rows:
@@ -425,6 +445,7 @@ def apply_admissions(loaded: Loaded, admissions: tuple[policy.Admission, ...], n
         state=JobState.ADMITTED,
         attempt_count=F("attempt_count") + 1,
         beneficiary=False,
+        reclaim_needed_at=None,  # handed to the attempt: its owner's wait ends at its start
         state_reason="admitted",
         updated_at=now,
     )
@@ -440,12 +461,15 @@ def apply_admissions(loaded: Loaded, admissions: tuple[policy.Admission, ...], n
                 lenders=list(by_job[pk].lenders),
                 admitted_at=now,
                 rendezvous_port=port_of[pk],
+                reclaim_needed_at=reclaim_needed_at,
             )
-            for pk, count, *_ in rows
+            for pk, count, *_, reclaim_needed_at in rows
         ]
     )
     claims, through, events, messages = [], [], [], []
-    for attempt, (pk, count, command, env, use_shell, max_runtime, grace) in zip(attempts, rows, strict=True):
+    for attempt, (pk, count, command, env, use_shell, max_runtime, grace, _) in zip(
+        attempts, rows, strict=True
+    ):
         adm = by_job[pk]
         for node, idx in where[pk]:
             through.append(Attempt.nodes.through(attempt_id=attempt.pk, node_id=loaded.node_ids[node]))
@@ -514,7 +538,18 @@ def apply_preemptions(loaded: Loaded, preemptions: tuple[policy.Preemption, ...]
     beneficiaries = {p.beneficiary_job_id for p in preemptions}
     if done and beneficiaries:
         Job.objects.filter(pk__in=list(beneficiaries), state=JobState.QUEUED).update(beneficiary=True)
+        reclaimed_for = {p.beneficiary_job_id for p in preemptions if p.reason == policy.RECLAIM}
+        mark_reclaim_needed(reclaimed_for, now)
     return done
+
+
+def mark_reclaim_needed(job_ids, now: datetime) -> None:
+    """The first pass, since a job last entered the queue, that reclaims GPUs for it or finds it
+    waiting for protection starts its owner's wait for reclaimed GPUs (the usage page's figure)."""
+    if job_ids:
+        Job.objects.filter(
+            pk__in=list(job_ids), state=JobState.QUEUED, reclaim_needed_at__isnull=True
+        ).update(reclaim_needed_at=now)
 
 
 def run_pass(trigger: str = "") -> PassResult:
@@ -537,6 +572,8 @@ def run_pass(trigger: str = "") -> PassResult:
         messages = apply_admissions(loaded, decided.admissions, now)
         result.admitted = sorted({m["payload"]["job_id"] for m in messages})
         result.preempted = apply_preemptions(loaded, decided.preemptions, now)
+        result.protected, result.recheck_at = sorted(decided.protected), decided.recheck_at
+        mark_reclaim_needed(result.protected, now)
         result.duration_ms = (time.perf_counter() - started) * 1000
         SchedulerPass.objects.create(
             started_at=now,
@@ -551,6 +588,12 @@ def run_pass(trigger: str = "") -> PassResult:
             hearing_since=result.hearing_since,
         )
         transaction.on_commit(lambda: [start_attempt(m["node"], m["payload"]) for m in messages])
+        if result.recheck_at is not None:
+            # Rule 10: the walk is made again when the first protection window that matters ends.
+            at, waiting = result.recheck_at, len(result.protected)
+            transaction.on_commit(
+                lambda: request_pass_at(at, f"recheck: {waiting} job(s) wait for protection")
+            )
     if result.admitted or result.preempted or result.ended:
         log.info(
             "pass (%s): %d admitted, %d pre-empted, %d ended, %d queued, %.1f ms (plan %.1f ms)",

@@ -165,11 +165,24 @@ def _check_share(share: Share) -> None:
         ]
     if share.borrow_limit > MAX_INT:
         errors["borrow_limit"] = ["borrow_limit is a percentage: -1 (no limit) or 0 or more."]
+    from jobs.limits import MIN_RUNTIME
+
+    if problem := MIN_RUNTIME.problem(share.min_runtime_s):
+        errors["min_runtime_s"] = [problem]  # in place of the model's own words: one sentence everywhere
     if errors:
         raise ValidationError(errors)
 
 
-SHARE_FIELDS = ("name", "team", "description", "strategy", "borrow_limit", "in_share_preemption", "state")
+SHARE_FIELDS = (
+    "name",
+    "team",
+    "description",
+    "strategy",
+    "borrow_limit",
+    "in_share_preemption",
+    "min_runtime_s",
+    "state",
+)
 
 
 def _share_entry(share: Share, capacity: Mapping[str, int]) -> dict[str, Any]:

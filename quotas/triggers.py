@@ -42,6 +42,36 @@ def request_pass(why: str = "") -> bool:
     return True
 
 
+RECHECK_KEY = "gpuquota:pass-recheck-at"
+# A pass asked for at a protection window's end comes this much after it: the window has ended when the
+# pass reads the clock (the policy protects an attempt while its window's end is later than now).
+RECHECK_MARGIN_S = 0.05
+
+
+def request_pass_at(at: float, why: str = "recheck") -> bool:
+    """Ask for a pass at the instant `at` (epoch seconds): where a job waits for protection (rule 10),
+    the walk is to be made again when the first window that matters ends (Plan.recheck_at), and nothing
+    else is sure to happen then. Passes that ask for the same instant or a later one while an earlier
+    one is still to come ask once (that pass asks for the next). Returns whether one was asked for."""
+    from datetime import UTC, datetime
+
+    from config.celery import app
+
+    try:
+        scheduled = cache.get(RECHECK_KEY)
+        now = time.time()
+        if isinstance(scheduled, float) and now <= scheduled <= at:
+            return False
+        at = max(at, now)
+        cache.set(RECHECK_KEY, at, timeout=int(at - now) + 60)
+        eta = datetime.fromtimestamp(at + RECHECK_MARGIN_S, tz=UTC)
+        app.tasks[PASS_TASK].apply_async(kwargs={"trigger": why}, eta=eta)
+    except Exception:  # the beat's passes come every SCHEDULER_INTERVAL_S anyway
+        log.warning("could not ask for a pass at %s (%s)", at, why, exc_info=True)
+        return False
+    return True
+
+
 def clear_pending() -> None:
     try:
         cache.delete(PENDING_KEY)

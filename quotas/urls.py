@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from quotas import views
+from quotas import sharing_views, views
 
 urlpatterns = [
     path("", views.overview, name="overview"),
@@ -22,4 +22,5 @@ urlpatterns = [
     path("layout/plans/<uuid:plan_id>/", views.share_layout_plan_show, name="share_layout_plan_show"),
     path("layout/plans/<uuid:plan_id>/apply/", views.share_layout_apply, name="share_layout_apply"),
     path("audit/", views.audit_log, name="audit"),
+    path("usage/", sharing_views.usage_page, name="usage"),
 ]

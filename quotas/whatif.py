@@ -51,6 +51,7 @@ WINDOW_REUSE_S = 300  # runs asked within this of the last one replay its window
 SUMMARY_METRICS = measures.SHARE_METRICS
 # The simulator's share settings besides name, team and capacity (strategy, borrow_limit, state, ...).
 SCENARIO_SHARE_FIELDS = tuple(f for f in sc.Share.__slots__ if f not in ("name", "team", "capacity"))
+EARLY_S = measures.EARLY_S
 
 # Parts' states
 QUEUED, READING, REPLAYING, DONE, FAILED = "queued", "reading", "replaying", "done", "failed"
@@ -120,15 +121,23 @@ def build_scenario(*, now: datetime | None = None) -> tuple[sc.Scenario, int, da
         # (idle days it never lived would dilute the utilisation).
         start = max(start, rows[0][2])
     ran: dict[int, int] = {}
+    saves: dict[int, tuple[int, bool]] = {}  # job -> (checkpoint every s, saves when told to stop)
     # The window's attempts by a join, not an IN list of up to 100k ids; the latest attempt wins.
-    for job_id, started, ended in (
+    for job_id, started, ended, last_checkpoint, checkpoints, stop_asked in (
         Attempt.objects.filter(
             job__submitted_at__gte=start, job__submitted_at__lte=now, started_at__isnull=False
         )
         .order_by("job_id", "number")
-        .values_list("job_id", "started_at", "ended_at")
+        .values_list(
+            "job_id", "started_at", "ended_at", "last_checkpoint_at", "checkpoints", "stop_requested_at"
+        )
     ):
         ran[job_id] = max(1, int(((ended or now) - started).total_seconds()))
+        if checkpoints and last_checkpoint is not None and last_checkpoint > started:
+            # The job checkpoints as its hosts saw it: on average every (last - start) / count, and, if
+            # its last one came after it was told to stop, on stop too (the scenario's own terms).
+            every = max(1, int((last_checkpoint - started).total_seconds() / checkpoints))
+            saves[job_id] = (every, stop_asked is not None and last_checkpoint >= stop_asked)
     sizes: dict[str, int] = {}
     for n in nodes:
         sizes[n.gpu_type] = max(sizes.get(n.gpu_type, 0), n.gpus)
@@ -151,6 +160,8 @@ def build_scenario(*, now: datetime | None = None) -> tuple[sc.Scenario, int, da
                 max_preemptions=max_pre,
                 preemption_grace_s=grace,
                 max_runtime_s=max_rt if max_rt and max_rt >= duration else None,
+                checkpoint_every_s=saves[pk][0] if pk in saves else None,
+                checkpoint_on_stop=saves[pk][1] if pk in saves else False,
             )
         )
     last = max((j.submit_at for j in jobs), default=0)
@@ -167,7 +178,7 @@ def build_scenario(*, now: datetime | None = None) -> tuple[sc.Scenario, int, da
 def with_change(scenario: sc.Scenario, share: str, changes: Mapping[str, Any]) -> sc.Scenario:
     """The scenario with one share's settings replaced (strategy, borrow_limit, in_share_preemption,
     capacity); a new share (not in the scenario) is added."""
-    allowed = {"strategy", "borrow_limit", "in_share_preemption", "capacity", "team"}
+    allowed = {"strategy", "borrow_limit", "in_share_preemption", "min_runtime_s", "capacity", "team"}
     changes = {k: v for k, v in changes.items() if k in allowed and v is not None}
     if "capacity" in changes:
         changes["capacity"] = dict(changes["capacity"])
@@ -389,7 +400,9 @@ CLUSTER_LABELS = (
     ("wait_p50_s", "wait p50, every job (s)"),
     ("wait_p95_s", "wait p95, every job (s)"),
     ("preemptions", "pre-emptions"),
+    ("early_preemptions", f"of them within {EARLY_S // 60} min of their start"),
     ("lost_gpu_hours", "GPU-hours of work lost to pre-emption"),
+    ("owner_wait_p95_s", "owners' p95 wait for reclaimed GPUs (s)"),
     ("never_started", "jobs never started (counted as waiting until the cut)"),
     ("refused", "jobs refused (share DISABLED)"),
 )
@@ -478,6 +491,10 @@ def sweep_table(summaries: Sequence[Mapping[str, Any]], labels: Sequence[str], s
                 "never_started": mine.get("never_started"),
                 "utilisation": s["cluster"]["utilisation"],
                 "never_started_words": [w for w in s.get("never_started", []) if f" of {share} " in w],
+                "lost_gpu_hours": mine.get("lost_gpu_hours"),
+                "cluster_lost_gpu_hours": s["cluster"].get("lost_gpu_hours"),
+                "early_preemptions": s["cluster"].get("early_preemptions"),
+                "owner_wait_p95_s": s["cluster"].get("owner_wait_p95_s"),
             }
         )
     chart = {
@@ -485,6 +502,10 @@ def sweep_table(summaries: Sequence[Mapping[str, Any]], labels: Sequence[str], s
         "values": list(labels),
         "p95_wait_s": [r["p95_wait_s"] for r in rows],
         "utilisation": [r["utilisation"] for r in rows],
+        # The protection window's trade-off (drawn for a min_runtime_s sweep): work thrown away by
+        # pre-emption against the owners' p95 wait for reclaimed GPUs.
+        "lost_gpu_hours": [r["cluster_lost_gpu_hours"] for r in rows],
+        "owner_wait_p95_s": [r["owner_wait_p95_s"] for r in rows],
     }
     return {"rows": rows, "chart": chart}
 
@@ -702,8 +723,8 @@ def start_layout(
 def start_sweep(
     *, share: str, setting: str, values: Sequence[Any], labels: Sequence[str], setting_label: str = ""
 ) -> str:
-    """One replay per value of `setting` ("strategy", "borrow_limit" or "capacity:<gpu type>") of an
-    existing share; the other settings stay as they are."""
+    """One replay per value of `setting` ("strategy", "borrow_limit", "min_runtime_s" or "capacity:<gpu
+    type>") of an existing share; the other settings stay as they are."""
     from quotas.models import Share
 
     variants = []

@@ -166,6 +166,8 @@ class Agent:
             workdir_bytes=settings.JOB_WORKDIR_MAX_BYTES,
             user_namespaces=settings.JOB_ALLOW_USER_NAMESPACES,
             gpu_health=self.health,
+            checkpoint_scan_s=settings.CHECKPOINT_SCAN_S,
+            checkpoint_settle_s=settings.CHECKPOINT_SETTLE_S,
         )
         self.runner.gpu_indexes = {g.index for g in self.gpus}
         self.join_token = join_token

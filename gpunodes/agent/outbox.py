@@ -1,5 +1,6 @@
-"""The agent's durable outbox: every report about an attempt (started; finished with its exit code and
-how, which covers pre-empted, stopped, fenced and refused; the byte ranges of its log that were shipped)
+"""The agent's durable outbox: every report about an attempt (started; checkpointed, the latest only;
+finished with its exit code and how, which covers pre-empted, stopped, fenced and refused, its last
+checkpoint, and the byte ranges of its log that were shipped)
 is written here before it is sent, and stays until the control side acknowledges it.
 
 Why this scheme: a message the broker took is not a message the control side applied (a Redis restart
@@ -15,7 +16,8 @@ were shipped, and the control side withholds its ack and asks for the gaps it fi
 holds them all.
 
 SQLite in WAL mode with synchronous=FULL: a report that returned from `add` survives the agent's crash
-and the host's power cut. Reports are few (two per attempt), so the fsync costs nothing that matters.
+and the host's power cut. Reports are few (two per attempt, and at most one a second for its
+checkpoints, each replacing the one before until it is sent), so the fsync costs nothing that matters.
 `epoch` names this file: an ack meant for an earlier outbox (the state directory was wiped) removes
 nothing from a new one whose ids start again.
 """
@@ -80,6 +82,25 @@ class Outbox:
                 "INSERT INTO outbox (name, kwargs, created) VALUES (?, ?, ?)",
                 (name, json.dumps(kwargs, sort_keys=True), time.time()),
             )
+            return int(cur.lastrowid)
+
+    def replace(self, old_id: int | None, name: str, kwargs: dict) -> int:
+        """add(), removing the entry `old_id` in the same transaction: a report that only the latest of
+        its kind matters for (an attempt's checkpoint) keeps one entry, however often it changes. An
+        old entry already acknowledged (or sent and applied) is simply gone."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                if old_id is not None:
+                    self._db.execute("DELETE FROM outbox WHERE id = ?", (int(old_id),))
+                cur = self._db.execute(
+                    "INSERT INTO outbox (name, kwargs, created) VALUES (?, ?, ?)",
+                    (name, json.dumps(kwargs, sort_keys=True), time.time()),
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
             return int(cur.lastrowid)
 
     def pending(self, limit: int = BATCH) -> list[Entry]:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpunodes.agent import identity
+from gpunodes.agent.checkpoints import CheckpointWatcher
 from gpunodes.agent.containment import (
     JOB_OOM_SCORE_ADJ,
     LIMIT_CONTROLLERS,
@@ -65,11 +66,14 @@ LOG_CAP_BYTES = 8 * 1024 * 1024
 # Report names (control-side tasks).
 STARTED = "jobs.tasks.attempt_started"
 FINISHED = "jobs.tasks.attempt_finished"
+CHECKPOINT = "jobs.tasks.attempt_checkpoint"
 LOG = "jobs.tasks.attempt_log"
 # The fields of a started/finished report that its control-side task takes; the outbox entry of an end
 # also keeps the job id and `log_ranges`, the byte ranges of the log that were shipped (the control side
 # asks for the gaps it finds: reship_log).
-REPORT_FIELDS = frozenset({"attempt_id", "number", "node", "how", "exit_code", "detail"})
+REPORT_FIELDS = frozenset({"attempt_id", "number", "node", "how", "exit_code", "detail"}) | frozenset(
+    {"checkpoint_at", "checkpoints", "at", "count"}  # an end's last checkpoint; a checkpoint's report
+)
 # A start that fails with these lacks something of the host's (processes, memory, descriptors, disk),
 # not of the job's: it is refused, and the job re-queued.
 HOST_SHORT = frozenset({errno.EAGAIN, errno.ENOMEM, errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE})
@@ -242,6 +246,8 @@ class Runner:
         workdir_bytes: int = WORKDIR_AUTO,
         user_namespaces: bool = False,
         gpu_health: HealthWatcher | None = None,
+        checkpoint_scan_s: float = 1.0,
+        checkpoint_settle_s: float = 2.0,
     ) -> None:
         self.node = node
         self.gpu_health = gpu_health
@@ -314,6 +320,11 @@ class Runner:
         self._finished: set[tuple[int, int]] = set()
         # Whether the agent's lease lapsed (agent/fence.py: its watchdog fences the jobs): no start then.
         self.lease_lapsed: Callable[[], bool] = lambda: False
+        # The jobs' checkpoints, seen in their directories (checkpoints.py), reported as they come.
+        self.checkpoints = CheckpointWatcher(
+            self._report_checkpoint, scan_s=checkpoint_scan_s, settle_s=checkpoint_settle_s
+        )
+        self._checkpoint_entries: dict[tuple[int, int], int] = {}  # the outbox entry of each one's latest
 
     # --- lifecycle of one attempt ---------------------------------------------------------------
 
@@ -496,6 +507,7 @@ class Runner:
                 memory_bytes=attempt_limits.memory_bytes,
                 gpus=tuple(gpus),
             )
+            self.checkpoints.begin(key, checkpoint_dir)
             self._save_state()
         self._report_durably(STARTED, {"attempt_id": attempt_id, "number": number, "node": self.node})
         return "started"
@@ -677,7 +689,7 @@ class Runner:
             procs = list(self._procs.values())
         for proc in procs:
             if proc.stop_how is None:
-                proc.stop_how = "stopped"
+                proc.stop_how = "fenced"
             self._kill(proc)
         return [(p.attempt_id, p.number) for p in procs]
 
@@ -711,6 +723,7 @@ class Runner:
             elif proc.kill_at is not None and now >= proc.kill_at:
                 self._kill(proc)
                 proc.kill_at = None
+        self.checkpoints.poll()
         for proc in done:
             try:
                 self._reap(proc)
@@ -756,7 +769,7 @@ class Runner:
         code = proc.popen.returncode
         how = proc.stop_how or "exited"
         if proc.stop_how is None and f"{proc.attempt_id}/{proc.number}" in fenced_keys(self.state_path):
-            how = "stopped"  # fenced by the watchdog, not its own end: the job is re-queued
+            how = "fenced"  # by the watchdog, not its own end: the job is re-queued
         end = {
             "attempt_id": proc.attempt_id,
             "number": proc.number,
@@ -766,6 +779,10 @@ class Runner:
             "job_id": proc.job_id,
             "log_ranges": self._shipped_ranges(proc.log_sent),
         }
+        checkpoint_at, checkpoints = self.checkpoints.end((proc.attempt_id, proc.number))
+        self._checkpoint_entries.pop((proc.attempt_id, proc.number), None)
+        if checkpoint_at is not None:  # one saved when it was told to stop included
+            end.update(checkpoint_at=round(checkpoint_at, 3), checkpoints=checkpoints)
         if proc.stop_detail:
             end["detail"] = proc.stop_detail
         if oom and how == "exited":
@@ -878,6 +895,24 @@ class Runner:
 
     def _report_finished(self, kwargs: dict) -> None:
         self._report_durably(FINISHED, kwargs)
+
+    def _report_checkpoint(self, key: tuple[int, int], at: float, count: int) -> None:
+        """A checkpoint of a running attempt (checkpoints.py): into the outbox in place of the one
+        before it not sent yet (only the latest matters), then sent at once."""
+        kwargs = {
+            "attempt_id": key[0],
+            "number": key[1],
+            "node": self.node,
+            "at": round(at, 3),
+            "count": count,
+        }
+        try:
+            self._checkpoint_entries[key] = self.outbox.replace(
+                self._checkpoint_entries.get(key), CHECKPOINT, kwargs
+            )
+        except (sqlite3.Error, OSError):
+            log.exception("could not write a checkpoint report of attempt %s to the outbox", key[0])
+        self.report(CHECKPOINT, kwargs)
 
     def prune_logs(self, max_age_s: float) -> int:
         """Host log rotation: remove the log files of attempts that are over and older than max_age_s

@@ -288,8 +288,26 @@ class AttemptSerializer(serializers.ModelSerializer):
             "preempted_by",
             "preemption_reason",
             "end_reason",
+            "last_checkpoint_at",
+            "checkpoints",
+            "gpu_seconds_run",
+            "gpu_seconds_lost",
+            "lost_cause",
         ]
         read_only_fields = fields
+        extra_kwargs = {
+            "last_checkpoint_at": {
+                "help_text": "Its latest checkpoint its host saw: its safe point, if later than its start."
+            },
+            "checkpoints": {"help_text": "How many checkpoints its host saw in this attempt."},
+            "gpu_seconds_run": {"help_text": "GPUs x its run, once it ended."},
+            "gpu_seconds_lost": {
+                "help_text": "GPUs x (end - safe point) where its work was thrown away (see lost_cause), once it ended."
+            },
+            "lost_cause": {
+                "help_text": "reclaim, priority, node_lost, fenced or gpu_failed; empty: nothing lost."
+            },
+        }
 
 
 class JobEventSerializer(serializers.ModelSerializer):
@@ -302,10 +320,38 @@ class JobEventSerializer(serializers.ModelSerializer):
 class JobDetailSerializer(JobSerializer):
     attempts = AttemptSerializer(many=True, read_only=True)
     events = JobEventSerializer(many=True, read_only=True)
+    last_checkpoint_at = serializers.SerializerMethodField()
+    last_checkpoint_age_s = serializers.SerializerMethodField()
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "attempts", "events"]
+        fields = [
+            *JobSerializer.Meta.fields,
+            "last_checkpoint_at",
+            "last_checkpoint_age_s",
+            "attempts",
+            "events",
+        ]
         read_only_fields = fields
+
+    @staticmethod
+    def _last_checkpoint(job):
+        return max((a.last_checkpoint_at for a in job.attempts.all() if a.last_checkpoint_at), default=None)
+
+    @extend_schema_field(
+        serializers.DateTimeField(
+            allow_null=True, help_text="The job's latest checkpoint its hosts saw (any attempt); null: none."
+        )
+    )
+    def get_last_checkpoint_at(self, job):
+        at = self._last_checkpoint(job)
+        return serializers.DateTimeField().to_representation(at) if at else None
+
+    @extend_schema_field(
+        serializers.FloatField(allow_null=True, help_text="Seconds since last_checkpoint_at.")
+    )
+    def get_last_checkpoint_age_s(self, job):
+        at = self._last_checkpoint(job)
+        return round((timezone.now() - at).total_seconds(), 1) if at else None
 
 
 class QueueEntrySerializer(serializers.Serializer):

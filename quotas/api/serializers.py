@@ -89,6 +89,7 @@ class ShareSerializer(serializers.ModelSerializer):
             "strategy",
             "borrow_limit",
             "in_share_preemption",
+            "min_runtime_s",
             "state",
             "usage",
             "created_at",
@@ -114,6 +115,14 @@ class ShareWriteSerializer(StrictSerializer):
     strategy = serializers.ChoiceField(choices=Strategy.choices, required=False)
     borrow_limit = serializers.IntegerField(min_value=-1, max_value=MAX_INT, required=False)
     in_share_preemption = serializers.BooleanField(required=False)
+    # Parsed here, held to its limit by the service (jobs.limits.MIN_RUNTIME: the form's and the CLI's
+    # words too).
+    min_runtime_s = serializers.IntegerField(
+        required=False,
+        help_text="Protection window (SEMANTICS rule 10): a job of this share runs at least this many "
+        "seconds after each start before any reclaim or in-share pre-emption may take it; 0 to "
+        "MAX_MIN_RUNTIME_S (86,400 by default).",
+    )
     state = serializers.ChoiceField(choices=ShareState.choices, required=False)
 
 

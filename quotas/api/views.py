@@ -4,13 +4,15 @@ the whole of it as one document (admins; a team manager its own team's part), pl
 versions and temporary changes (admins)."""
 
 from django.db.models import F, Prefetch
-from django.http import Http404
 from django.urls import reverse
 from django_filters import rest_framework as filters
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import exceptions, mixins, renderers, status, viewsets
+from rest_framework import mixins, renderers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from config.api import ApiSchema, ApiViewMixin, IsAdmin, IsAdminOrReadOnly
 from quotas import layout, layoutdoc, services, whatif
@@ -247,15 +249,6 @@ class LayoutViewSet(ApiViewMixin, viewsets.ViewSet):
     def get_permissions(self):
         return [IsAdmin()] if self.action == "plan" else super().get_permissions()
 
-    def perform_content_negotiation(self, request, force=False):
-        # DRF answers an unknown ?format= with a 404, as if the layout did not exist.
-        try:
-            return super().perform_content_negotiation(request, force)
-        except Http404:
-            if force:
-                raise
-            raise exceptions.NotAcceptable("format must be json or yaml.") from None
-
     @extend_schema(
         responses={
             (200, "application/json"): OpenApiResponse(
@@ -352,3 +345,53 @@ class TemporaryChangeViewSet(ApiViewMixin, viewsets.ReadOnlyModelViewSet):
     queryset = TemporaryChange.objects.select_related("share", "version", "revert_version").order_by(
         F("done_at").asc(nulls_first=True), "until", "id"
     )
+
+
+class UsageCSVRenderer(BaseRenderer):
+    """?format=csv: the usage figures one line per bucket and share (quotas.sharing.Report.csv); a
+    refusal as its plain messages."""
+
+    media_type = "text/csv"
+    format = "csv"
+    charset = "utf-8"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        if isinstance(data, str):
+            return data
+        return "".join(
+            f"{field}: {' '.join(map(str, msgs if isinstance(msgs, list) else [msgs]))}\n"
+            for field, msgs in (data or {}).items()
+        )
+
+
+class UsageView(ApiViewMixin, APIView):
+    """GPU-hours used, lent, borrowed and lost by cause per share and team over the last `days` days
+    (hourly buckets up to 2 days, else daily), what sharing gained (GPU-hours run on borrowed GPUs) and
+    what it cost the owners (their wait for reclaimed GPUs, p50/p95, by priority): the usage page's
+    numbers (quotas/sharing.py). Admins. `?format=csv` gives one line per bucket and share."""
+
+    schema = ApiSchema()
+    permission_classes = [IsAdmin]
+    renderer_classes = [JSONRenderer, UsageCSVRenderer]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("days", int, description="1 to 90 (default 7)."),
+            OpenApiParameter("share", str, description="Only this share."),
+            OpenApiParameter("format", str, description="csv: one line per bucket and share."),
+        ],
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    def get(self, request):
+        from quotas import sharing
+        from quotas.forms import UsageForm
+
+        form = UsageForm({k: v for k, v in request.query_params.items() if k in ("days", "share")})
+        if not form.is_valid():
+            return Response({f: list(e) for f, e in form.errors.items()}, status=status.HTTP_400_BAD_REQUEST)
+        share = form.cleaned_data["share"]
+        report = sharing.report(days=form.cleaned_data["days"], shares=[share] if share else None)
+        if request.accepted_renderer.format == "csv":
+            name = f"gpuquota-usage-{form.cleaned_data['days']}d{'-' + share if share else ''}.csv"
+            return Response(report.csv(), headers={"Content-Disposition": f'attachment; filename="{name}"'})
+        return Response(report.as_dict())

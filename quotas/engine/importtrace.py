@@ -33,8 +33,10 @@ each kind), never a traceback; the exit status is 2 when no job is left or the i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
+import os
 import random
 import re
 import sys
@@ -499,9 +501,9 @@ def _chain(first: str, rest: Iterable[str]) -> Iterable[str]:
 # -- CLI --------------------------------------------------------------------------------------------
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str = "python -m quotas.engine.importtrace") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m quotas.engine.importtrace",
+        prog=prog,
         description="Turn a job trace (ITP-shaped CSV or sacct --parsable2) into a simulator scenario.",
     )
     p.add_argument("trace", help="the trace file ('-' reads standard input)")
@@ -549,8 +551,10 @@ def options_from(args: argparse.Namespace, layout: Any = None) -> Options:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """The command line (also `manage.py import_trace`, which names itself `prog`). Exit code 2 with
+    a message for any input it cannot use, never a traceback."""
+    parser = _parser(prog) if prog else _parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -562,6 +566,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         problems.append("--checkpoint-every must be at least 1")
     if args.grace < 0 or args.min_runtime < 0 or args.starvation < 0:
         problems.append("--grace, --min-runtime and --starvation must be >= 0")
+    if args.top < 0:
+        problems.append("--top must be 0 (a share for every group) or more")
     layout = None
     if args.layout:
         try:
@@ -586,7 +592,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     text = json.dumps(scenario, indent=1) + "\n"
     if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
+        # Whole or not at all: a file that cannot be written is said, and no half of it is left.
+        out = Path(args.out)
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(out)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            print(f"error: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     else:
         sys.stdout.write(text)
     sys.stderr.write(report.text())

@@ -24,6 +24,7 @@ from quotas.engine import scenario as sc
 
 SimResult = Any  # quotas.engine.simulate.SimResult (not imported: the simulator's CLI reads this module)
 QUEUED = "QUEUED"  # a job's `final` while it waits (simulate.QUEUED)
+EARLY_S = 600  # "pre-empted within 10 minutes of its start": the thrash a protection window prevents
 
 SHARE_METRICS = (
     "gpu_hours_run",
@@ -188,12 +189,37 @@ def never_started(scenario: sc.Scenario, result: SimResult, *, limit: int = 20) 
     return lines
 
 
+def owner_waits(result: SimResult) -> list[int]:
+    """Owners' waits for reclaimed GPUs in a replay, sorted: over the attempts admitted on own capacity
+    whose admission needed GPUs back (a reclaim named the job, or it waited for protection), from the
+    first instant that needed them to the start (bench/bench_itp.py's definition; quotas/sharing.py
+    counts the same in production)."""
+    return sorted(
+        a.start - a.needed_reclaim_at
+        for job in result.jobs.values()
+        for a in job.attempts
+        if a.needed_reclaim_at is not None and a.reason == policy.ADMITTED_OWN
+    )
+
+
+def early_preemptions(result: SimResult) -> int:
+    """Attempts pre-empted within EARLY_S of their start: the thrash a protection window prevents."""
+    return sum(
+        1
+        for job in result.jobs.values()
+        for a in job.attempts
+        if a.preemption_reason is not None and a.end is not None and a.end - a.start < EARLY_S
+    )
+
+
 def summary(scenario: sc.Scenario, result: SimResult, window_s: float) -> dict[str, Any]:
-    """Everything the pages show of one replay, JSON-ready: per share, the cluster, never started."""
+    """Everything the pages show of one replay, JSON-ready: per share, the cluster (with the two sides
+    of a protection window: early pre-emptions and the owners' wait for reclaimed GPUs), never started."""
     per_share = shares(scenario, result, window_s)
     job_waits = waits(scenario, result)
     counted = sorted(w for w, _ in job_waits.values())
     lost = result.cluster.get("lost_gpu_seconds") or 0
+    owners = owner_waits(result)
     return {
         "shares": per_share,
         "cluster": {
@@ -201,7 +227,10 @@ def summary(scenario: sc.Scenario, result: SimResult, window_s: float) -> dict[s
             "wait_p50_s": nearest_rank(counted, 50),
             "wait_p95_s": nearest_rank(counted, 95),
             "preemptions": sum(r.preemptions for r in result.jobs.values()),
+            "early_preemptions": early_preemptions(result),
             "lost_gpu_hours": round(lost / 3600, 1),
+            "owner_wait_p50_s": nearest_rank(owners, 50),
+            "owner_wait_p95_s": nearest_rank(owners, 95),
             "never_started": sum(1 for _, started in job_waits.values() if not started),
             "refused": len(result.rejected),
         },

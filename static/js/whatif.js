@@ -9,6 +9,7 @@
     if (!area || !window.Plotly) return;
     var d = JSON.parse(el.querySelector('script[type="application/json"]').textContent);
     var x = d.values.map(String);
+    if (el.dataset.tradeoff === "protection") return drawProtection(el, area, d, x);
     Plotly.react(area, [
       { type: "bar", name: "p95 wait of " + d.share + " (s)", x: x, y: d.p95_wait_s,
         marker: { color: "#2f80ed" } },
@@ -24,6 +25,24 @@
       yaxis: { title: { text: "p95 wait of " + d.share + " (s)" }, rangemode: "tozero", tickformat: ",d" },
       yaxis2: { title: { text: "cluster utilisation (%)" }, overlaying: "y", side: "right", range: [0, 100],
                 tickmode: "linear", tick0: 0, dtick: 20, showgrid: false }
+    }, { displayModeBar: false, responsive: true });
+    el.dataset.drawn = "1";
+  }
+  /* A sweep of min_runtime_s: what a protection window saves (work thrown away by pre-emptions, bars)
+     against what it costs the owners (their p95 wait for reclaimed GPUs, the line). */
+  function drawProtection(el, area, d, x) {
+    Plotly.react(area, [
+      { type: "bar", name: "GPU-hours of work lost to pre-emption", x: x, y: d.lost_gpu_hours,
+        marker: { color: "#eb5757" } },
+      { type: "scatter", mode: "lines+markers", name: "owners' p95 wait for reclaimed GPUs (s)", x: x,
+        y: d.owner_wait_p95_s, yaxis: "y2", line: { color: "#2f80ed" } }
+    ], {
+      margin: { l: 60, r: 60, t: 10, b: 50 }, paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
+      font: { family: "system-ui, sans-serif", size: 12 }, legend: { orientation: "h" },
+      xaxis: { type: "category", title: { text: el.dataset.xTitle || "value" } },
+      yaxis: { title: { text: "GPU-hours lost" }, rangemode: "tozero" },
+      yaxis2: { title: { text: "owners' p95 wait (s)" }, overlaying: "y", side: "right", rangemode: "tozero",
+                showgrid: false }
     }, { displayModeBar: false, responsive: true });
     el.dataset.drawn = "1";
   }

@@ -23,3 +23,16 @@ def test_a_missing_object_is_said_in_plain_words(as_bob):
     response = as_bob.get("/api/v1/jobs/999999/")
     assert response.status_code == 404
     assert response.json() == {"detail": "No such job."}
+
+
+def test_an_unknown_format_is_a_406_that_names_the_formats_not_a_404(as_alice, vision_share):
+    """DRF's own answer to ?format=x is a 404, as if the list did not exist (the schema fuzz found it on
+    /api/v1/usage/): every API view says what it takes instead."""
+    for url, takes in [
+        ("/api/v1/jobs/", "format must be json."),
+        ("/api/v1/usage/", "format must be json or csv."),
+        ("/api/v1/layout/", "format must be json or yaml."),
+    ]:
+        r = as_alice.get(url, {"format": "A"})
+        assert (r.status_code, r.json()["detail"]) == (406, takes), url
+        assert as_alice.get(url).status_code == 200, url

@@ -54,6 +54,7 @@ def test_the_layout_reads_as_json_and_as_yaml_with_comments(as_alice, world):
         "strategy": "LEND_AND_BORROW",
         "borrow_limit": -1,
         "in_share_preemption": False,
+        "min_runtime_s": 0,
         "state": "ENABLED",
     }
     text = export(as_alice)
@@ -80,7 +81,10 @@ def test_export_edit_plan_apply_export_gives_the_edited_file(as_alice, world):
         .replace("      - {user: bob, role: member}", "      - {user: bob, role: manager}")
     )
     edited += '  - name: vision-batch\n    team: vision\n    description: "batch: nights"\n    capacity: {a10g: 1}\n'
-    edited += "    strategy: LEND\n    borrow_limit: -1\n    in_share_preemption: true\n    state: ENABLED\n"
+    edited += (
+        "    strategy: LEND\n    borrow_limit: -1\n    in_share_preemption: true\n    min_runtime_s: 600\n"
+    )
+    edited += "    state: ENABLED\n"
     assert edited != text
     r = plan(as_alice, edited)
     assert r.status_code == 201, r.json()

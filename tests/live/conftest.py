@@ -47,6 +47,9 @@ class LiveCluster:
     def __init__(self, tmp: Path, **env: str):
         self.tmp = tmp
         self.procs: dict[str, subprocess.Popen] = {}
+        # The agents' state of earlier tests (their outboxes above all: reports about attempt ids that
+        # this test's fresh database hands out again) must not reach this test's control side.
+        shutil.rmtree(Path(settings.VAR_DIR) / "agent", ignore_errors=True)
         # The jobs' directories must be reachable by their uids (a root agent): not under pytest's 0700 tmp.
         self.jobs = Path(tempfile.mkdtemp(prefix="gpuquota-live-", dir="/var/tmp"))
         self.jobs.chmod(0o711)

@@ -309,17 +309,30 @@ def test_the_diff_is_share_by_share_and_field_by_field():
 
 
 def test_a_new_share_setting_is_one_line_of_the_field_table(monkeypatch):
-    """min_runtime_s (SEMANTICS) once it exists: one Field, and the document reads, writes and diffs it."""
-    field = layoutdoc.Field("min_runtime_s", 0, layoutdoc._whole(0, "seconds, 0 or more"))
+    """A share setting added later (here a made-up `max_jobs`): one Field, and the document reads, writes
+    and diffs it (min_runtime_s came so)."""
+    field = layoutdoc.Field("max_jobs", 0, layoutdoc._whole(0, "a count, 0 or more"))
     monkeypatch.setattr(layoutdoc, "SHARE_FIELDS", (*layoutdoc.SHARE_FIELDS, field))
     monkeypatch.setattr(layoutdoc, "FIELDS_BY_NAME", {f.name: f for f in layoutdoc.SHARE_FIELDS})
-    monkeypatch.setattr(layoutdoc, "SHARE_KEYS", (*layoutdoc.SHARE_KEYS, "min_runtime_s"))
+    monkeypatch.setattr(layoutdoc, "SHARE_KEYS", (*layoutdoc.SHARE_KEYS, "max_jobs"))
+    current, _ = parsed()
+    assert current.shares["vision-main"].values["max_jobs"] == 0
+    target, errors = parsed(DOC.replace("capacity: {a10g: 2}", "capacity: {a10g: 2}\n    max_jobs: 600"))
+    assert not errors
+    [change] = layoutdoc.diff(current, target)
+    assert change["fields"] == [{"field": "max_jobs", "before": 0, "after": 600}]
+    assert "max_jobs: 600" in layoutdoc.render_yaml(target.to_data())
+    bad = problems(DOC.replace("capacity: {a10g: 2}", "capacity: {a10g: 2}\n    max_jobs: -1"))
+    assert bad == {"shares[1].max_jobs": ["must be a count, 0 or more (got -1)"]}
+
+
+def test_a_shares_protection_window_is_in_the_document():
+    """min_runtime_s (SEMANTICS rule 10) is a field of the document, checked against MAX_MIN_RUNTIME_S."""
     current, _ = parsed()
     assert current.shares["vision-main"].values["min_runtime_s"] == 0
     target, errors = parsed(DOC.replace("capacity: {a10g: 2}", "capacity: {a10g: 2}\n    min_runtime_s: 600"))
     assert not errors
     [change] = layoutdoc.diff(current, target)
     assert change["fields"] == [{"field": "min_runtime_s", "before": 0, "after": 600}]
-    assert "min_runtime_s: 600" in layoutdoc.render_yaml(target.to_data())
-    bad = problems(DOC.replace("capacity: {a10g: 2}", "capacity: {a10g: 2}\n    min_runtime_s: -1"))
-    assert bad == {"shares[1].min_runtime_s": ["must be seconds, 0 or more (got -1)"]}
+    bad = problems(DOC.replace("capacity: {a10g: 2}", "capacity: {a10g: 2}\n    min_runtime_s: 86401"))
+    assert bad == {"shares[1].min_runtime_s": ["must be 0 to 86,400 seconds, MAX_MIN_RUNTIME_S (got 86401)"]}

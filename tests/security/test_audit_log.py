@@ -119,6 +119,7 @@ def test_the_django_admin_records_changes_with_inlines(world, client):
         "description": "changed in the admin",
         "strategy": "LEND",
         "borrow_limit": "-1",
+        "min_runtime_s": "0",
         "state": "ENABLED",
         "capacities-TOTAL_FORMS": "1",
         "capacities-INITIAL_FORMS": "1",

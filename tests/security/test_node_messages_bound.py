@@ -19,6 +19,7 @@ from tests.security.signing_helpers import body, envelope, make_keys, serializer
 HEARTBEAT = "gpunodes.tasks.node_heartbeat"
 STARTED = "jobs.tasks.attempt_started"
 FINISHED = "jobs.tasks.attempt_finished"
+CHECKPOINT = "jobs.tasks.attempt_checkpoint"
 LOG = "jobs.tasks.attempt_log"
 START = "gpunodes.agent.tasks.start_attempt"
 
@@ -56,6 +57,13 @@ def test_a_heartbeat_naming_another_node_in_positional_args_is_refused(keys, con
 def test_positional_args_are_refused_even_with_the_senders_own_name(keys, control):
     with pytest.raises(SecurityError, match="positional"):
         control.deserialize(sent_by(keys, "gpu-1", body(STARTED, 1, 1, node="gpu-1")))
+
+
+def test_a_checkpoint_report_about_another_node_is_refused(keys, control):
+    """gpu-1 may not move the safe point of an attempt by speaking as pend."""
+    forged = body(CHECKPOINT, attempt_id=1, number=1, node="pend", at=1.5e9, count=1)
+    with pytest.raises(SecurityError, match="speaks for"):
+        control.deserialize(sent_by(keys, "gpu-1", forged))
 
 
 def test_a_heartbeat_speaks_for_its_name_not_its_node_keyword(keys, control):
@@ -135,6 +143,11 @@ def test_a_never_accepted_key_is_refused(keys, control):
         (STARTED, {"attempt_id": 1, "number": 1, "node": "gpu-1"}),
         (FINISHED, {"attempt_id": 1, "number": 1, "node": "gpu-1", "how": "gpu_failed", "exit_code": -9}),
         (FINISHED, {"attempt_id": 1, "number": 1, "node": "gpu-1", "how": "exited", "exit_code": 0}),
+        (
+            FINISHED,
+            {"attempt_id": 1, "number": 1, "node": "gpu-1", "how": "stopped", "checkpoint_at": 1.5e9},
+        ),
+        (CHECKPOINT, {"attempt_id": 1, "number": 1, "node": "gpu-1", "at": 1.5e9, "count": 3}),
         (LOG, {"attempt_id": 1, "number": 1, "node": "gpu-1", "offset": 0, "text": "hello\n"}),
     ],
 )

@@ -84,6 +84,8 @@ MATRIX = [
     ("arrays-cancel", "post", "/arrays/{array}/cancel/", None, expect(200, 200, 200, 404)),
     # queue
     ("queue", "get", "/queue/", None, READ_ALL),
+    # usage, lost work and what sharing cost: admins only
+    ("usage", "get", "/usage/", None, ADMIN_ONLY_READ),
     # audit log: admins only, read-only
     ("audit-list", "get", "/audit/", None, ADMIN_ONLY_READ),
     ("audit-retrieve", "get", "/audit/{audit}/", None, ADMIN_ONLY_READ),

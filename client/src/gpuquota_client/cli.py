@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 OPEN_STATES = ("QUEUED", "HELD", "ADMITTED", "RUNNING", "PREEMPTING", "CANCELLING")
 
 DURATION_RE = r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?$"
+# What the agent watches for in a job's checkpoint directory (gpunodes/agent/checkpoints.py MARKER).
+CHECKPOINT_MARKER = ".gpuquota-checkpoint"
 
 
 def _usage_error(message: str) -> Exception:
@@ -221,6 +223,17 @@ def job_line(job: dict) -> str:
     return text
 
 
+def lost_text(attempt: dict) -> str | None:
+    """The work an ended attempt threw away: '2 GPUs x 45s (reclaim)'; 'none' for one that lost nothing."""
+    if attempt.get("gpu_seconds_run") is None:
+        return None  # still running (or a server before lost work was counted)
+    cause = attempt.get("lost_cause")
+    if not cause:
+        return "none"
+    gpus = sum(len(p["gpus"]) for p in attempt["placement"]) or 1
+    return f"{gpus} GPU{'s' if gpus != 1 else ''} x {human_seconds(attempt['gpu_seconds_lost'] / gpus)} ({cause})"
+
+
 def eta_text(job: dict) -> str:
     """The stored forecast in words: when (never a time in the past), what it rests on, its age."""
     kind = job.get("eta_kind")
@@ -294,6 +307,12 @@ def cmd_logout(args, out) -> int:
     return 0
 
 
+def protection_text(share: dict) -> str:
+    """A share's protection window (min_runtime_s) in words; '-' for none (or a server without it)."""
+    seconds = share.get("min_runtime_s") or 0
+    return human_seconds(seconds) if seconds else "-"
+
+
 def cmd_shares(args, out) -> int:
     action = getattr(args, "shares_command", None)
     if action is not None:
@@ -309,12 +328,70 @@ def cmd_shares(args, out) -> int:
             s["strategy"],
             s["state"],
             capacity_text(s["capacity"]),
+            protection_text(s),
             usage_text(s),
             queued_text(s),
         )
         for s in shares
     ]
-    out(table(rows, ["SHARE", "TEAM", "STRATEGY", "STATE", "CAPACITY", "IN USE (OWN/CAP)", "QUEUED"]))
+    headers = ["SHARE", "TEAM", "STRATEGY", "STATE", "CAPACITY", "PROTECTED", "IN USE (OWN/CAP)", "QUEUED"]
+    out(table(rows, headers))
+    return 0
+
+
+SHARE_NAME_RE = r"^[a-z0-9-]{1,63}$"
+
+
+def cmd_min_runtime(args, out) -> int:
+    """Set a share's protection window (admins): its jobs run at least this long after each start
+    before a reclaim or an in-share pre-emption may take them. Checked before anything is sent."""
+    import re
+
+    from gpuquota_client import limits
+
+    if not re.match(SHARE_NAME_RE, args.share):
+        raise UsageError(f"{args.share!r} is not a share name (`gpuquota shares` lists them)")
+    problem = limits.problem(args.settings().get("limits"), "min_runtime_s", args.duration)
+    if problem:
+        raise UsageError(f"DURATION: {problem}")
+    share = args.client().set_share(args.share, min_runtime_s=args.duration)
+    if args.json:
+        out(share)
+    elif share["min_runtime_s"]:
+        out(
+            f"Share {share['name']}: each job runs at least {human_seconds(share['min_runtime_s'])} after a "
+            "start before a pre-emption may take it (owners may wait that long for its GPUs)."
+        )
+    else:
+        out(f"Share {share['name']}: its jobs are not protected (any pre-emption may take them).")
+    return 0
+
+
+def cmd_checkpoint(args, out) -> int:
+    """Inside a job: say that its checkpoint is whole now. Writes the marker the agent watches for in
+    $GPUQUOTA_CHECKPOINT_DIR (under another name, then renamed into place, so it is never seen half
+    written); once the marker is there, only the marker counts for the job. No server, no token."""
+    import time
+
+    directory = args.dir or os.environ.get("GPUQUOTA_CHECKPOINT_DIR")
+    if not directory:
+        raise UsageError("not inside a gpuquota job: $GPUQUOTA_CHECKPOINT_DIR is not set (or give --dir)")
+    if not os.path.isdir(directory):
+        raise UsageError(f"{directory}: no such directory")
+    now = time.time()
+    tmp = os.path.join(directory, f"{CHECKPOINT_MARKER}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(f"{now:.3f}\n")
+        os.utime(tmp, (now, now))
+        os.replace(tmp, os.path.join(directory, CHECKPOINT_MARKER))
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise UsageError(f"cannot write the checkpoint marker in {directory}: {e.strerror}") from None
+    out({"checkpoint_at": now, "dir": directory} if args.json else f"Checkpoint noted in {directory}")
     return 0
 
 
@@ -696,6 +773,7 @@ def cmd_status(args, out) -> int:
         ("max runtime", human_seconds(job["max_runtime_s"]) if job["max_runtime_s"] else None),
         ("attempts", job["attempt_count"]),
         ("pre-emptions", job["preemption_count"]),
+        ("last checkpoint", when(job.get("last_checkpoint_at")) or "none reported"),
         ("exit code", job["exit_code"]),
         ("reason", job["state_reason"] or None),
     ]
@@ -713,10 +791,11 @@ def cmd_status(args, out) -> int:
                         "borrowed" if a["borrowed"] else "own",
                         when(a["started_at"]),
                         when(a["ended_at"]),
+                        lost_text(a),
                     )
                     for a in job["attempts"]
                 ],
-                ["ATTEMPT", "STATE", "OUTCOME", "GPUS", "CAPACITY", "STARTED", "ENDED"],
+                ["ATTEMPT", "STATE", "OUTCOME", "GPUS", "CAPACITY", "STARTED", "ENDED", "WORK LOST"],
             ),
         ]
     if job["events"]:
@@ -962,6 +1041,17 @@ def _shares(p) -> None:
     history.add_argument("--limit", type=parse_count, default=20, metavar="N", help="the last N versions")
 
 
+def _min_runtime(p) -> None:
+    p.add_argument("share")
+    p.add_argument(
+        "duration", type=parse_grace, metavar="DURATION", help="e.g. 10m, 1h, 600; 0 for no protection"
+    )
+
+
+def _checkpoint(p) -> None:
+    p.add_argument("--dir", help="the checkpoint directory (default: $GPUQUOTA_CHECKPOINT_DIR)")
+
+
 # Each command: its help line, what adds its arguments, what runs it (in the order --help lists them).
 COMMANDS = {
     "login": ("log in and store the token", _login, "cmd_login"),
@@ -970,6 +1060,12 @@ COMMANDS = {
         "shares with capacity and usage; `shares export|plan|apply|history`: the layout as one file",
         _shares,
         "cmd_shares",
+    ),
+    "min-runtime": (
+        "set a share's protection window: its jobs run this long after a start before a pre-emption may "
+        "take them (admins)",
+        _min_runtime,
+        "cmd_min_runtime",
     ),
     "nodes": ("GPU hosts", _nothing, "cmd_nodes"),
     "submit": (
@@ -998,6 +1094,11 @@ COMMANDS = {
     ),
     "logs": ("a job's output", _logs, "cmd_logs"),
     "wait": ("wait for a job or an array to finish (exit 0 if all succeeded)", _wait, "cmd_wait"),
+    "checkpoint": (
+        "inside a job: say that its checkpoint is saved now (no login needed)",
+        _checkpoint,
+        "cmd_checkpoint",
+    ),
 }
 
 

@@ -354,6 +354,10 @@ class Client:
     def share(self, name: str) -> dict:
         return self.request("GET", f"shares/{name}/")
 
+    def set_share(self, name: str, **fields: Any) -> dict:
+        """PATCH a share's settings (admins): e.g. min_runtime_s=600."""
+        return self.request("PATCH", f"shares/{name}/", json=fields)
+
     def nodes(self) -> list[dict]:
         return self._all("nodes/")
 

@@ -21,6 +21,12 @@ DEFAULTS: dict[str, dict] = {
         "message": "The grace period is 0 to 3,600 seconds (MAX_PREEMPTION_GRACE_S): the time a pre-empted "
         "or cancelled job has between SIGTERM and SIGKILL.",
     },
+    "min_runtime_s": {
+        "min": 0,
+        "max": 86400,
+        "message": "min_runtime_s is 0 to 86,400 seconds (MAX_MIN_RUNTIME_S): how long a share's jobs run "
+        "before a pre-emption may take them.",
+    },
     "array": {
         "min": 1,
         "max": 10000,
