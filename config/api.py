@@ -18,6 +18,7 @@ from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import exceptions, permissions, serializers, status
 from rest_framework.parsers import JSONParser
+from rest_framework.settings import api_settings
 
 from jobs.services import Conflict
 
@@ -99,10 +100,11 @@ class ApiViewMixin:
 
     def perform_content_negotiation(self, request, force=False):
         # DRF answers an unknown ?format= with a 404, as if the resource did not exist: say what it takes.
+        # (A format suffix in the path, `/jobs/0.5/`, names no resource: that stays a 404.)
         try:
             return super().perform_content_negotiation(request, force)
         except Http404:
-            if force:
+            if force or self.kwargs.get(api_settings.FORMAT_SUFFIX_KWARG):
                 raise
             formats = list(dict.fromkeys(r.format for r in self.get_renderers() if r.format != "api"))
             raise exceptions.NotAcceptable(f"format must be {' or '.join(formats)}.") from None

@@ -36,3 +36,7 @@ def test_an_unknown_format_is_a_406_that_names_the_formats_not_a_404(as_alice, v
         r = as_alice.get(url, {"format": "A"})
         assert (r.status_code, r.json()["detail"]) == (406, takes), url
         assert as_alice.get(url).status_code == 200, url
+
+
+def test_a_format_suffix_in_the_path_names_no_resource_and_stays_a_404(as_alice):
+    assert as_alice.patch("/api/v1/arrays/0.5/", {"priority": 0}, format="json").status_code == 404
