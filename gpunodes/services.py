@@ -503,6 +503,36 @@ def apply_gpu_health(node: Node, faults: dict[int, GpuFault], rechecked: dict[in
     return ended
 
 
+def gpu_faults_reported(node_name: str, faults) -> list[int]:
+    """An end report says its attempt was killed because these GPUs of `node_name` failed: they leave
+    capacity now (as the heartbeat naming them would do), before the attempt ends and its job is
+    re-queued, so that the next pass never places it on them again. The report and the heartbeat
+    travel apart and either may be taken first; whichever comes second finds the GPU UNHEALTHY already.
+    A list that is not well formed, or names no GPU of the node's inventory, is ignored (logged): the
+    heartbeat still carries the faults. Returns the attempts ended (this one among them)."""
+    with transaction.atomic():
+        node = Node.objects.select_for_update().filter(name=node_name).first()
+        if node is None or not isinstance(faults, list):
+            return []
+        held = list(node.gpus.all())
+        try:
+            parsed, _ = parse_gpu_health(faults, None, [GpuInfo(g.index, g.uuid) for g in held])
+        except Malformed as e:
+            log.warning("ignoring the GPU faults of an end report of %s: %s", node_name, e)
+            return []
+        now = timezone.now()
+        # Only a HEALTHY GPU changes here: one being re-checked (CHECKING) waits for the heartbeat's answer.
+        broken = [(g, parsed[g.index]) for g in held if g.health == GpuHealth.HEALTHY and g.index in parsed]
+        for gpu, fault in broken:
+            _gpu_unhealthy(node, gpu, fault, now)
+        if not broken:
+            return []
+        from quotas.triggers import request_pass
+
+        transaction.on_commit(lambda: request_pass("GPU health changed"))
+        return fail_attempts_on(node, broken)
+
+
 def fail_attempts_on(node: Node, broken: list[tuple[Gpu, GpuFault]]) -> list[int]:
     """End the live attempts holding these broken GPUs as GPU_FAILED (their jobs are re-queued), and
     tell every host of each to stop it (a gang's other ranks too). Returns the attempts ended."""

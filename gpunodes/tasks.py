@@ -186,6 +186,9 @@ def apply_reports(node: str, reports: list[dict]) -> tuple[list[int], list[list[
                     detail=str(kwargs.get("detail", "")),
                     checkpoint_at=_number(checkpoint_at) if checkpoint_at is not None else None,
                     checkpoints=count if type(count) is int else 0,
+                    gpu_faults=kwargs.get("gpu_faults")
+                    if isinstance(kwargs.get("gpu_faults"), list)
+                    else None,
                 )
                 live.discard((attempt_id, number))  # ended (or refused): a later copy is moot
         entry_id = r.get("id") if isinstance(r, dict) else None

@@ -62,9 +62,12 @@ def attempt_finished(
     detail: str = "",
     checkpoint_at: float | None = None,
     checkpoints: int = 0,
+    gpu_faults: list | None = None,
 ) -> bool:
     """`checkpoint_at`, `checkpoints`: the attempt's latest checkpoint as its host saw it by the end (one
-    saved when told to stop included), applied before the end so that the work lost counts from it."""
+    saved when told to stop included), applied before the end so that the work lost counts from it.
+    `gpu_faults`: with how="gpu_failed", the faults that killed it (as a heartbeat's `unhealthy` lists
+    them): those GPUs leave capacity before the job is re-queued (gpunodes.services.gpu_faults_reported)."""
     attempt = Attempt.objects.filter(pk=attempt_id, number=number).first()
     if attempt is None or attempt.state == AttemptState.ENDED:
         return False
@@ -72,6 +75,11 @@ def attempt_finished(
         return False
     if checkpoint_at is not None:
         lifecycle.record_checkpoint(attempt_id, number, node=node, at=checkpoint_at, count=checkpoints)
+    if how == "gpu_failed" and gpu_faults:
+        from gpunodes.services import gpu_faults_reported
+
+        if attempt_id in gpu_faults_reported(node, gpu_faults):
+            return True  # ended there, GPU_FAILED with the fault's words
     if how == "exited":
         outcome = Outcome.SUCCEEDED if exit_code == 0 else Outcome.FAILED
     else:

@@ -72,7 +72,13 @@ LOG = "jobs.tasks.attempt_log"
 # also keeps the job id and `log_ranges`, the byte ranges of the log that were shipped (the control side
 # asks for the gaps it finds: reship_log).
 REPORT_FIELDS = frozenset({"attempt_id", "number", "node", "how", "exit_code", "detail"}) | frozenset(
-    {"checkpoint_at", "checkpoints", "at", "count"}  # an end's last checkpoint; a checkpoint's report
+    {
+        "checkpoint_at",
+        "checkpoints",
+        "at",
+        "count",
+        "gpu_faults",
+    }  # an end's checkpoint and fault; a checkpoint's report
 )
 # A start that fails with these lacks something of the host's (processes, memory, descriptors, disk),
 # not of the job's: it is refused, and the job re-queued.
@@ -188,6 +194,7 @@ class Proc:
     deadline: float | None  # monotonic; max_runtime_s enforcement
     stop_how: str | None = None  # "stopped" (asked to), "timed_out" or "gpu_failed"
     stop_detail: str = ""  # the end's reason in words, where the control side cannot tell it (shutdown)
+    gpu_fault: dict | None = None  # the fault that killed it (its end report carries it: see gpu_failed)
     kill_at: float | None = None
     log_sent: int = 0
     sink: LogSink | None = field(default=None, repr=False)
@@ -587,6 +594,7 @@ class Runner:
             if proc.stop_how is None:
                 proc.stop_how = "gpu_failed"
                 proc.stop_detail = f"GPU {index} of {self.node} failed: {fault.detail}"
+                proc.gpu_fault = fault.as_message(index)
             log.error("killing attempt %s/%s: its GPU %d failed", proc.attempt_id, proc.number, index)
             self._kill(proc)
             killed.append((proc.attempt_id, proc.number))
@@ -785,6 +793,10 @@ class Runner:
             end.update(checkpoint_at=round(checkpoint_at, 3), checkpoints=checkpoints)
         if proc.stop_detail:
             end["detail"] = proc.stop_detail
+        if how == "gpu_failed" and proc.gpu_fault is not None:
+            # The fault rides with the end: the control side takes the GPU out before it re-queues the
+            # job, whichever of this report and the heartbeat naming the fault it hears first.
+            end["gpu_faults"] = [proc.gpu_fault]
         if oom and how == "exited":
             end["detail"] = (
                 "out of memory: the kernel killed its processes (the attempt's memory limit is "

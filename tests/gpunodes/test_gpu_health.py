@@ -121,6 +121,53 @@ def test_the_agents_own_end_report_is_gpu_failed_too_and_a_repeat_changes_nothin
     assert Job.objects.get(pk=broken.job_id).events.filter(kind=EventKind.GPU_FAILED).count() == 1
 
 
+def test_an_end_report_naming_the_fault_takes_the_gpu_out_before_the_job_is_requeued(
+    two_running, django_capture_on_commit_callbacks
+):
+    # The agent's end report can be taken before its heartbeat naming the fault: the GPU must be out of
+    # capacity by the time the re-queued job is seen by a pass, or it is placed on the broken GPU again.
+    broken, other = two_running
+    with django_capture_on_commit_callbacks(execute=True):
+        assert attempt_finished(
+            attempt_id=broken.pk,
+            number=1,
+            node="node-1",
+            how="gpu_failed",
+            exit_code=-9,
+            detail="GPU 2 of node-1 failed: critical Xid 79 (GPU has fallen off the bus)",
+            gpu_faults=[{**XID_79, "at": time.time()}],
+        )
+    broken.refresh_from_db()
+    assert broken.outcome == Outcome.GPU_FAILED and "critical Xid 79" in broken.end_reason
+    assert (gpu(2).health, gpu(2).health_reason) == (GpuHealth.UNHEALTHY, "xid")
+    assert GpuFailure.objects.get().index == 2
+    assert Job.objects.get(pk=broken.job_id).state == JobState.QUEUED
+    scheduler.run_pass("test")
+    assert not GpuClaim.objects.filter(gpu=gpu(2)).exists()  # placed elsewhere, or waiting: never on GPU 2
+    beat(unhealthy=[XID_79], running=[(other.pk, 1)])  # the heartbeat after it changes nothing
+    assert GpuFailure.objects.count() == 1
+    assert Job.objects.get(pk=broken.job_id).events.filter(kind=EventKind.GPU_FAILED).count() == 1
+
+
+@pytest.mark.parametrize(
+    "faults",
+    [
+        [{"index": 9, "reason": "xid", "detail": "no such GPU", "at": 1.0}],
+        [{"index": 2, "reason": "made-up", "detail": "x", "at": 1.0}],
+        [{"index": 2, "reason": "xid", "detail": "x", "at": 1.0, "extra": 1}],
+        ["not a fault"],
+    ],
+    ids=["unknown-index", "unknown-reason", "extra-field", "not-a-dict"],
+)
+def test_an_end_report_with_malformed_faults_still_ends_the_attempt_and_leaves_the_gpus(two_running, faults):
+    broken, _ = two_running
+    assert attempt_finished(
+        attempt_id=broken.pk, number=1, node="node-1", how="gpu_failed", exit_code=-9, gpu_faults=faults
+    )
+    assert Attempt.objects.get(pk=broken.pk).outcome == Outcome.GPU_FAILED
+    assert not Gpu.objects.exclude(health=GpuHealth.HEALTHY).exists() and not GpuFailure.objects.exists()
+
+
 def test_a_gpu_failure_counts_neither_as_a_preemption_nor_towards_held(settings, bob, vision_share, nodes):
     settings.HOLD_AFTER_NODE_LOST = 2
     job = submit(bob, vision_share, max_preemptions=0)

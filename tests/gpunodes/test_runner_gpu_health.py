@@ -55,6 +55,9 @@ def test_the_attempt_on_a_broken_gpu_is_killed_and_ends_gpu_failed(setup):
     [end] = finished(runner, reports, 1)
     assert (end["attempt_id"], end["how"]) == (1, "gpu_failed")
     assert end["detail"].startswith("GPU 3 of n1 failed: critical Xid 79")
+    # The fault rides with the end: the control side takes GPU 3 out before it re-queues the job.
+    [fault] = end["gpu_faults"]
+    assert (fault["index"], fault["reason"], set(fault)) == (3, "xid", {"index", "reason", "detail", "at"})
     assert runner.running() == [(2, 1)]
 
 
