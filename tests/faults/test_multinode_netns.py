@@ -158,8 +158,17 @@ def test_a_two_node_gang_meets_by_the_variables_alone_and_resumes_after_a_preemp
     )
     first.refresh_from_db()
     assert first.outcome == Outcome.PREEMPTED, first.end_reason
-    stopped = lines(first, r"stopping at step (\d+) \(SIGTERM\), checkpoint saved")
-    assert set(stopped) == set(NODES), {n: output(first, n)[-300:] for n in NODES}
+    # The attempt ends with its first rank's end; the other rank's last lines are shipped when its own
+    # process has ended (its grace), a moment later.
+    stop_line = r"stopping at step (\d+) \(SIGTERM\), checkpoint saved"
+    wait_for(
+        lambda: set(lines(first, stop_line)) == set(NODES),
+        30,
+        what="both ranks' 'stopping at step' lines",
+        jobs=[job],
+        saw=lambda: {n: output(first, n)[-300:] for n in NODES},
+    )
+    stopped = lines(first, stop_line)
     [stop_step] = {int(m.group(1)) for m in stopped.values()}  # the same step on both ranks
     assert Job.objects.get(pk=job.pk).events.filter(kind=EventKind.PREEMPTED).exists()
 

@@ -183,10 +183,11 @@ class LiveCluster:
         )
 
 
-def wait_for(predicate, timeout: float = 30, every: float = 0.1, what: str = "condition", jobs=()):
+def wait_for(predicate, timeout: float = 30, every: float = 0.1, what: str = "condition", jobs=(), saw=None):
     """Wait until `predicate()` is true. Giving up, say what it waited for and, for each of `jobs`,
     what it saw: the job's state and reason, its attempts and its last events, so that a CI excerpt
-    shows the cause (a job that could not start says why there, not only "timed out")."""
+    shows the cause (a job that could not start says why there, not only "timed out"); `saw`, a
+    callable, adds what else the test looked at."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         value = predicate()
@@ -194,6 +195,8 @@ def wait_for(predicate, timeout: float = 30, every: float = 0.1, what: str = "co
             return value
         time.sleep(every)
     seen = "".join(f"\n  {job_story(job)}" for job in jobs)
+    if saw is not None:
+        seen += f"\n  saw: {saw()!r}"
     raise AssertionError(f"timed out after {timeout}s waiting for {what}{seen}")
 
 
