@@ -28,11 +28,38 @@ import logging
 
 import redis
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual as kombu_virtual
 
 log = logging.getLogger(__name__)
 
 
+# What an ack or a restore meets while Redis is away (down, restarting, the socket closed under it).
+OUTAGE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
 class QoS(kombu_redis.QoS):
+    """An acknowledgement that cannot reach Redis still frees its prefetch slot here (and then fails,
+    so the consumer logs it). kombu's keeps the message counted as delivered: when every slot of a
+    worker was taken by a task that ended while Redis was away (an agent with 4 starts at a Redis
+    restart), it never asked Redis for another message, so never saw that the connection had gone,
+    and took no start again (the fault test "Redis restarted mid-burst": agents alive, heartbeating,
+    their starts re-sent every second for minutes). Its entry in the unacked index, if Redis kept it,
+    is restored after the visibility timeout, as after any lost ack; a repeated start is refused."""
+
+    def ack(self, delivery_tag):
+        try:
+            super().ack(delivery_tag)
+        except OUTAGE:
+            kombu_virtual.QoS.ack(self, delivery_tag)
+            raise
+
+    def reject(self, delivery_tag, requeue=False):
+        try:
+            super().reject(delivery_tag, requeue=requeue)
+        except OUTAGE:
+            kombu_virtual.QoS.ack(self, delivery_tag)
+            raise
+
     def restore_by_tag(self, tag, client=None, leftmost=False):
         # An entry this consumer's Redis user may not push back where it names (planted in its own keys:
         # nothing it took says so) would stop every start of its worker: dropped, with a log line.
