@@ -34,6 +34,8 @@ from pathlib import Path
 
 # How many entries one heartbeat carries, oldest first (a backlog drains a batch per heartbeat).
 BATCH = 200
+# How long the attempts over on this host are remembered across agent restarts.
+OVER_KEEP_S = 7 * 86400
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,12 @@ class Outbox:
             " name TEXT NOT NULL, kwargs TEXT NOT NULL, created REAL NOT NULL)"
         )
         self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        # The attempts that are over on this host (ended here, or told to stop before their start came):
+        # a start of one of them that arrives after a restart of the agent is stale, and never runs.
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS over (attempt_id INTEGER NOT NULL, number INTEGER NOT NULL,"
+            " kind TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (attempt_id, number))"
+        )
         self._db.execute(
             "INSERT OR IGNORE INTO meta (key, value) VALUES ('epoch', ?)", (uuid.uuid4().hex[:16],)
         )
@@ -129,6 +137,26 @@ class Outbox:
         with self._lock:
             cur = self._db.executemany("DELETE FROM outbox WHERE id = ?", [(i,) for i in ids])
             return cur.rowcount
+
+    def mark_over(self, key: tuple[int, int], kind: str) -> None:
+        """Remember on disk that attempt `key` is over here: "finished" (it ended, or its start was
+        refused) or "tombstone" (stopped before its start came)."""
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO over (attempt_id, number, kind, at) VALUES (?, ?, ?, ?)",
+                (int(key[0]), int(key[1]), kind, time.time()),
+            )
+
+    def over(self, keep_s: float = OVER_KEEP_S) -> dict[str, set[tuple[int, int]]]:
+        """{kind: keys} of the attempts over here in the last `keep_s` seconds (older ones are
+        forgotten: a start that old is refused as stale anyway, or its attempt long settled)."""
+        with self._lock:
+            self._db.execute("DELETE FROM over WHERE at < ?", (time.time() - keep_s,))
+            rows = self._db.execute("SELECT attempt_id, number, kind FROM over").fetchall()
+        out: dict[str, set[tuple[int, int]]] = {"finished": set(), "tombstone": set()}
+        for a, n, kind in rows:
+            out.setdefault(kind, set()).add((a, n))
+        return out
 
     def __len__(self) -> int:
         with self._lock:

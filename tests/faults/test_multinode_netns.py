@@ -184,8 +184,15 @@ def test_a_two_node_gang_meets_by_the_variables_alone_and_resumes_after_a_preemp
     assert {(m.group(2), int(m.group(3))) for m in met2.values()} == {(link.a_addr, second.rendezvous_port)}
     resumed = lines(second, r"resumed from step (\d+)")
     assert {n: int(m.group(1)) for n, m in resumed.items()} == dict.fromkeys(NODES, stop_step)
-    done = lines(second, r"done: (\d+) steps, every parameter (\d+) as expected")
-    assert set(done) == set(NODES)
+    # As above: the job is over with its first rank's end; the other's last line comes a moment later.
+    done_line = r"done: (\d+) steps, every parameter (\d+) as expected"
+    wait_for(
+        lambda: set(lines(second, done_line)) == set(NODES),
+        30,
+        what="both ranks' 'done' lines",
+        jobs=[job],
+        saw=lambda: {n: output(second, n)[-300:] for n in NODES},
+    )
     assert Job.objects.get(pk=urgent.pk).state == JobState.SUCCEEDED
     print(
         f"\n2-node gang over {link.a_addr} <-> {link.b_addr}: attempt 1 port {first.rendezvous_port}, "
