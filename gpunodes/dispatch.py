@@ -9,6 +9,7 @@ the broker; without signing (the embedded file broker, one user) it travels as i
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
 from config.celery import app, node_queue
 
@@ -68,6 +69,7 @@ def start_payloads(
     grace_s,
     rendezvous_port: int | None = None,
     addresses: dict[str, str | None] | None = None,
+    admitted_at: datetime | None = None,
 ) -> list[dict]:
     """The start messages of one attempt ({"node", "payload"}, one per node of its placement, with its
     rank in the gang and the same rendezvous for all: rank 0's address, the attempt's port): what the
@@ -92,10 +94,17 @@ def start_payloads(
                 "rank": rank,
                 "world": world,
                 "rendezvous": meet,
+                # Tells this attempt from another of the same id (a database made anew): an agent
+                # restarted since it ended here refuses a stale start of it (agent/runner.py).
+                "admitted_us": admitted_us(admitted_at),
             },
         }
         for rank, (node, gpus) in enumerate(placement)
     ]
+
+
+def admitted_us(at: datetime | None) -> int | None:
+    return None if at is None else round(at.timestamp() * 1_000_000)
 
 
 def start_messages(attempt_ids, only_node: str | None = None) -> list[dict]:
@@ -117,6 +126,7 @@ def start_messages(attempt_ids, only_node: str | None = None) -> list[dict]:
         "job__max_runtime_s",
         "job__preemption_grace_s",
         "rendezvous_port",
+        "admitted_at",
     )
     rows = list(rows)
     names = {p["node"] for row in rows for p in row[3]}
@@ -126,7 +136,7 @@ def start_messages(attempt_ids, only_node: str | None = None) -> list[dict]:
             "name", "address", "hostname"
         )
     }
-    for pk, number, job_id, placement, command, env, use_shell, max_runtime, grace, port in rows:
+    for pk, number, job_id, placement, command, env, use_shell, max_runtime, grace, port, admitted in rows:
         for message in start_payloads(
             attempt_id=pk,
             number=number,
@@ -139,6 +149,7 @@ def start_messages(attempt_ids, only_node: str | None = None) -> list[dict]:
             grace_s=effective_grace(grace),
             rendezvous_port=port,
             addresses=addresses,
+            admitted_at=admitted,
         ):
             if only_node is None or message["node"] == only_node:
                 messages.append(message)

@@ -488,6 +488,7 @@ def apply_admissions(loaded: Loaded, admissions: tuple[policy.Admission, ...], n
             grace_s=effective_grace(grace),
             rendezvous_port=port_of[pk],
             addresses=loaded.addresses,
+            admitted_at=now,
         )
         events.append(
             JobEvent(

@@ -34,8 +34,8 @@ from pathlib import Path
 
 # How many entries one heartbeat carries, oldest first (a backlog drains a batch per heartbeat).
 BATCH = 200
-# How long the attempts over on this host are remembered across agent restarts.
-OVER_KEEP_S = 7 * 86400
+# How long the attempts that ended on this host are remembered across agent restarts.
+ENDED_KEEP_S = 7 * 86400
 
 
 @dataclass(frozen=True)
@@ -70,11 +70,12 @@ class Outbox:
             " name TEXT NOT NULL, kwargs TEXT NOT NULL, created REAL NOT NULL)"
         )
         self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        # The attempts that are over on this host (ended here, or told to stop before their start came):
-        # a start of one of them that arrives after a restart of the agent is stale, and never runs.
+        # The attempts that ended on this host, each with the time the control side admitted it (which
+        # tells this attempt from one of the same id of a control side whose database was made anew): a
+        # start of one of them that arrives after a restart of the agent is stale, and never runs.
         self._db.execute(
-            "CREATE TABLE IF NOT EXISTS over (attempt_id INTEGER NOT NULL, number INTEGER NOT NULL,"
-            " kind TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (attempt_id, number))"
+            "CREATE TABLE IF NOT EXISTS ended (attempt_id INTEGER NOT NULL, number INTEGER NOT NULL,"
+            " admitted_us INTEGER NOT NULL, at REAL NOT NULL, PRIMARY KEY (attempt_id, number))"
         )
         self._db.execute(
             "INSERT OR IGNORE INTO meta (key, value) VALUES ('epoch', ?)", (uuid.uuid4().hex[:16],)
@@ -138,25 +139,22 @@ class Outbox:
             cur = self._db.executemany("DELETE FROM outbox WHERE id = ?", [(i,) for i in ids])
             return cur.rowcount
 
-    def mark_over(self, key: tuple[int, int], kind: str) -> None:
-        """Remember on disk that attempt `key` is over here: "finished" (it ended, or its start was
-        refused) or "tombstone" (stopped before its start came)."""
+    def mark_ended(self, key: tuple[int, int], admitted_us: int) -> None:
+        """Remember on disk that attempt `key`, admitted at `admitted_us` (the control side's time, in
+        microseconds), ended here."""
         with self._lock:
             self._db.execute(
-                "INSERT OR REPLACE INTO over (attempt_id, number, kind, at) VALUES (?, ?, ?, ?)",
-                (int(key[0]), int(key[1]), kind, time.time()),
+                "INSERT OR REPLACE INTO ended (attempt_id, number, admitted_us, at) VALUES (?, ?, ?, ?)",
+                (int(key[0]), int(key[1]), int(admitted_us), time.time()),
             )
 
-    def over(self, keep_s: float = OVER_KEEP_S) -> dict[str, set[tuple[int, int]]]:
-        """{kind: keys} of the attempts over here in the last `keep_s` seconds (older ones are
-        forgotten: a start that old is refused as stale anyway, or its attempt long settled)."""
+    def ended(self, keep_s: float = ENDED_KEEP_S) -> dict[tuple[int, int], int]:
+        """{(attempt id, number): admitted_us} of the attempts that ended here in the last `keep_s`
+        seconds; older ones are forgotten."""
         with self._lock:
-            self._db.execute("DELETE FROM over WHERE at < ?", (time.time() - keep_s,))
-            rows = self._db.execute("SELECT attempt_id, number, kind FROM over").fetchall()
-        out: dict[str, set[tuple[int, int]]] = {"finished": set(), "tombstone": set()}
-        for a, n, kind in rows:
-            out.setdefault(kind, set()).add((a, n))
-        return out
+            self._db.execute("DELETE FROM ended WHERE at < ?", (time.time() - keep_s,))
+            rows = self._db.execute("SELECT attempt_id, number, admitted_us FROM ended").fetchall()
+        return {(a, n): us for a, n, us in rows}
 
     def __len__(self) -> int:
         with self._lock:

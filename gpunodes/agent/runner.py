@@ -205,6 +205,7 @@ class Proc:
     limits: AttemptLimits | None = None
     checkpoint: Path | None = None
     memory_bytes: int | None = None
+    admitted_us: int | None = None  # when the control side admitted it (start message), if it said
     out_of_memory: bool = False
     gpus: tuple[int, ...] = ()
 
@@ -325,11 +326,13 @@ class Runner:
         # Attempts told to stop before their start arrived: a late start for them is refused.
         self._tombstones: set[tuple[int, int]] = set()
         self._finished: set[tuple[int, int]] = set()
-        try:  # what a previous agent on this host ended: a stale start of it never runs again here
-            over = self.outbox.over()
-            self._finished, self._tombstones = over["finished"], over["tombstone"]
+        # What ended here before this agent started ({key: admitted_us}, from the outbox's file): a start
+        # of one of those, admitted at the same time, waited on the queue past its end and a restart.
+        self._ended_before: dict[tuple[int, int], int] = {}
+        try:
+            self._ended_before = self.outbox.ended()
         except sqlite3.Error:
-            log.exception("cannot read the attempts that are over from the outbox")
+            log.exception("cannot read the attempts that ended here from the outbox")
         # Whether the agent's lease lapsed (agent/fence.py: its watchdog fences the jobs): no start then.
         self.lease_lapsed: Callable[[], bool] = lambda: False
         # The jobs' checkpoints, seen in their directories (checkpoints.py), reported as they come.
@@ -355,10 +358,19 @@ class Runner:
         rank: int = 0,
         world: list[str] | None = None,
         rendezvous: dict | None = None,
+        admitted_us: int | None = None,
     ) -> str:
         key = (attempt_id, number)
         with self._lock:
             if attempt_id in self._procs or key in self._finished:
+                return "duplicate"
+            if admitted_us is not None and self._ended_before.get(key) == admitted_us:
+                log.warning(
+                    "not running attempt %s/%s: it ended on this host before the agent restarted (a stale"
+                    " start)",
+                    attempt_id,
+                    number,
+                )
                 return "duplicate"
             if key in self._tombstones:
                 return "refused"
@@ -518,6 +530,7 @@ class Runner:
                 checkpoint=checkpoint_dir if user is not None else None,
                 memory_bytes=attempt_limits.memory_bytes,
                 gpus=tuple(gpus),
+                admitted_us=admitted_us,
             )
             self.checkpoints.begin(key, checkpoint_dir)
             self._save_state()
@@ -558,7 +571,7 @@ class Runner:
     ) -> str:
         """Report the end of an attempt that never ran here: "unknown" (refused: the job is re-queued),
         "gpu_failed" (refused: its GPU is broken; re-queued) or "failed_to_start" (the job ends FAILED)."""
-        self._mark_over(key, "finished")
+        self._finished.add(key)
         self._report_finished(
             {
                 "attempt_id": key[0],
@@ -609,7 +622,7 @@ class Runner:
         """A start this host will not run (it is cordoned, draining or pending): a late start of it is
         refused too, and the control side hears at once that it does not run here (it re-queues it)."""
         with self._lock:
-            self._mark_over((attempt_id, number), "tombstone")
+            self._tombstones.add((attempt_id, number))
         self._report_finished(
             {
                 "attempt_id": attempt_id,
@@ -656,7 +669,7 @@ class Runner:
                     return "finished"
                 # Not (yet) here: remember it so a late start is refused, and say it is not running,
                 # so the control side can free the GPUs without waiting for the timeout.
-                self._mark_over((attempt_id, number), "tombstone")
+                self._tombstones.add((attempt_id, number))
                 self._report_finished(
                     {
                         "attempt_id": attempt_id,
@@ -778,7 +791,12 @@ class Runner:
             log.warning("could not ship the end of the log of attempt %s: %s", proc.attempt_id, e)
         with self._lock:
             self._procs.pop(proc.attempt_id, None)
-            self._mark_over((proc.attempt_id, proc.number), "finished")
+            self._finished.add((proc.attempt_id, proc.number))
+        if proc.admitted_us is not None:
+            try:  # for an agent restarted since: a stale start of it never runs again here
+                self.outbox.mark_ended((proc.attempt_id, proc.number), proc.admitted_us)
+            except (sqlite3.Error, OSError) as e:  # a full disk: remembered until a restart only
+                log.warning("cannot write down that attempt %s/%s ended: %s", proc.attempt_id, proc.number, e)
         code = proc.popen.returncode
         how = proc.stop_how or "exited"
         if proc.stop_how is None and f"{proc.attempt_id}/{proc.number}" in fenced_keys(self.state_path):
@@ -909,16 +927,6 @@ class Runner:
                 "could not write a %s report of attempt %s to the outbox", name, kwargs["attempt_id"]
             )
         self.report(name, {k: v for k, v in kwargs.items() if k in REPORT_FIELDS})
-
-    def _mark_over(self, key: tuple[int, int], kind: str) -> None:
-        """An attempt is over here (kind "finished" or "tombstone"): a start of it is refused from now
-        on, also by an agent restarted since (the outbox's file keeps it)."""
-        with self._lock:
-            (self._finished if kind == "finished" else self._tombstones).add(key)
-        try:
-            self.outbox.mark_over(key, kind)
-        except (sqlite3.Error, OSError) as e:  # a full disk: remembered until a restart only
-            log.warning("cannot write down that attempt %s/%s is over: %s", key[0], key[1], e)
 
     def _report_finished(self, kwargs: dict) -> None:
         self._report_durably(FINISHED, kwargs)

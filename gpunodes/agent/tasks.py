@@ -97,6 +97,9 @@ def validate_start(msg: dict) -> dict:
         "rank": rank,
         "world": list(world) if world is not None else None,
         "rendezvous": rendezvous,
+        # When the control side admitted the attempt (microseconds): a control side older than this
+        # agent sends none.
+        "admitted_us": _int("admitted_us", msg.get("admitted_us"), optional=True),
     }
 
 

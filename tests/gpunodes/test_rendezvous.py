@@ -192,6 +192,14 @@ def test_every_rank_of_a_gang_gets_the_same_rendezvous(
     # A lost start sent again carries the same.
     again = {m["payload"]["rank"]: m["payload"]["rendezvous"] for m in start_messages([attempt.pk])}
     assert again == {0: meets[0], 1: meets[1]}
+    # And the same admission time, to the microsecond, as the database holds it (a restarted agent
+    # tells a stale start of an attempt that ended on its host by it).
+    stamps = {m["payload"]["admitted_us"] for m in start_messages([attempt.pk])}
+    assert (
+        stamps
+        == {starts[0]["admitted_us"], starts[1]["admitted_us"]}
+        == {round(attempt.admitted_at.timestamp() * 1_000_000)}
+    )
 
 
 def test_each_attempt_gets_a_fresh_port(

@@ -156,23 +156,23 @@ def test_a_missing_program_fails_cleanly(runner, reports):
     assert reports.of(FINISHED)[0]["how"] == "failed_to_start"
 
 
-def test_a_restarted_agent_never_runs_a_stale_start_of_an_attempt_that_is_over(tmp_path, reports):
+def test_a_restarted_agent_never_runs_a_stale_start_of_an_attempt_that_ended_here(tmp_path, reports):
     # A start sent again while the attempt ran (the control side re-sends starts it has not heard of)
     # can wait on the queue past the attempt's end and the agent's restart: it must not run the
-    # finished job again, nor one stopped before its start came.
+    # finished job again. The time of its admission tells it from an attempt of the same id of a
+    # control side whose database was made anew, which runs.
     first = make_runner(tmp_path, reports)
-    assert start(first, [sys.executable, "-c", "print(1)"], attempt_id=3) == "started"
+    cmd = [sys.executable, "-c", "print(1)"]
+    assert start(first, cmd, attempt_id=3, admitted_us=1_700_000_000_123_456) == "started"
     assert wait_finished(first, reports)["exit_code"] == 0
-    assert first.stop(attempt_id=4, number=1, grace_s=0) == "unknown"  # stopped before its start
     first.shutdown(grace_s=1)
     first.outbox.close()
-    second = make_runner(tmp_path, Reports())
+    again = Reports()
+    second = make_runner(tmp_path, again)
     try:
-        assert start(second, [sys.executable, "-c", "print(2)"], attempt_id=3) == "duplicate"
-        assert start(second, [sys.executable, "-c", "print(2)"], attempt_id=4) == "refused"
-        assert second.running() == [] and not second.report.of(STARTED)
-        # The next attempt of the same job is another matter.
-        assert start(second, [sys.executable, "-c", "print(3)"], attempt_id=3, number=2) == "started"
+        assert start(second, cmd, attempt_id=3, admitted_us=1_700_000_000_123_456) == "duplicate"
+        assert second.running() == [] and not again.of(STARTED)
+        assert start(second, cmd, attempt_id=3, admitted_us=1_800_000_000_000_000) == "started"  # anew
     finally:
         second.shutdown(grace_s=1)
 
