@@ -105,6 +105,21 @@ def lines(attempt: Attempt, pattern: str) -> dict[str, re.Match]:
     return found
 
 
+def on_every_rank(
+    attempt: Attempt, pattern: str, what: str, job: Job, timeout: float = 30
+) -> dict[str, re.Match]:
+    """lines() once every rank has printed one: an attempt is over with its first rank's end, and the
+    other rank's last lines are shipped when its own process has ended, a moment later."""
+    wait_for(
+        lambda: set(lines(attempt, pattern)) == set(NODES),
+        timeout,
+        what=what,
+        jobs=[job],
+        saw=lambda: {n: output(attempt, n)[-300:] for n in NODES},
+    )
+    return lines(attempt, pattern)
+
+
 def test_a_two_node_gang_meets_by_the_variables_alone_and_resumes_after_a_preemption(
     two_hosts, django_user_model
 ):
@@ -158,17 +173,8 @@ def test_a_two_node_gang_meets_by_the_variables_alone_and_resumes_after_a_preemp
     )
     first.refresh_from_db()
     assert first.outcome == Outcome.PREEMPTED, first.end_reason
-    # The attempt ends with its first rank's end; the other rank's last lines are shipped when its own
-    # process has ended (its grace), a moment later.
     stop_line = r"stopping at step (\d+) \(SIGTERM\), checkpoint saved"
-    wait_for(
-        lambda: set(lines(first, stop_line)) == set(NODES),
-        30,
-        what="both ranks' 'stopping at step' lines",
-        jobs=[job],
-        saw=lambda: {n: output(first, n)[-300:] for n in NODES},
-    )
-    stopped = lines(first, stop_line)
+    stopped = on_every_rank(first, stop_line, "both ranks' 'stopping at step' lines", job)
     [stop_step] = {int(m.group(1)) for m in stopped.values()}  # the same step on both ranks
     assert Job.objects.get(pk=job.pk).events.filter(kind=EventKind.PREEMPTED).exists()
 
@@ -184,14 +190,8 @@ def test_a_two_node_gang_meets_by_the_variables_alone_and_resumes_after_a_preemp
     assert {(m.group(2), int(m.group(3))) for m in met2.values()} == {(link.a_addr, second.rendezvous_port)}
     resumed = lines(second, r"resumed from step (\d+)")
     assert {n: int(m.group(1)) for n, m in resumed.items()} == dict.fromkeys(NODES, stop_step)
-    # As above: the job is over with its first rank's end; the other's last line comes a moment later.
-    done_line = r"done: (\d+) steps, every parameter (\d+) as expected"
-    wait_for(
-        lambda: set(lines(second, done_line)) == set(NODES),
-        30,
-        what="both ranks' 'done' lines",
-        jobs=[job],
-        saw=lambda: {n: output(second, n)[-300:] for n in NODES},
+    on_every_rank(
+        second, r"done: (\d+) steps, every parameter (\d+) as expected", "both ranks' 'done' lines", job
     )
     assert Job.objects.get(pk=urgent.pk).state == JobState.SUCCEEDED
     print(
