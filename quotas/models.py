@@ -218,6 +218,10 @@ class QueueForecast(models.Model):
     position_in_share = models.PositiveIntegerField()
     position_overall = models.PositiveIntegerField()
     eta = models.DateTimeField(null=True, blank=True)
+    # The likely range of the start (10th to 90th percentile, SEMANTICS "Ranges"); null until the range
+    # replays ran for it, and read together with `eta` (a reader widens it to hold the ETA).
+    eta_low = models.DateTimeField(null=True, blank=True)
+    eta_high = models.DateTimeField(null=True, blank=True)
     kind = models.CharField(max_length=8, choices=ForecastKind.choices)
     basis = models.CharField(max_length=400, blank=True)  # what the ETA rests on, or why there is none
     reason = models.CharField(max_length=400, blank=True)  # why it waits now
@@ -233,6 +237,33 @@ class QueueForecast(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id}: #{self.position_overall}, {self.kind}"
+
+
+class ForecastRecord(models.Model):
+    """What a job was told when it was first forecast (its ETA and range, soon after its submit) beside
+    when it actually started: a share's track record (SEMANTICS "Track record"). Written once per job by
+    the stored forecast that first reached it; `started_at` when its first attempt starts."""
+
+    job = models.OneToOneField(
+        "jobs.Job", on_delete=models.CASCADE, primary_key=True, related_name="forecast_record"
+    )
+    share = models.ForeignKey(Share, on_delete=models.CASCADE, related_name="forecast_records")
+    submitted_at = models.DateTimeField()
+    forecast_at = models.DateTimeField()  # when that forecast was made
+    eta = models.DateTimeField(null=True, blank=True)
+    eta_low = models.DateTimeField(null=True, blank=True)
+    eta_high = models.DateTimeField(null=True, blank=True)
+    kind = models.CharField(max_length=8, choices=ForecastKind.choices)
+    started_at = models.DateTimeField(null=True, blank=True)  # its first attempt's start
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["share", "-forecast_at"], name="forecastrecord_share_at"),
+            models.Index(fields=["started_at"], name="forecastrecord_started"),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}: {self.kind} forecast at {self.forecast_at:%Y-%m-%d %H:%M}"
 
 
 class PlanState(models.TextChoices):

@@ -389,6 +389,8 @@ def forecast_fields(job) -> dict:
         return {
             "position": None,
             "eta": None,
+            "eta_low": None,
+            "eta_high": None,
             "kind": "",
             "basis": "",
             "waiting": "",
@@ -398,12 +400,21 @@ def forecast_fields(job) -> dict:
     return {
         "position": {"in_share": f.position_in_share, "overall": f.position_overall},
         "eta": f.eta,
+        **_range(f),
         "kind": f.kind,
         "basis": f.basis,
         "waiting": f.reason,
         "computed_at": f.computed_at,
         "age": age_words(f.computed_at),
     }
+
+
+def _range(f) -> dict:
+    """A stored forecast's likely range, widened to hold its ETA (the range replays may have run on a
+    slightly older state than the point ETA); none without an ETA or before the range replays reached it."""
+    if f.eta is None or f.eta_low is None or f.eta_high is None:
+        return {"eta_low": None, "eta_high": None}
+    return {"eta_low": min(f.eta_low, f.eta), "eta_high": max(f.eta_high, f.eta)}
 
 
 def _forecast_rows(queue: QueueView, now: datetime) -> list[tuple]:
@@ -419,19 +430,24 @@ def _forecast_rows(queue: QueueView, now: datetime) -> list[tuple]:
         pos = f.positions.get(q.job_id)
         if pos is None:
             continue
+
+        def stamp_of(t: float | None):
+            if t is None:
+                return None
+            if t not in etas:
+                etas[t] = adapt(datetime.fromtimestamp(t, tz=tz))
+            return etas[t]
+
         t = f.eta.get(q.job_id)
-        if t is None:
-            eta = None
-        elif t in etas:
-            eta = etas[t]
-        else:
-            eta = etas[t] = adapt(datetime.fromtimestamp(t, tz=tz))
+        low, high = f.ranges.get(q.job_id, (None, None)) if t is not None else (None, None)
         rows.append(
             (
                 q.job_id,
                 pos["in_share"],
                 pos["overall"],
-                eta,
+                stamp_of(t),
+                stamp_of(low),
+                stamp_of(high),
                 f.kind.get(q.job_id, fc.NONE),
                 (f.basis.get(q.job_id) or "")[:400],
                 (f.waiting.get(q.job_id) or "")[:400],
@@ -462,7 +478,7 @@ def forecast_refresh(*, now: datetime | None = None) -> dict:
     # A job that ends meanwhile keeps a row until the next forecast; every reader shows a forecast only
     # for a job still QUEUED.
     table = QueueForecast._meta.db_table
-    cols = "job_id, position_in_share, position_overall, eta, kind, basis, reason, computed_at"
+    cols = "job_id, position_in_share, position_overall, eta, eta_low, eta_high, kind, basis, reason, computed_at"
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(f"DELETE FROM {table}")
         if connection.vendor == "postgresql":
@@ -470,7 +486,7 @@ def forecast_refresh(*, now: datetime | None = None) -> dict:
                 for row in rows:
                     copy.write_row(row)
         elif rows:
-            cursor.executemany(f"INSERT INTO {table} ({cols}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", rows)
+            cursor.executemany(f"INSERT INTO {table} ({cols}) VALUES ({', '.join(['%s'] * 10)})", rows)
     return {
         "jobs": len(rows),
         "etas": len(queue.forecast.eta),

@@ -73,6 +73,9 @@ class Forecast:
     # job id -> what the ETA rests on, in words ("estimate: 3 jobs without a max runtime end before
     # it (median 41 min in vision-main)"), or why there is none
     basis: Mapping[Hashable, str] = field(default_factory=dict)
+    # job id -> (low, high): the likely range of its start (10th-90th percentile, SEMANTICS "Ranges"),
+    # for jobs with an ETA when ranges were asked for; low <= eta <= high
+    ranges: Mapping[Hashable, tuple[float, float]] = field(default_factory=dict)
     # job id -> {"in_share": n, "overall": n}, 1-based, for every queued job of the snapshot
     positions: Mapping[Hashable, dict[str, int]] = field(default_factory=dict)
     # job id -> why it waits now (the first plan's words)
