@@ -10,7 +10,8 @@ PostgreSQL + Redis), 7 cli (`gpuquota` as fresh processes), 4 latency (control w
 PostgreSQL + Redis), 6 simulate, 9 what-if (a seeded 20k-job week, PostgreSQL), 11 layout (plan,
 apply and the what-if of a 50-share change, PostgreSQL), 8 slurm (a one-node Slurm beside gpuquota, alternating; needs
 slurm-wlm and root), 10 itp (issue 26: pre-emption's cost on the real ITP trace, victims by safe point and
-protection windows; needs ../shared/data/msft-itp-2021.csv). Those that need
+protection windows; needs ../shared/data/msft-itp-2021.csv), 12 forecast (issue 27: ETA error, range coverage and
+width at each submit, on two ITP weeks and tracegen's 20k jobs). Those that need
 PostgreSQL or Redis are skipped, with the reason, when DATABASE_URL (a database named `*_bench`, which
 they empty) or REDIS_URL is not set or not reachable. Nothing needs a GPU.
 """
@@ -27,7 +28,19 @@ import traceback
 
 from bench import common
 
-ALL = ("policy", "pass", "submit", "cli", "latency", "simulate", "whatif", "layout", "slurm", "itp")
+ALL = (
+    "policy",
+    "pass",
+    "submit",
+    "cli",
+    "latency",
+    "simulate",
+    "whatif",
+    "layout",
+    "slurm",
+    "itp",
+    "forecast",
+)
 
 
 def _fmt_s(v: float | None) -> str:
@@ -180,6 +193,31 @@ def _itp(quick: bool) -> list[dict]:
     return rows
 
 
+def _forecast(quick: bool) -> list[dict]:
+    from bench import bench_forecast
+
+    out = bench_forecast.run(quick=quick)
+    print(bench_forecast.table(out), flush=True)
+    rows = []
+    for r in out:
+        met = bench_forecast.targets(r)
+        w = r["waited"]
+        rows.append(
+            {
+                "bench": "12 forecast",
+                "size": f"{r['label']}, {w['n']:,} of {r['jobs']:,} waited",
+                "n": 1,
+                "median_s": r["seconds"],
+                "p95_s": r["seconds"],
+                "target": met[1] if met else "",
+                "met": met[0] if met else None,
+                "note": f"waited: median error {w['median_abs_s']} s, within 25% {w['within_25pct']}, in range "
+                f"{w['range_coverage']}, width {w['range_width_median_s']} s; bound late {r['bound_started_late']}",
+            }
+        )
+    return rows
+
+
 def _layout(quick: bool) -> list[dict]:
     from bench import bench_layout
 
@@ -205,6 +243,7 @@ RUNNERS = {
     "layout": _layout,
     "slurm": _slurm,
     "itp": _itp,
+    "forecast": _forecast,
 }
 NEEDS = {
     "pass": ("db",),

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from quotas.engine import collector, policy
 from quotas.engine.policy import Plan, QueuedView, RunningView, Snapshot
+from quotas.engine.runtimes import Guess
 
 log = logging.getLogger(__name__)
 
@@ -101,13 +102,43 @@ def _positions(
     return positions
 
 
-def _basis(counts: dict[Estimate, int]) -> str:
+def _basis(counts: Mapping[str, int]) -> str:
+    """`counts`: how many guessed ends it waits on, by where each guess comes from (in words)."""
     n = sum(counts.values())
     jobs = "1 job" if n == 1 else f"{n} jobs"
-    what = ", ".join(
-        e.words() for e in sorted(counts, key=lambda e: (-counts[e], e.share or "", e.seconds))[:3]
-    )
+    what = ", ".join(sorted(counts, key=lambda w: (-counts[w], w))[:3])
     return f"estimate: {jobs} without a max runtime end before it ({what})"
+
+
+def _merged(by_share: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for counts in by_share.values():
+        for words, n in counts.items():
+            out[words] = out.get(words, 0) + n
+    return out
+
+
+def _on_its_own(snapshot: Snapshot) -> set[tuple[str, str]]:
+    """(share, gpu type) whose one-GPU jobs wait on nothing but their own share's work: a RESERVE share
+    of a type that is not over-committed. It lends nothing and borrows nothing, and the cover (rule 3)
+    keeps as many GPUs free as RESERVE shares have idle, so when one of its jobs ends the next starts at
+    once, whatever the other shares run. (A job of several GPUs also needs them on one node, which other
+    shares' work can fragment; an over-committed type cannot keep every guarantee.)"""
+    cluster: dict[str, int] = {}
+    for n in snapshot.nodes:
+        if n.schedulable:
+            cluster[n.gpu_type] = cluster.get(n.gpu_type, 0) + n.gpus
+    promised: dict[str, int] = {}
+    for v in snapshot.shares:
+        for gpu_type, cap in v.capacity.items():
+            promised[gpu_type] = promised.get(gpu_type, 0) + cap
+    return {
+        (v.name, gpu_type)
+        for v in snapshot.shares
+        if v.strategy == policy.RESERVE
+        for gpu_type in v.capacity
+        if promised.get(gpu_type, 0) <= cluster.get(gpu_type, 0)
+    }
 
 
 def _backfill_estimates(
@@ -167,7 +198,7 @@ def forecast(
     snapshot: Snapshot,
     *,
     runtime_s: Mapping[Hashable, float],
-    estimates: Mapping[Hashable, Estimate] | None = None,
+    estimates: Mapping[Hashable, Estimate | Guess] | None = None,
     grace_s: Mapping[Hashable, float] | None = None,
     default_runtime_s: float = 3600,
     default_grace_s: float = 30,
@@ -176,14 +207,117 @@ def forecast(
     max_passes: int = DEFAULT_MAX_PASSES,
     horizon_s: float = DEFAULT_HORIZON_S,
     budget_s: float = DEFAULT_BUDGET_S,
+    spread: Mapping[Hashable, tuple[float, float]] | None = None,
 ) -> Forecast:
     """Replay the planner forward from `snapshot`. `runtime_s` / `grace_s` are per job id. A job in
     `estimates` has a guessed runtime (where it comes from); any other job's runtime in `runtime_s` is
     its enforced max_runtime_s, and a job in neither gets `default_runtime_s`, a guess. An ETA is
-    BOUND when no guessed end of its GPU type comes before it in the replay and backfill cannot break
+    BOUND when no guessed end it may wait on comes before it in the replay and backfill cannot break
     it (_backfill_estimates). With `targets`, stop as
     soon as those queued jobs have an ETA (positions then still cover every job, those not reached
-    in queue order after the ones admitted)."""
+    in queue order after the ones admitted). With `spread` (job id -> its guessed runtime's low and
+    high points), the ETAs get their likely ranges too (likely_ranges)."""
+    point = _replay(
+        snapshot,
+        runtime_s=runtime_s,
+        estimates=estimates,
+        grace_s=grace_s,
+        default_runtime_s=default_runtime_s,
+        default_grace_s=default_grace_s,
+        planner=planner,
+        targets=targets,
+        max_passes=max_passes,
+        horizon_s=horizon_s,
+        budget_s=budget_s,
+    )
+    if spread is None or not point.eta:
+        return point
+    found = likely_ranges(
+        snapshot,
+        point,
+        runtime_s=runtime_s,
+        spread=spread,
+        grace_s=grace_s,
+        default_runtime_s=default_runtime_s,
+        default_grace_s=default_grace_s,
+        planner=planner,
+        max_passes=max_passes,
+        horizon_s=horizon_s,
+        budget_s=budget_s,
+    )
+    return replace(point, ranges=found)
+
+
+def likely_ranges(
+    snapshot: Snapshot,
+    point: Forecast,
+    *,
+    runtime_s: Mapping[Hashable, float],
+    spread: Mapping[Hashable, tuple[float, float]],
+    grace_s: Mapping[Hashable, float] | None = None,
+    default_runtime_s: float = 3600,
+    default_grace_s: float = 30,
+    planner: Planner | None = None,
+    max_passes: int = DEFAULT_MAX_PASSES,
+    horizon_s: float = DEFAULT_HORIZON_S,
+    budget_s: float = DEFAULT_BUDGET_S,
+) -> dict[Hashable, tuple[float, float]]:
+    """The likely range of each ETA of `point` (SEMANTICS "Ranges"): two more replays of the same
+    policy, one with every guessed runtime at its low point (runtimes.LOW_Q) and one at its high point
+    (HIGH_Q); a job's range runs from its start in the first to its start in the second. Quantile
+    replays rather than sampled ones: two replays cost what two replays cost, whatever the queue (the
+    whole queue's ranges within the refresh budget at 100k jobs), and they are deterministic. All
+    guesses at one quantile at once is the widest reading where a job waits on many ends (they do not
+    all run long together), which the heavy tails of real runtimes and the work that arrives after it
+    (which no replay sees) offset.
+    The range always holds the ETA; a BOUND ETA's range ends at it (nothing it rests on can run longer);
+    with no guessed runtime at all (spread empty) every range is the ETA itself. A job the high replay
+    does not start (horizon, budget) gets no range."""
+    if not spread:
+        return {job: (t, t) for job, t in point.eta.items()}
+    targets = list(point.eta)
+    options = dict(
+        grace_s=grace_s,
+        default_runtime_s=default_runtime_s,
+        default_grace_s=default_grace_s,
+        planner=planner,
+        targets=targets,
+        max_passes=max_passes,
+        horizon_s=horizon_s,
+        budget_s=budget_s,
+    )
+    ends = []
+    for side in (0, 1):
+        runtimes = dict(runtime_s)
+        for job_id, points in spread.items():
+            runtimes[job_id] = points[side]
+        ends.append(_replay(snapshot, runtime_s=runtimes, estimates={}, **options).eta)
+    low_eta, high_eta = ends
+    out: dict[Hashable, tuple[float, float]] = {}
+    for job_id, t in point.eta.items():
+        low = min(low_eta.get(job_id, t), t)
+        if point.kind.get(job_id) == BOUND:
+            out[job_id] = (low, t)
+        elif job_id in high_eta:
+            out[job_id] = (low, max(high_eta[job_id], t))
+    return out
+
+
+def _replay(
+    snapshot: Snapshot,
+    *,
+    runtime_s: Mapping[Hashable, float],
+    estimates: Mapping[Hashable, Estimate | Guess] | None,
+    grace_s: Mapping[Hashable, float] | None,
+    default_runtime_s: float,
+    default_grace_s: float,
+    planner: Planner | None,
+    targets: Iterable[Hashable] | None,
+    max_passes: int,
+    horizon_s: float,
+    budget_s: float,
+) -> Forecast:
+    """forecast() without the ranges: one replay."""
     # The default planner is the engine kept between the replay's passes (each pass costs what it
     # decides); a planner given by the caller (tests, stand-ins) gets a snapshot per pass.
     engine = policy.Engine.from_snapshot(snapshot) if planner is None else None
@@ -201,17 +335,19 @@ def forecast(
     def runtime(job_id: Hashable) -> float:
         return float(runtime_s.get(job_id, default_runtime_s))
 
-    def guess(job_id: Hashable) -> Estimate | None:
+    def guess(job_id: Hashable) -> Estimate | Guess | None:
         """Where this job's runtime comes from if it is a guess; None for an enforced limit."""
         if job_id in estimates:
             return estimates[job_id]
         return None if job_id in runtime_s else default_estimate
 
-    # Per GPU type, the guessed ends the replay has passed so far: an ETA after any is an estimate.
-    guessed: dict[str, dict[Estimate, int]] = {}
-    # Per GPU type, _basis of its counts while they do not change: the jobs admitted between two
-    # guessed ends share it (sorting every share's estimates for each of them took a tenth of a replay).
-    basis_of: dict[str, str] = {}
+    # Per GPU type and share, the guessed ends the replay has passed so far (counted by where each
+    # guess comes from): an ETA after any that it may wait on is an estimate.
+    guessed: dict[str, dict[str, dict[str, int]]] = {}
+    # Per (GPU type, share or None for all), _basis of its counts while they do not change: the jobs
+    # admitted between two guessed ends share it (sorting the estimates for each took a tenth of a replay).
+    basis_of: dict[tuple[str, str | None], str] = {}
+    on_its_own = _on_its_own(snapshot)
     kind: dict[Hashable, str] = {}
     basis: dict[Hashable, str] = {}
     guessed_ends: set[Hashable] = set()  # attempt ids whose end in the replay is a guess
@@ -300,12 +436,21 @@ def forecast(
                     alone.add(adm.job_id)
                 if adm.job_id in wanted:
                     unanswered -= 1
-                counts = guessed.get(q.gpu_type)
-                if counts:
-                    words = basis_of.get(q.gpu_type)
+                # What it waits on: its own share's work where nothing else can hold it back, else all
+                # the work of its type.
+                own = q.gpus == 1 and (q.share, q.gpu_type) in on_its_own
+                by_share = guessed.get(q.gpu_type, {})
+                key = (q.gpu_type, q.share if own else None)
+                if by_share.get(q.share) if own else by_share:
+                    words = basis_of.get(key)
                     if words is None:
-                        words = basis_of[q.gpu_type] = _basis(counts)
+                        words = basis_of[key] = _basis(by_share[q.share] if own else _merged(by_share))
                     kind[adm.job_id], basis[adm.job_id] = ESTIMATE, words
+                elif own:
+                    kind[adm.job_id], basis[adm.job_id] = (
+                        BOUND,
+                        "bound: every job before it in its share has a max runtime",
+                    )
                 elif t > start and (adm.borrowed or q.gpu_type in borrowing):
                     # Borrowed GPUs come and go with other shares' work, which ends early too.
                     kind[adm.job_id], basis[adm.job_id] = ESTIMATE, BORROWING_BASIS
@@ -382,10 +527,11 @@ def forecast(
                 engine.remove_running(attempt_id)
             if attempt_id in guessed_ends:
                 guessed_ends.discard(attempt_id)
-                est = guess(r.job_id) or default_estimate
-                counts = guessed.setdefault(r.gpu_type, {})
-                basis_of.pop(r.gpu_type, None)
-                counts[est] = counts.get(est, 0) + 1
+                words = (guess(r.job_id) or default_estimate).words()
+                counts = guessed.setdefault(r.gpu_type, {}).setdefault(r.share, {})
+                basis_of.pop((r.gpu_type, None), None)
+                basis_of.pop((r.gpu_type, r.share), None)
+                counts[words] = counts.get(words, 0) + 1
             if r.preempting:  # a pre-empted job goes back to the queue with its original submit time
                 put_queued(
                     QueuedView(

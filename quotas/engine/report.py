@@ -419,11 +419,26 @@ def _forecast_section(data: Mapping[str, Any]) -> str:
         f"<tr><th>{html.escape(kind)}</th>" + "".join(f"<td>{n:,}</td>" for n in row) + "</tr>"
         for kind, row in sorted(counts.items())
     )
-    within = "–" if err["within_25pct"] is None else f"{err['within_25pct']:.1%}"
+
+    def figures(e: Mapping[str, Any], who: str) -> str:
+        if not e.get("n"):
+            return f"no {who}"
+        within = "–" if e["within_25pct"] is None else f"{e['within_25pct']:.1%}"
+        text = (
+            f"{e['n']:,} {who}: median error {_duration(e['median_abs_s'])}, p90 {_duration(e['p90_abs_s'])}, "
+            f"{within} within ±25% of the forecast wait (or 60 s)"
+        )
+        if e.get("range_coverage") is not None:
+            text += (
+                f"; {e['range_coverage']:.1%} started within their likely range "
+                f"(median width {_duration(e['range_width_median_s'])})"
+            )
+        return text
+
     summary = (
-        f"{err['n']:,} jobs with an ETA and a start: median error {_duration(err['median_abs_s'])}, "
-        f"p90 {_duration(err['p90_abs_s'])}, {within} within ±25% of the forecast wait (or 60 s); "
-        f"bound ETAs missed: {err.get('bound_started_late', 0):,}."
+        f"{figures(err, 'jobs with an ETA and a start')}. Of them, "
+        f"{figures(err.get('waited') or {}, 'waited more than a minute')}. "
+        f"Bound ETAs missed: {err.get('bound_started_late', 0):,}."
     )
     return (
         "<h2>ETA at submit against the actual start</h2>\n"

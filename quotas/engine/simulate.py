@@ -58,7 +58,6 @@ import dataclasses
 import heapq
 import json
 import math
-import statistics
 import sys
 import time
 from collections import deque
@@ -68,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from quotas.engine import collector, policy
+from quotas.engine import runtimes as rt
 from quotas.engine import scenario as sc
 from quotas.engine.policy import (
     Admission,
@@ -347,6 +347,7 @@ class _Simulator:
         self.forecasting = forecast
         self.to_forecast: list[str] = []  # submitted at this instant, forecast before the pass
         self.runtimes: dict[str, deque[int]] = {}  # share -> recent successful attempt durations
+        self.group_runtimes: dict[tuple[str, None, str], deque[int]] = {}  # (share, None, job name) -> same
         self.settings = scenario.settings
         self.heap: list[tuple[int, int, int, Any]] = []
         self.seq = 0
@@ -590,21 +591,20 @@ class _Simulator:
         targets, self.to_forecast = self.to_forecast, []
         if self.checkpoints:
             self.report_checkpoints()
-        default = fc.Estimate(float(DEFAULT_RUNTIME_S))
-        medians = {
-            share: fc.Estimate(float(statistics.median(d)), share) for share, d in self.runtimes.items() if d
-        }
+        model = rt.Runtimes(self.runtimes, self.group_runtimes, default_s=DEFAULT_RUNTIME_S)
         runtime: dict[Hashable, float] = {}
-        estimates: dict[Hashable, fc.Estimate] = {}
+        estimates: dict[Hashable, rt.Guess] = {}
+        spread: dict[Hashable, tuple[float, float]] = {}
         grace: dict[Hashable, float] = {}
-        ids = [r.job.spec.id for r in self.running.values()] + list(self.qviews)
-        for job_id in ids:
+        elapsed = {r.job.spec.id: float(self.now - r.record.start) for r in self.running.values()}
+        for job_id in [*elapsed, *self.qviews]:
             spec = self.jobs[job_id].spec
             if spec.max_runtime_s is not None:
                 runtime[job_id] = float(spec.max_runtime_s)
             else:
-                est = medians.get(spec.share, default)
-                runtime[job_id], estimates[job_id] = est.seconds, est
+                guess = model.guess(spec.share, None, spec.name or "", elapsed=elapsed.get(job_id))
+                runtime[job_id], estimates[job_id] = guess.seconds, guess
+                spread[job_id] = (guess.low, guess.high)
             g = spec.preemption_grace_s
             grace[job_id] = float(self.settings.preemption_grace_s if g is None else g)
         result = fc.forecast(
@@ -617,11 +617,15 @@ class _Simulator:
             targets=targets,
             max_passes=FORECAST_MAX_PASSES,
             budget_s=float("inf"),
+            spread=spread,
         )
         for job_id in targets:
             eta = result.eta.get(job_id)
+            low, high = result.ranges.get(job_id, (None, None))
             self.jobs[job_id].record.forecast_at_submit = {
                 "eta": None if eta is None else int(math.ceil(eta)),
+                "low": None if low is None else int(math.floor(low)),
+                "high": None if high is None else int(math.ceil(high)),
                 "kind": result.kind.get(job_id, fc.NONE),
             }
 
@@ -844,6 +848,9 @@ class _Simulator:
 
         if outcome == SUCCEEDED and self.forecasting:
             self.runtimes.setdefault(spec.share, deque(maxlen=RUNTIME_SAMPLE)).append(elapsed)
+            if spec.name:
+                key = (spec.share, None, spec.name)
+                self.group_runtimes.setdefault(key, deque(maxlen=RUNTIME_SAMPLE)).append(elapsed)
         if outcome in (PREEMPTED, NODE_LOST):
             progress = run.base_progress + elapsed
             if outcome == PREEMPTED and spec.checkpoint_on_stop:
@@ -958,11 +965,14 @@ class _Simulator:
 def forecast_error(records: Iterable[JobRecord]) -> dict[str, Any]:
     """ETA at submit against the actual first start (SCENARIO.md `--forecast`): over the jobs that
     started and had an ETA, the median and p90 absolute error, and the share whose actual wait was
-    within 25% of the forecast wait or within 60 s. Also how many jobs had each kind of ETA."""
-    errors: list[int] = []
-    within = 0
+    within 25% of the forecast wait or within 60 s; the same under `waited` for the jobs whose actual
+    wait exceeded 60 s (most jobs start at once, and an average over them says little). Then how often
+    the actual start lay within the forecast's range (`range_coverage`, and under `waited`) and the
+    ranges' median width. Also how many jobs had each kind of ETA, and bound ETAs missed."""
     kinds: dict[str, int] = {}
     bound_late = 0
+    every: list[tuple[int, bool, bool | None, int | None]] = []  # (error, within 25%, in range, width)
+    waited: list[tuple[int, bool, bool | None, int | None]] = []
     for r in records:
         f = r.forecast_at_submit
         if f is None:
@@ -971,20 +981,35 @@ def forecast_error(records: Iterable[JobRecord]) -> dict[str, Any]:
         if f["eta"] is None or r.first_start is None:
             continue
         err = abs(r.first_start - f["eta"])
-        errors.append(err)
         forecast_wait = f["eta"] - r.spec.submit_at
-        if err <= max(60, 0.25 * forecast_wait):
-            within += 1
+        low, high = f.get("low"), f.get("high")
+        inside = None if low is None or high is None else low <= r.first_start <= high
+        width = None if low is None or high is None else high - low
+        row = (err, err <= max(60, 0.25 * forecast_wait), inside, width)
+        every.append(row)
+        if r.first_start - r.spec.submit_at > 60:
+            waited.append(row)
         if f["kind"] == "bound" and r.first_start > f["eta"]:
             bound_late += 1
-    errors.sort()
+    return {
+        **_errors(every),
+        "waited": _errors(waited),
+        "kinds": dict(sorted(kinds.items())),
+        "bound_started_late": bound_late,
+    }
+
+
+def _errors(rows: Sequence[tuple[int, bool, bool | None, int | None]]) -> dict[str, Any]:
+    """The error figures of some jobs: (error, within 25%, start in range, range width) each."""
+    errors = sorted(e for e, *_ in rows)
+    inside = [i for _, _, i, _ in rows if i is not None]
     return {
         "n": len(errors),
         "median_abs_s": percentile(errors, 50),
         "p90_abs_s": percentile(errors, 90),
-        "within_25pct": round(within / len(errors), 4) if errors else None,
-        "kinds": dict(sorted(kinds.items())),
-        "bound_started_late": bound_late,
+        "within_25pct": round(sum(1 for _, ok, *_ in rows if ok) / len(rows), 4) if rows else None,
+        "range_coverage": round(sum(inside) / len(inside), 4) if inside else None,
+        "range_width_median_s": percentile(sorted(w for *_, w in rows if w is not None), 50),
     }
 
 

@@ -21,7 +21,7 @@ def test_a_job_whose_blockers_all_have_max_runtimes_gets_a_bound_eta_it_meets():
     )
     result = simulate(data, forecast=True).to_dict()
     b = result["jobs"]["b"]
-    assert b["forecast_at_submit"] == {"eta": 100, "kind": "bound"}
+    assert b["forecast_at_submit"] == {"eta": 100, "low": 100, "high": 100, "kind": "bound"}
     assert b["first_start"] == 80 <= b["forecast_at_submit"]["eta"]
     err = result["cluster"]["forecast_error"]
     assert err["n"] == 2 and err["bound_started_late"] == 0
@@ -30,7 +30,8 @@ def test_a_job_whose_blockers_all_have_max_runtimes_gets_a_bound_eta_it_meets():
 def test_a_guessed_runtime_makes_an_estimate():
     data = scenario([{"id": "a", "duration_s": 80}, {"id": "b", "submit_at": 10, "duration_s": 50}])
     b = simulate(data, forecast=True).to_dict()["jobs"]["b"]
-    assert b["forecast_at_submit"] == {"eta": 3600, "kind": "estimate"}  # the default guess: 1 h
+    # The default guess: 1 h, a factor 4 either way; "a" has run 10 s of it when "b" is submitted.
+    assert b["forecast_at_submit"] == {"eta": 3600, "low": 907, "high": 14400, "kind": "estimate"}
     assert b["first_start"] == 80
 
 
@@ -39,6 +40,16 @@ def test_the_error_is_reported_as_the_spec_says():
     err = simulate(data, forecast=True).to_dict()["cluster"]["forecast_error"]
     # a: told "now", started at 0 (error 0); b: told 3600, started at 80 (error 3520, not within 25%).
     assert (err["n"], err["median_abs_s"], err["p90_abs_s"], err["within_25pct"]) == (2, 0, 3520, 0.5)
+    # b waited 70 s (> 1 min): the `waited` block is b alone; a's range held its start, b's did not.
+    assert err["waited"] == {
+        "n": 1,
+        "median_abs_s": 3520,
+        "p90_abs_s": 3520,
+        "within_25pct": 0.0,
+        "range_coverage": 0.0,
+        "range_width_median_s": 14400 - 907,
+    }
+    assert (err["range_coverage"], err["range_width_median_s"]) == (0.5, 0)  # a: "now", 0 wide
 
 
 def test_without_forecast_the_result_keeps_its_format():
@@ -52,7 +63,12 @@ def test_the_command_line_option(tmp_path):
     path.write_text(json.dumps(scenario([{"id": "a", "duration_s": 80, "max_runtime_s": 90}])))
     out = tmp_path / "r.json"
     assert main([str(path), "--forecast", "--out", str(out)]) == 0
-    assert json.loads(out.read_text())["jobs"]["a"]["forecast_at_submit"] == {"eta": 0, "kind": "bound"}
+    assert json.loads(out.read_text())["jobs"]["a"]["forecast_at_submit"] == {
+        "eta": 0,
+        "low": 0,
+        "high": 0,
+        "kind": "bound",
+    }
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -140,7 +156,7 @@ def test_a_bigger_job_that_backfill_can_overtake_gets_an_estimate():
         shares=[{"name": "p", "capacity": {"a10g": 2}}],
     )
     jobs = simulate(data, forecast=True).to_dict()["jobs"]
-    assert jobs["b"]["forecast_at_submit"] == {"eta": 4, "kind": "estimate"}
+    assert jobs["b"]["forecast_at_submit"] == {"eta": 4, "low": 4, "high": 4, "kind": "estimate"}
     assert (jobs["a"]["first_start"], jobs["d"]["first_start"], jobs["b"]["first_start"]) == (0, 2, 6)
 
 
@@ -153,6 +169,9 @@ def test_the_report_shows_the_error_distribution():
     page = render_report(sc.parse(data), result, result.timeline)
     assert "ETA at submit against the actual start" in page
     assert "<tr><th>estimate</th>" in page and "median error" in page
+    # a: started at once, in its range; b: told 3,600 s (907-14,400), started at 80, waited 70 s.
+    assert "50.0% started within their likely range" in page
+    assert "1 waited more than a minute: median error 58.7 min" in page
     plain = simulate(data)
     assert "ETA at submit" not in render_report(sc.parse(data), plain, plain.timeline)
 
