@@ -914,10 +914,16 @@ class _TypePass:
                     why = f"{own}; a {key[4]} share does not borrow"
                 elif kind == "limit":
                     borrowed, bcap = key[4], key[5]
+                    # Below its limit, the share would pass it with this job: what it would borrow then
+                    # (a 4-GPU job of a share borrowing 1 of 3 would take it to 5), not "reached".
+                    would = borrowed + g - (cap - used)
+                    already = f" ({borrowed} already borrowed)" if borrowed else ""
                     why = (
                         f"{own}; its borrow limit allows no borrowing"
                         if bcap == 0
                         else f"{own}, borrow limit reached ({borrowed} of {bcap})"
+                        if borrowed >= bcap
+                        else f"{own}, would borrow {would}{already}, limit {bcap}"
                     )
                 elif kind == "slack":
                     spare = key[4]

@@ -2,7 +2,9 @@
 
 import dataclasses
 
-from quotas.engine.policy import LEND_AND_BORROW, RESERVE, plan
+import pytest
+
+from quotas.engine.policy import LEND, LEND_AND_BORROW, RESERVE, plan
 from tests.quotas.test_policy import job, node, on, running, share, snap
 
 
@@ -20,6 +22,32 @@ def test_a_job_at_its_borrow_limit_hears_both_numbers():
         plan(s).waiting["a3"]
         == "needs 2 h100: share at its own capacity (3 of 3), borrow limit reached (3 of 3)"
     )
+
+
+@pytest.mark.parametrize(
+    ("own_used", "borrowed", "limit", "gpus", "reason"),
+    [
+        # The report: a 4-GPU job of a share borrowing 1 of 3 heard "borrow limit reached (1 of 3)".
+        (3, 1, 100, 4, "share at its own capacity (3 of 3), would borrow 5 (1 already borrowed), limit 3"),
+        (3, 0, 100, 4, "share at its own capacity (3 of 3), would borrow 4, limit 3"),
+        (2, 0, 100, 5, "its share has 1 of 3 own left, would borrow 4, limit 3"),
+        (3, 3, 100, 2, "share at its own capacity (3 of 3), borrow limit reached (3 of 3)"),
+        (3, 0, 0, 1, "share at its own capacity (3 of 3); its borrow limit allows no borrowing"),
+    ],
+)
+def test_a_job_past_its_borrow_limit_hears_what_it_would_borrow(own_used, borrowed, limit, gpus, reason):
+    # a (3 own, borrow limit `limit`%: 3 GPUs at 100) runs `own_used` own and `borrowed` borrowed
+    # GPUs; the lender has 13 idle, so only the borrow limit stops the job.
+    s = snap(
+        [node("n1", 8), node("n2", 8)],
+        [share("a", 3, LEND_AND_BORROW, limit=limit), share("lender", 13, LEND)],
+        runs=[running("own", "a", on("n1", *range(own_used)))]
+        + ([running("lent", "a", on("n2", *range(borrowed)), borrowed=True)] if borrowed else []),
+        queued=[job("next", "a", gpus)],
+    )
+    p = plan(s)
+    assert not p.admissions
+    assert p.waiting["next"] == f"needs {gpus} h100: {reason}"
 
 
 def test_a_share_below_its_capacity_says_how_much_own_is_left():
