@@ -273,6 +273,10 @@ STARVATION_S = env_int("STARVATION_S", 3600)
 FORECAST_MIN_INTERVAL_S = env_int("FORECAST_MIN_INTERVAL_S", 3)
 FORECAST_MAX_AGE_S = env_int("FORECAST_MAX_AGE_S", 30)
 FORECAST_BUDGET_S = env_int("FORECAST_BUDGET_S", 5)
+# The likely ranges (two more replays) come with each forecast where its replay took under
+# FORECAST_RANGES_INLINE_S, else in a second write at most every FORECAST_RANGES_INTERVAL_S.
+FORECAST_RANGES_INLINE_S = env_int("FORECAST_RANGES_INLINE_S", 1)
+FORECAST_RANGES_INTERVAL_S = env_int("FORECAST_RANGES_INTERVAL_S", 30)
 DEFAULT_PREEMPTION_GRACE_S = env_int("DEFAULT_PREEMPTION_GRACE_S", 30)
 # The longest grace a job may ask for (SEMANTICS.md "Jobs"): no job holds a reclaimed GPU, or a cancelled
 # job its GPUs, longer than this after its SIGTERM. The same limit in the form, the API and the CLI

@@ -38,8 +38,8 @@ def _nodes_of(placement: list[dict]) -> list[str]:
     return [p["node"] for p in placement]
 
 
-def _request_pass(why: str) -> None:
-    signals.announce(why)
+def _request_pass(why: str, *, reforecast: bool = False) -> None:
+    signals.announce(why, reforecast=reforecast)
 
 
 def send_stop(attempt: Attempt, grace_s: int) -> None:
@@ -455,7 +455,7 @@ def _cancel_at_once(job_id: int, by: str, now: datetime) -> bool:
     )
     if changed:
         record_event(job_id, EventKind.CANCELLED, f"by {by}", at=now)
-        _request_pass("cancel")
+        _request_pass("cancel", reforecast=True)  # a queued job left the queue
     return bool(changed)
 
 

@@ -235,7 +235,7 @@ def job_submit(
         check=known and {**_share_facts(job.share, known, gpu_type), "user_id": user.pk, "cap": cap},
     ):
         return None
-    _after_commit_request_pass("submit", coalesce=True)
+    _after_commit_request_pass("submit", coalesce=True, reforecast=True)
     job.submitted_event = event  # for an answer built without reading the job back (known_related)
     return job
 
@@ -400,7 +400,7 @@ def job_array_submit(*, user, share: Share, size: int, first_index: int = 0, **f
             "array": array.pk,
         }
         _insert_tasks(proto, range(first_index, first_index + size), reason, detail)
-        _after_commit_request_pass("array submitted")
+        _after_commit_request_pass("array submitted", reforecast=True)
     return array
 
 
@@ -531,7 +531,7 @@ def array_set_priority(*, user, array: JobArray, priority: int) -> int:
             batch_size=1000,
         )
         if rows:
-            _after_commit_request_pass("priority")
+            _after_commit_request_pass("priority", reforecast=True)
     return len(rows)
 
 
@@ -567,7 +567,7 @@ def array_cancel(*, user, array: JobArray) -> int:
             batch_size=1000,
         )
         if queued:
-            _after_commit_request_pass("cancel")
+            _after_commit_request_pass("cancel", reforecast=True)
     live = list(
         Job.objects.filter(array=array, state__in=[s.value for s in JOB_OPEN_STATES])
         .exclude(state=JobState.CANCELLING)
@@ -784,7 +784,7 @@ def job_update(*, user, job: Job, priority: int | None = None, preemption_grace_
                 detail={"from": old_priority, "to": priority},
                 at=now,
             )
-            _after_commit_request_pass("priority")
+            _after_commit_request_pass("priority", reforecast=True)
         if preemption_grace_s is not None and old_grace != preemption_grace_s:
             Job.objects.filter(pk=job.pk).update(preemption_grace_s=preemption_grace_s, updated_at=now)
             later = (
@@ -834,13 +834,13 @@ def job_release(*, user, job: Job) -> Job:
         ):
             job.refresh_from_db()
             raise Conflict(f"Job {job.pk} is {job.state}, not HELD; there is nothing to release.")
-        _after_commit_request_pass("release")
+        _after_commit_request_pass("release", reforecast=True)
     job.refresh_from_db()
     return job
 
 
-def _after_commit_request_pass(why: str, *, coalesce: bool = False) -> None:
-    signals.announce(why, coalesce=coalesce)
+def _after_commit_request_pass(why: str, *, coalesce: bool = False, reforecast: bool = False) -> None:
+    signals.announce(why, coalesce=coalesce, reforecast=reforecast)
 
 
 # --- read-outs: who sees which jobs, and their logs -------------------------------------------------

@@ -4,7 +4,9 @@
 jobs may let the scheduling pass decide something new (a submit, an end, a cancel, a priority, a
 release). The scheduling side subscribes (quotas.apps) and asks for a pass; jobs never imports the
 pass, so the dependency goes one way: quotas' scheduler uses jobs, jobs uses nothing of the scheduler.
-Receivers get `why` (a few words for the log) and `coalesce` (a submit: fold a burst into a few passes)."""
+Receivers get `why` (a few words for the log), `coalesce` (a submit: fold a burst into a few passes) and
+`reforecast` (the queue itself changed: a job joined or left it or moved in it, so the stored forecast of
+positions and ETAs is stale and the pass it asks for is to forecast again, SEMANTICS "Forecast")."""
 
 from django.db import transaction
 from django.dispatch import Signal
@@ -12,6 +14,8 @@ from django.dispatch import Signal
 queue_changed = Signal()
 
 
-def announce(why: str, *, coalesce: bool = False) -> None:
+def announce(why: str, *, coalesce: bool = False, reforecast: bool = False) -> None:
     """Send queue_changed after the current transaction commits (at once outside one)."""
-    transaction.on_commit(lambda: queue_changed.send(sender=None, why=why, coalesce=coalesce))
+    transaction.on_commit(
+        lambda: queue_changed.send(sender=None, why=why, coalesce=coalesce, reforecast=reforecast)
+    )

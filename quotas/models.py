@@ -200,6 +200,16 @@ class ForecastKind(models.TextChoices):
     NONE = "none", "none"
 
 
+def likely_range(eta, low, high) -> tuple:
+    """A stored forecast's likely range as it is shown (SEMANTICS "Ranges"): widened to hold its ETA
+    (the range replays may have run on a slightly older state than the point ETA); (None, None) without
+    an ETA or before the range replays reached the job. The one reading of QueueForecast's and
+    ForecastRecord's eta_low/eta_high: pages, API, CLI and the track record all go through it."""
+    if eta is None or low is None or high is None:
+        return None, None
+    return min(low, eta), max(high, eta)
+
+
 class QueueForecast(models.Model):
     """A queued job's forecast (SEMANTICS "Forecast"), as the control worker last computed it after a
     pass: its position, ETA with what the ETA rests on, and why it waits. Pages, API and CLI read this

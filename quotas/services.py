@@ -9,9 +9,8 @@ replayed by quotas.engine.forecast, stored as QueueForecast) and read back by pa
 from __future__ import annotations
 
 import logging
-import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -25,14 +24,20 @@ from quotas import audit
 from quotas.choices import Role, ShareState, Strategy
 from quotas.engine import collector
 from quotas.engine import forecast as fc
-from quotas.models import GPU_TYPE_RE, Membership, Share, Team
+from quotas.engine import runtimes as rt
+from quotas.models import GPU_TYPE_RE, Membership, Share, Team, likely_range
 
 log = logging.getLogger(__name__)
 
 # ETA of a job with no max_runtime_s in a share that has never finished a job.
 DEFAULT_RUNTIME_S = 3600
-# How many recent successful attempts the median observed runtime of a share is taken over.
+# The runtime estimates learn from the successful attempts of the last RUNTIME_HISTORY_DAYS: at most
+# RUNTIME_SAMPLE of each share and GROUP_SAMPLE of each user's job name, the most recent, out of at most
+# RUNTIME_ROWS read (one query).
+RUNTIME_HISTORY_DAYS = 30
 RUNTIME_SAMPLE = 1000
+GROUP_SAMPLE = 200
+RUNTIME_ROWS = 20_000
 MAX_INT = 2**31 - 1
 
 
@@ -254,6 +259,8 @@ class QueueView:
 
     loaded: Any  # quotas.scheduler.Loaded
     forecast: fc.Forecast
+    guesses: Any = None  # _Guesses
+    options: Mapping[str, Any] | None = None  # the replay's budget
 
     @property
     def snapshot(self):
@@ -298,8 +305,10 @@ def share_usage(snapshot, queued_totals=None) -> dict[str, dict[str, dict[str, f
     return out
 
 
-def _median_runtimes(now: datetime) -> dict[str, float]:
-    """Median observed runtime per share, over its most recent successful attempts (one query)."""
+def runtime_history(now: datetime) -> rt.Runtimes:
+    """What the system has seen (SEMANTICS "Runtime estimates"): the runtimes of successful attempts that
+    ended in the last RUNTIME_HISTORY_DAYS, the most recent first, up to RUNTIME_SAMPLE per share and
+    per (share, user, job name). One query, at most RUNTIME_ROWS rows."""
     from jobs.choices import AttemptState, Outcome
     from jobs.models import Attempt
 
@@ -308,15 +317,69 @@ def _median_runtimes(now: datetime) -> dict[str, float]:
             state=AttemptState.ENDED,
             outcome=Outcome.SUCCEEDED,
             started_at__isnull=False,
-            ended_at__gte=now - timedelta(days=30),
+            ended_at__gte=now - timedelta(days=RUNTIME_HISTORY_DAYS),
         )
         .order_by("-ended_at")
-        .values_list("job__share__name", "started_at", "ended_at")[:RUNTIME_SAMPLE]
+        .values_list(
+            "job__share__name", "job__submitted_by__username", "job__name", "started_at", "ended_at"
+        )[:RUNTIME_ROWS]
     )
-    samples: dict[str, list[float]] = {}
-    for share, started, ended in rows:
-        samples.setdefault(share, []).append(max(1.0, (ended - started).total_seconds()))
-    return {share: statistics.median(values) for share, values in samples.items()}
+    by_share: dict[str, list[float]] = {}
+    by_group: dict[tuple[str, str, str], list[float]] = {}
+    for share, user, name, started, ended in rows:
+        seconds = max(1.0, (ended - started).total_seconds())
+        seen = by_share.setdefault(share, [])
+        if len(seen) < RUNTIME_SAMPLE:
+            seen.append(seconds)
+        if name:
+            group = by_group.setdefault((share, user, name), [])
+            if len(group) < GROUP_SAMPLE:
+                group.append(seconds)
+    return rt.Runtimes(by_share, by_group, default_s=DEFAULT_RUNTIME_S)
+
+
+@dataclass(frozen=True)
+class _Guesses:
+    """Per open job: the runtime the forecast replays with, where a guess comes from, its spread."""
+
+    runtime: dict[int, float]
+    estimates: dict[int, rt.Guess]
+    spread: dict[int, tuple[float, float]]
+    grace: dict[int, float]
+
+
+def _guesses(loaded, now: datetime) -> _Guesses:
+    """Each open job's runtime for the forecast: its enforced max_runtime_s, or a guess from what the
+    system has seen (its user's job name, else its share, else the default; for a running attempt given
+    how long it has run). One query for the jobs, one for the history."""
+    from jobs.choices import JOB_OPEN_STATES
+    from jobs.models import Job
+
+    model = runtime_history(now)
+    started = {r.job_id: r.started_at for r in loaded.snapshot.running if not r.preempting}
+    at = now.timestamp()
+    share_names = dict(Share.objects.values_list("pk", "name"))
+    out = _Guesses({}, {}, {}, {})
+    queued_guess: dict[tuple, rt.Guess] = {}
+    rows = Job.objects.filter(state__in=list(JOB_OPEN_STATES)).values_list(
+        "pk", "share_id", "submitted_by__username", "name", "max_runtime_s", "preemption_grace_s"
+    )
+    for pk, share_id, user, name, max_runtime, grace_s in rows:
+        out.grace[pk] = float(grace_s)
+        if max_runtime:  # enforced by the agent: an ETA that rests only on these is a bound
+            out.runtime[pk] = float(max_runtime)
+            continue
+        since = started.get(pk)
+        if since is None:  # not running: the same guess for every job of a kind (100k queued: one each)
+            guess = queued_guess.get((share_id, user, name))
+            if guess is None:
+                guess = queued_guess[(share_id, user, name)] = model.guess(
+                    share_names.get(share_id, ""), user, name
+                )
+        else:
+            guess = model.guess(share_names.get(share_id, ""), user, name, elapsed=max(0.0, at - since))
+        out.runtime[pk], out.estimates[pk], out.spread[pk] = guess.seconds, guess, (guess.low, guess.high)
+    return out
 
 
 def queue_view(
@@ -325,42 +388,28 @@ def queue_view(
     now: datetime | None = None,
     budget_s: float | None = None,
     max_passes: int | None = None,
+    ranges: bool = True,
 ) -> QueueView:
     """Load the snapshot and forecast the queue. `targets` (job ids) lets the forecast stop as soon as
-    those jobs have an ETA. A constant number of queries, whatever the size of the queue."""
-    from jobs.choices import JOB_OPEN_STATES
-    from jobs.models import Job
+    those jobs have an ETA; `ranges=False` leaves out the range replays (QueueView.guesses keeps what
+    they need, for likely_ranges later). A constant number of queries, whatever the size of the queue."""
     from quotas.scheduler import load_snapshot
 
     now = now or timezone.now()
     loaded = load_snapshot(now)
-    medians = _median_runtimes(now)
-    share_names = dict(Share.objects.values_list("pk", "name"))
-    runtime: dict[int, float] = {}
-    estimates: dict[int, fc.Estimate] = {}
-    grace: dict[int, float] = {}
-    default = fc.Estimate(float(DEFAULT_RUNTIME_S))
-    by_share = {name: fc.Estimate(float(m), name) for name, m in medians.items()}
-    for pk, share_id, max_runtime, grace_s in Job.objects.filter(state__in=list(JOB_OPEN_STATES)).values_list(
-        "pk", "share_id", "max_runtime_s", "preemption_grace_s"
-    ):
-        if max_runtime:  # enforced by the agent: an ETA that rests only on these is a bound
-            runtime[pk] = float(max_runtime)
-        else:
-            est = by_share.get(share_names.get(share_id), default)
-            runtime[pk] = est.seconds
-            estimates[pk] = est
-        grace[pk] = float(grace_s)
+    guesses = _guesses(loaded, now)
+    options = {"budget_s": budget_s, "max_passes": max_passes} if budget_s else {}
     result = fc.forecast(
         loaded.snapshot,
-        runtime_s=runtime,
-        estimates=estimates,
-        grace_s=grace,
+        runtime_s=guesses.runtime,
+        estimates=guesses.estimates,
+        grace_s=guesses.grace,
         default_runtime_s=DEFAULT_RUNTIME_S,
         targets=targets,
-        **({"budget_s": budget_s, "max_passes": max_passes} if budget_s else {}),
+        spread=guesses.spread if ranges else None,
+        **options,
     )
-    return QueueView(loaded=loaded, forecast=result)
+    return QueueView(loaded=loaded, forecast=result, guesses=guesses, options=options)
 
 
 def age_words(at: datetime, now: datetime | None = None) -> str:
@@ -374,6 +423,25 @@ def duration_words(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds} s"
     return f"{seconds // 60} min" if seconds < 7200 else f"{seconds // 3600} h"
+
+
+def range_words(low: datetime | None, high: datetime | None, now: datetime | None = None) -> str:
+    """A likely range in words, as local clock times: "likely between 14:10 and 16:40"; a day named when
+    it is not today ("Tue 09:30"), the full date beyond a week; a start already passed is "now". Empty
+    without a range."""
+    if low is None or high is None:
+        return ""
+    now = timezone.localtime(now or timezone.now())
+    low, high = timezone.localtime(low), timezone.localtime(high)
+
+    def clock(t: datetime, day) -> str:
+        if t <= now:
+            return "now"
+        if t.date() == day:
+            return f"{t:%H:%M}"
+        return f"{t:%a %H:%M}" if (t.date() - now.date()).days < 7 else f"{t:%Y-%m-%d %H:%M}"
+
+    return f"likely between {clock(low, now.date())} and {clock(high, max(low, now).date())}"
 
 
 def stored_forecast(job):
@@ -391,16 +459,21 @@ def forecast_fields(job) -> dict:
             "eta": None,
             "eta_low": None,
             "eta_high": None,
+            "range": "",
             "kind": "",
             "basis": "",
             "waiting": "",
             "computed_at": None,
             "age": "",
         }
+    low, high = likely_range(f.eta, f.eta_low, f.eta_high)
     return {
+        # In words for an estimate only: a bound's range ends at the bound, which its ETA says already.
+        "range": range_words(low, high) if f.kind == fc.ESTIMATE else "",
         "position": {"in_share": f.position_in_share, "overall": f.position_overall},
         "eta": f.eta,
-        **_range(f),
+        "eta_low": low,
+        "eta_high": high,
         "kind": f.kind,
         "basis": f.basis,
         "waiting": f.reason,
@@ -409,15 +482,22 @@ def forecast_fields(job) -> dict:
     }
 
 
-def _range(f) -> dict:
-    """A stored forecast's likely range, widened to hold its ETA (the range replays may have run on a
-    slightly older state than the point ETA); none without an ETA or before the range replays reached it."""
-    if f.eta is None or f.eta_low is None or f.eta_high is None:
-        return {"eta_low": None, "eta_high": None}
-    return {"eta_low": min(f.eta_low, f.eta), "eta_high": max(f.eta_high, f.eta)}
+def _track_record(now: datetime) -> None:
+    """Keep each newly forecast job's first forecast and fill in the starts since (quotas.track_record).
+    The stored forecast is what users wait on: a failure here is logged, never raised."""
+    from quotas import track_record
+
+    try:
+        with transaction.atomic():  # a savepoint: a failed statement leaves no broken transaction
+            track_record.record_first_forecasts(now)
+            track_record.mark_started()
+    except Exception:
+        log.exception("the forecast's track record was not updated after the forecast at %s", now)
 
 
-def _forecast_rows(queue: QueueView, now: datetime) -> list[tuple]:
+def _forecast_rows(
+    queue: QueueView, now: datetime, carried: Mapping[int, tuple] | None = None
+) -> list[tuple]:
     """QueueForecast's rows for every queued job of the forecast made at `now`, as the database takes
     them."""
     f = queue.forecast
@@ -439,15 +519,21 @@ def _forecast_rows(queue: QueueView, now: datetime) -> list[tuple]:
             return etas[t]
 
         t = f.eta.get(q.job_id)
-        low, high = f.ranges.get(q.job_id, (None, None)) if t is not None else (None, None)
+        if t is None:
+            low = high = None
+        elif q.job_id in f.ranges:
+            low, high = f.ranges[q.job_id]
+            low, high = stamp_of(low), stamp_of(high)
+        else:  # the last ranges found, until the next range replays (the reader widens them to hold t)
+            low, high = (carried or {}).get(q.job_id, (None, None))
         rows.append(
             (
                 q.job_id,
                 pos["in_share"],
                 pos["overall"],
                 stamp_of(t),
-                stamp_of(low),
-                stamp_of(high),
+                low,
+                high,
                 f.kind.get(q.job_id, fc.NONE),
                 (f.basis.get(q.job_id) or "")[:400],
                 (f.waiting.get(q.job_id) or "")[:400],
@@ -457,26 +543,89 @@ def _forecast_rows(queue: QueueView, now: datetime) -> list[tuple]:
     return rows
 
 
-def forecast_refresh(*, now: datetime | None = None) -> dict:
+def forecast_refresh(*, now: datetime | None = None, ranges: bool | None = None) -> dict:
     """Forecast the whole queue and store it (QueueForecast): what the control worker runs after a
-    pass. Positions for every queued job; ETAs as far as the replay gets within FORECAST_BUDGET_S."""
+    pass. Positions for every queued job; ETAs as far as the replay gets within FORECAST_BUDGET_S;
+    likely ranges (two more replays, fc.likely_ranges) in the same refresh where the queue is small
+    enough for them to cost little (the point replay took under FORECAST_RANGES_INLINE_S), else in a
+    second write after the first, at most every FORECAST_RANGES_INTERVAL_S (the rows in between keep the
+    ranges last found). `ranges` forces them (True) or leaves them out (False)."""
     import time as _time
 
     from django.conf import settings
-
-    from quotas.models import QueueForecast
+    from django.core.cache import cache
 
     started = _time.monotonic()
     now = now or timezone.now()
     # Loading, replaying and writing 100k rows make no reference cycles: the collector's walks over
     # the growing heap are pure overhead here (engine.collector).
     with collector.paused():
-        queue = queue_view(now=now, budget_s=settings.FORECAST_BUDGET_S, max_passes=10**9)
-        rows = _forecast_rows(queue, now)
-    # Replace the stored forecast whole, in one transaction (readers see the old one until it commits).
-    # 100k rows through the ORM took ~10 s; COPY (PostgreSQL) or one executemany (SQLite) a fraction.
-    # A job that ends meanwhile keeps a row until the next forecast; every reader shows a forecast only
-    # for a job still QUEUED.
+        queue = queue_view(now=now, budget_s=settings.FORECAST_BUDGET_S, max_passes=10**9, ranges=False)
+        inline = _time.monotonic() - started < settings.FORECAST_RANGES_INLINE_S
+        if ranges is None:
+            last = float(cache.get(RANGES_AT) or 0)
+            due = inline or _time.time() - last >= settings.FORECAST_RANGES_INTERVAL_S
+        else:
+            due = ranges
+        if due and inline:
+            queue = _with_ranges(queue)
+            rows = _forecast_rows(queue, now)
+        else:
+            rows = _forecast_rows(queue, now, _stored_ranges())
+    _write_forecast(rows)
+    point_s = _time.monotonic() - started
+    if due and not inline:  # a long queue: its ETAs are stored first, their ranges a few seconds later
+        with collector.paused():
+            queue = _with_ranges(queue)
+            rows = _forecast_rows(queue, now)
+        _write_forecast(rows)
+    if due:
+        cache.set(RANGES_AT, _time.time(), None)
+    _track_record(now)
+    return {
+        "jobs": len(rows),
+        "etas": len(queue.forecast.eta),
+        "ranges": len(queue.forecast.ranges),
+        "passes": queue.forecast.passes,
+        "seconds": round(point_s, 3),
+        "with_ranges_s": round(_time.monotonic() - started, 3),
+    }
+
+
+RANGES_AT = "gpuquota:forecast-ranges-at"
+
+
+def _with_ranges(queue: QueueView) -> QueueView:
+    g = queue.guesses
+    found = fc.likely_ranges(
+        queue.snapshot,
+        queue.forecast,
+        runtime_s=g.runtime,
+        spread=g.spread,
+        grace_s=g.grace,
+        default_runtime_s=DEFAULT_RUNTIME_S,
+        **(queue.options or {}),
+    )
+    return replace(queue, forecast=replace(queue.forecast, ranges=found))
+
+
+def _stored_ranges() -> dict[int, tuple]:
+    """The ranges of the stored forecast, as the database gives them back (to write again as they are)."""
+    from quotas.models import QueueForecast
+
+    table = QueueForecast._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT job_id, eta_low, eta_high FROM {table} WHERE eta_low IS NOT NULL")
+        return {job_id: (low, high) for job_id, low, high in cursor.fetchall()}
+
+
+def _write_forecast(rows: list[tuple]) -> None:
+    """Replace the stored forecast whole, in one transaction (readers see the old one until it commits).
+    100k rows through the ORM took ~10 s; COPY (PostgreSQL) or one executemany (SQLite) a fraction.
+    A job that ends meanwhile keeps a row until the next forecast; every reader shows a forecast only
+    for a job still QUEUED."""
+    from quotas.models import QueueForecast
+
     table = QueueForecast._meta.db_table
     cols = "job_id, position_in_share, position_overall, eta, eta_low, eta_high, kind, basis, reason, computed_at"
     with transaction.atomic(), connection.cursor() as cursor:
@@ -487,9 +636,3 @@ def forecast_refresh(*, now: datetime | None = None) -> dict:
                     copy.write_row(row)
         elif rows:
             cursor.executemany(f"INSERT INTO {table} ({cols}) VALUES ({', '.join(['%s'] * 10)})", rows)
-    return {
-        "jobs": len(rows),
-        "etas": len(queue.forecast.eta),
-        "passes": queue.forecast.passes,
-        "seconds": round(_time.monotonic() - started, 3),
-    }

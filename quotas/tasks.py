@@ -2,7 +2,7 @@
 
 from celery import shared_task
 
-from quotas import scheduler
+from quotas import scheduler, triggers
 
 
 @shared_task(name="quotas.tasks.scheduling_pass", ignore_result=True)
@@ -16,12 +16,14 @@ def scheduling_pass(trigger: str = "beat") -> dict:
 FORECAST_LOCK = "gpuquota:forecast-running"
 FORECAST_ASKED = "gpuquota:forecast-asked"
 FORECAST_LAST = "gpuquota:forecast-last"
-FORECAST_DIRTY = "gpuquota:forecast-dirty"  # a pass decided something since the last forecast
+# A pass decided something, or the queue changed (triggers.mark_forecast_stale), since the last forecast.
+FORECAST_DIRTY = triggers.FORECAST_DIRTY
 
 
 def forecast_due(*, changed: bool) -> bool:
-    """After a pass: is a new stored forecast due? When the pass decided something (at most every
-    FORECAST_MIN_INTERVAL_S), or when the stored one is older than FORECAST_MAX_AGE_S, so that an ETA
+    """After a pass: is a new stored forecast due? When the pass decided something or the queue changed
+    since the last one (a submit, a priority, a cancel: triggers.mark_forecast_stale), at most every
+    FORECAST_MIN_INTERVAL_S; or when the stored one is older than FORECAST_MAX_AGE_S, so that an ETA
     that has passed is forecast again from the new state. One pass in an interval says yes."""
     import logging
     import time

@@ -72,6 +72,21 @@ def request_pass_at(at: float, why: str = "recheck") -> bool:
     return True
 
 
+# The stored forecast is stale: a pass decided something, or the queue itself changed (a submit, a
+# priority, a cancel of a queued job, a release), since the last forecast. The next pass forecasts
+# again (quotas.tasks.forecast_due), still at most every FORECAST_MIN_INTERVAL_S and one at a time, so
+# that a user sees their job's position and ETA seconds after a change, not at FORECAST_MAX_AGE_S.
+FORECAST_DIRTY = "gpuquota:forecast-dirty"
+
+
+def mark_forecast_stale() -> None:
+    """Before the pass is asked for: that pass, or the next one, then sees the mark."""
+    try:
+        cache.set(FORECAST_DIRTY, 1, None)
+    except Exception:  # advice only: the forecast is made again at FORECAST_MAX_AGE_S anyway
+        log.warning("could not mark the stored forecast stale", exc_info=True)
+
+
 def clear_pending() -> None:
     try:
         cache.delete(PENDING_KEY)
@@ -82,7 +97,9 @@ def clear_pending() -> None:
 class _Coalescer:
     """Per process: the first request in a quiet period goes out at once (a lone submit starts without
     delay); later ones within COALESCE_S are folded into one trailing request when the window ends, so
-    a job submitted after a pass read its snapshot still gets a pass of its own."""
+    a job submitted after a pass read its snapshot still gets a pass of its own. Only submits come
+    through here, and each changes the queue: each request sent marks the stored forecast stale first
+    (once per request, not per submit; the trailing one covers the submits folded into it)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -102,12 +119,17 @@ class _Coalescer:
                     self._timer.daemon = True
                     self._timer.start()
         if send:
-            request_pass(why)
+            self._send(why)
 
     def _fire(self, why: str) -> None:
         with self._lock:
             self._timer = None
             self._last = time.monotonic()
+        self._send(why)
+
+    @staticmethod
+    def _send(why: str) -> None:
+        mark_forecast_stale()
         request_pass(why)
 
 
@@ -119,7 +141,16 @@ def request_pass_soon(why: str = "") -> None:
     _coalescer.request(why)
 
 
-def on_queue_changed(sender, *, why: str = "", coalesce: bool = False, **kwargs) -> None:
+def on_queue_changed(
+    sender, *, why: str = "", coalesce: bool = False, reforecast: bool = False, **kwargs
+) -> None:
     """Receiver of jobs.signals.queue_changed (connected in quotas.apps): a submit is coalesced in this
-    process first, anything else asks at once. The names are looked up when called (tests replace them)."""
-    (request_pass_soon if coalesce else request_pass)(why)
+    process first, anything else asks at once; where the queue itself changed (`reforecast`), the stored
+    forecast is marked stale before the pass is asked for (by the coalescer for a submit, once a burst),
+    so that pass forecasts again. The names are looked up when called (tests replace them)."""
+    if coalesce:
+        request_pass_soon(why)
+        return
+    if reforecast:
+        mark_forecast_stale()
+    request_pass(why)

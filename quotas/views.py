@@ -26,7 +26,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from jobs import services as job_services
 from jobs.choices import EventKind
 from jobs.models import Job, JobEvent
-from quotas import layout, layoutdoc, services, usage, whatif
+from quotas import layout, layoutdoc, services, track_record, usage, whatif
 from quotas.audit import field_changes as audit_field_changes
 from quotas.choices import ShareState, Strategy
 from quotas.forms import ShareForm, SweepForm, add_service_errors
@@ -330,6 +330,35 @@ def team_queue_context(user, team: Team, live: usage.LivePicture | None = None) 
     }
 
 
+def track_record_context(share: Share, now=None) -> dict:
+    """A share's track record (quotas.track_record.summary) ready to print, with its picture: each start
+    as forecast wait against actual wait in minutes, its range as a bar across (it crosses the diagonal
+    when the start fell inside it)."""
+    summary = track_record.summary(share, now=now)
+    points = []
+    for p in summary["points"]:
+        ranged = p["low_s"] is not None
+        told = services.duration_words(p["forecast_s"])
+        if ranged:
+            told += f" ({services.duration_words(p['low_s'])} to {services.duration_words(p['high_s'])})"
+        points.append(
+            {
+                "x": round(p["forecast_s"] / 60, 2),
+                "y": round(p["actual_s"] / 60, 2),
+                "plus": round((p["high_s"] - p["forecast_s"]) / 60, 2) if ranged else 0,
+                "minus": round((p["forecast_s"] - p["low_s"]) / 60, 2) if ranged else 0,
+                "group": "none" if not ranged else "within" if p["within"] else "outside",
+                "text": f"job {p['job']}: told {told}, started after {services.duration_words(p['actual_s'])}",
+            }
+        )
+    fraction = summary["within_fraction"]
+    return {
+        **summary,
+        "percent": None if fraction is None else round(100 * fraction),
+        "chart": {"points": points},
+    }
+
+
 def submit_form_for(team: Team, data=None):
     from jobs.forms import SubmitForm
     from jobs.services import node_shapes
@@ -354,6 +383,9 @@ def team_page(request, slug):
     if part is None:
         context["form"] = submit_form_for(team)
         context["members"] = list(team.memberships.select_related("user").order_by("user__username"))
+        context["track_records"] = [track_record_context(s) for s in team.shares.order_by("name")]
+        # plotly.js only where there is a picture to draw
+        context["track_chart"] = any(t["chart"]["points"] for t in context["track_records"])
     return page_or_part(request, "quotas/team.html", TEAM_PARTS, context)
 
 
@@ -448,6 +480,8 @@ def _share_form_response(request, form, share, status=200, warnings=()):
         "overcommitted": _overcommit(),
         "warnings": warnings,
         "sweep_form": SweepForm(gpu_types=_gpu_types(share)) if share is not None else None,
+        # The whole page only: an htmx answer is the form alone.
+        "track": track_record_context(share) if share is not None and not request.htmx else None,
     }
     return render(request, template, context, status=status)
 

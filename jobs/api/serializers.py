@@ -179,11 +179,18 @@ class JobSerializer(EnvRedactionMixin, serializers.ModelSerializer):
     # The stored forecast (SEMANTICS "Forecast"), computed by the control worker after a pass.
     queue_position = serializers.SerializerMethodField()
     eta = serializers.SerializerMethodField()
+    eta_low = serializers.SerializerMethodField()
+    eta_high = serializers.SerializerMethodField()
     eta_kind = serializers.SerializerMethodField()
     eta_basis = serializers.SerializerMethodField()
     waiting_reason = serializers.SerializerMethodField()
     forecast_at = serializers.SerializerMethodField()
     forecast_age_s = serializers.SerializerMethodField()
+    updated_at = serializers.DateTimeField(
+        read_only=True,
+        help_text="When the job last changed (its state, priority or grace): a forecast_at at or after "
+        "it has seen the change.",
+    )
 
     class Meta:
         model = Job
@@ -213,11 +220,14 @@ class JobSerializer(EnvRedactionMixin, serializers.ModelSerializer):
             "array_index",
             "queue_position",
             "eta",
+            "eta_low",
+            "eta_high",
             "eta_kind",
             "eta_basis",
             "waiting_reason",
             "forecast_at",
             "forecast_age_s",
+            "updated_at",
         ]
         read_only_fields = fields
 
@@ -234,6 +244,37 @@ class JobSerializer(EnvRedactionMixin, serializers.ModelSerializer):
     def get_eta(self, job):
         f = _stored_forecast(job)
         return serializers.DateTimeField().to_representation(f.eta) if f and f.eta else None
+
+    @extend_schema_field(
+        serializers.DateTimeField(
+            allow_null=True,
+            help_text="The likely range's start: 10th percentile of the start (about 8 jobs in 10 start "
+            "between eta_low and eta_high); null without an ETA or before the range is computed.",
+        )
+    )
+    def get_eta_low(self, job):
+        return self._likely_range(job)[0]
+
+    @extend_schema_field(
+        serializers.DateTimeField(
+            allow_null=True,
+            help_text="The likely range's end: 90th percentile of the start (a bound: the bound).",
+        )
+    )
+    def get_eta_high(self, job):
+        return self._likely_range(job)[1]
+
+    def _likely_range(self, job) -> tuple:
+        from quotas.models import likely_range
+
+        f = _stored_forecast(job)
+        if f is None:
+            return None, None
+        field = serializers.DateTimeField()
+        return tuple(
+            None if t is None else field.to_representation(t)
+            for t in likely_range(f.eta, f.eta_low, f.eta_high)
+        )
 
     @extend_schema_field(
         serializers.CharField(
@@ -368,6 +409,8 @@ class QueueEntrySerializer(serializers.Serializer):
     submitted_at = serializers.DateTimeField()
     position = QueuePositionSerializer(allow_null=True)
     eta = serializers.DateTimeField(allow_null=True)
+    eta_low = serializers.DateTimeField(allow_null=True, help_text="The likely range (10th-90th percentile).")
+    eta_high = serializers.DateTimeField(allow_null=True)
     eta_kind = serializers.CharField(allow_null=True)
     eta_basis = serializers.CharField()
     waiting_reason = serializers.CharField()

@@ -33,7 +33,7 @@ from jobs.api.throttles import SubmitThrottle
 from jobs.choices import JobState
 from jobs.limits import MAX_INT
 from jobs.models import Attempt, Job, JobArray, JobEvent
-from quotas.models import Share
+from quotas.models import Share, likely_range
 
 log = logging.getLogger(__name__)
 
@@ -256,6 +256,8 @@ class QueueView(ApiViewMixin, APIView):
                 "forecast__position_in_share",
                 "forecast__position_overall",
                 "forecast__eta",
+                "forecast__eta_low",
+                "forecast__eta_high",
                 "forecast__kind",
                 "forecast__basis",
                 "forecast__reason",
@@ -273,6 +275,9 @@ class QueueView(ApiViewMixin, APIView):
             at = job["forecast__computed_at"]
             if at is not None and (oldest is None or at < oldest):
                 oldest = at
+            low, high = likely_range(
+                job["forecast__eta"], job["forecast__eta_low"], job["forecast__eta_high"]
+            )
             entries.append(
                 {
                     "id": job["pk"],
@@ -291,6 +296,8 @@ class QueueView(ApiViewMixin, APIView):
                         "overall": job["forecast__position_overall"],
                     },
                     "eta": job["forecast__eta"],
+                    "eta_low": low,
+                    "eta_high": high,
                     "eta_kind": job["forecast__kind"],
                     "eta_basis": job["forecast__basis"] or "",
                     "waiting_reason": job["forecast__reason"] or "",

@@ -236,3 +236,62 @@ class TemporaryChangeSerializer(serializers.Serializer):
     @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_revert_version(self, change):
         return change.revert_version.number if change.revert_version_id else None
+
+
+class TrackRecordQuerySerializer(serializers.Serializer):
+    days = serializers.IntegerField(
+        required=False,
+        default=7,
+        min_value=1,
+        max_value=90,
+        help_text="Jobs that started in the last 1 to 90 days (default 7).",
+        error_messages={
+            "invalid": "Give a whole number of days, 1 to 90.",
+            "min_value": "Give a whole number of days, 1 to 90.",
+            "max_value": "Give a whole number of days, 1 to 90.",
+        },
+    )
+
+
+class TrackRecordPointSerializer(serializers.Serializer):
+    job = serializers.IntegerField()
+    kind = serializers.CharField(help_text="bound, estimate or none: what its first ETA rested on.")
+    forecast_s = serializers.FloatField(help_text="Its first ETA, as a wait from its submit (seconds).")
+    low_s = serializers.FloatField(allow_null=True, help_text="Its likely range's start, from its submit.")
+    high_s = serializers.FloatField(allow_null=True, help_text="Its likely range's end, from its submit.")
+    actual_s = serializers.FloatField(help_text="Its actual wait: first attempt's start, from its submit.")
+    within = serializers.BooleanField(allow_null=True, help_text="Started within its range (null: no range).")
+
+
+class TrackRecordSerializer(serializers.Serializer):
+    """A share's forecast track record (quotas.track_record.summary): the jobs that waited for a forecast
+    and started in the last `days` days, against the ETA and likely range they were first given."""
+
+    share = serializers.CharField()
+    days = serializers.IntegerField()
+    since = serializers.DateTimeField()
+    until = serializers.DateTimeField()
+    started = serializers.IntegerField(help_text="Jobs that started in the window (any first forecast).")
+    n = serializers.IntegerField(help_text="Of those, the ones first given an ETA.")
+    median_error_s = serializers.FloatField(
+        allow_null=True, help_text="Median of |start - first ETA| over those n, seconds."
+    )
+    with_range = serializers.IntegerField(help_text="Started jobs first given a likely range.")
+    within_range = serializers.IntegerField(
+        help_text="Of those, started inside it (tolerance_s either side allowed)."
+    )
+    within_fraction = serializers.FloatField(
+        allow_null=True, help_text="within_range / with_range: about 0.8 when ranges are right."
+    )
+    early = serializers.IntegerField(help_text="Started before their range.")
+    late = serializers.IntegerField(help_text="Started after their range.")
+    tolerance_s = serializers.IntegerField()
+    by_kind = serializers.JSONField(
+        help_text='{"bound"|"estimate"|"none": {"started": n, "with_range": n, "within_range": n}}'
+    )
+    waiting_past_range = serializers.IntegerField(
+        help_text="Jobs still queued whose first range (or ETA) has ended: not counted until they start."
+    )
+    points = TrackRecordPointSerializer(
+        many=True, help_text="The latest starts (at most 500), for a picture."
+    )

@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config.api import ApiSchema, ApiViewMixin, IsAdmin, IsAdminOrReadOnly
-from quotas import layout, layoutdoc, services, whatif
+from quotas import layout, layoutdoc, services, track_record, whatif
 from quotas.api.serializers import (
     AuditEntrySerializer,
     LayoutAppliedSerializer,
@@ -28,6 +28,8 @@ from quotas.api.serializers import (
     TeamSerializer,
     TeamWriteSerializer,
     TemporaryChangeSerializer,
+    TrackRecordQuerySerializer,
+    TrackRecordSerializer,
 )
 from quotas.choices import ShareState, Strategy
 from quotas.models import AuditEntry, LayoutPlan, LayoutVersion, Membership, Share, Team, TemporaryChange
@@ -128,6 +130,21 @@ class ShareViewSet(ApiViewMixin, viewsets.ModelViewSet):
 
     def perform_destroy(self, instance):
         services.share_delete(share=instance, actor=self.request.user)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("days", int, description="1 to 90 (default 7).")],
+        responses={200: TrackRecordSerializer},
+    )
+    @action(detail=True, methods=["get"], url_path="track-record")
+    def track_record(self, request, name=None):
+        """GET /api/v1/shares/{name}/track-record/?days=7: how often the share's jobs that waited started
+        within the likely range they were first given, and the median error of their ETA (SEMANTICS
+        "Track record"). Everyone logged in, as the share itself."""
+        share = self.get_object()
+        query = TrackRecordQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        summary = track_record.summary(share, days=query.validated_data["days"])
+        return Response(TrackRecordSerializer(summary).data)
 
     def _read(self, share):
         return ShareSerializer(self.queryset.get(pk=share.pk), context=self.get_serializer_context()).data

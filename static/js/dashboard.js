@@ -63,6 +63,28 @@
                              solidity: 0.15 } }
       }], merge({ xaxis: { type: "date" }, yaxis: { autorange: "reversed" }, margin: { l: 80, r: 10, t: 10, b: 30 } }), config);
     },
+    // A share's track record: each start's forecast wait (x) against its actual wait (y), in minutes, its
+    // likely range a bar across the point: the bar crosses the diagonal when the start fell inside it.
+    track_record: function (el, area) {
+      var d = data(el), top = 1;
+      var groups = [["within", "started within its range", "#27ae60"], ["outside", "outside its range", "#eb5757"],
+                    ["none", "no range", "#9aa5b1"]];
+      d.points.forEach(function (p) { top = Math.max(top, p.x + p.plus, p.y); });
+      var traces = groups.map(function (g) {
+        var ps = d.points.filter(function (p) { return p.group === g[0]; });
+        return { type: "scatter", mode: "markers", name: g[1], marker: { color: g[2], size: 7 },
+                 x: ps.map(function (p) { return p.x; }), y: ps.map(function (p) { return p.y; }),
+                 text: ps.map(function (p) { return p.text; }), hoverinfo: "text",
+                 error_x: { type: "data", symmetric: false, color: g[2], thickness: 1, width: 0,
+                            array: ps.map(function (p) { return p.plus; }),
+                            arrayminus: ps.map(function (p) { return p.minus; }) } };
+      }).filter(function (t) { return t.x.length; });
+      traces.unshift({ type: "scatter", mode: "lines", name: "started as forecast", x: [0, top], y: [0, top],
+                       line: { color: "#52606d", dash: "dot", width: 1 }, hoverinfo: "skip" });
+      Plotly.react(area, traces, merge({ margin: { l: 50, r: 10, t: 10, b: 40 }, legend: { orientation: "h" },
+                   xaxis: { title: { text: "forecast wait (min)" }, rangemode: "tozero" },
+                   yaxis: { title: { text: "actual wait (min)" }, rangemode: "tozero" } }), config);
+    },
     // Before and after per share, grouped: GPU-hours run, or p95 wait (the figure in d.y_title).
     whatif: function (el, area) {
       var d = data(el);

@@ -23,3 +23,11 @@ def config_file(tmp_path, monkeypatch):
     monkeypatch.delenv("GPUQUOTA_URL", raising=False)
     monkeypatch.delenv("GPUQUOTA_TOKEN", raising=False)
     return path
+
+
+@pytest.fixture(autouse=True)
+def _short_forecast_wait(monkeypatch):
+    """No pass runs in these tests (no_messages): a submit or priority change that waits for the stored
+    forecast to see it gives up soon. Tests whose passes run wait the CLI's own time
+    (test_cli_forecast_after_change)."""
+    monkeypatch.setattr("gpuquota_client.cli.FORECAST_WAIT_S", 0.3)

@@ -45,6 +45,7 @@ MATRIX = [
     ),
     ("shares-update", "patch", "/shares/vision-main/", {"description": "x"}, ADMIN_ONLY_WRITE["ok"]),
     ("shares-delete", "delete", "/shares/{spare}/", None, expect(204, 403, 403, 403)),
+    ("shares-track-record", "get", "/shares/vision-main/track-record/", None, READ_ALL),
     # nodes
     ("nodes-list", "get", "/nodes/", None, READ_ALL),
     ("nodes-retrieve", "get", "/nodes/{node}/", None, READ_ALL),

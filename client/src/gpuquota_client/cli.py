@@ -246,8 +246,31 @@ def eta_text(job: dict) -> str:
     from datetime import UTC, datetime
 
     t = datetime.fromisoformat(job["eta"].replace("Z", "+00:00"))
-    start = "due now, forecast again after the next pass" if t <= datetime.now(UTC) else when(job["eta"])
-    return f", expected to start {start} [{clean(job.get('eta_basis') or kind or '')}{aged}]"
+    now = datetime.now(UTC)
+    basis = f"[{clean(job.get('eta_basis') or kind or '')}{aged}]"
+    if t <= now:
+        return f", expected to start due now, forecast again after the next pass {basis}"
+    if kind == "estimate" and job.get("eta_low") and job.get("eta_high"):
+        # An estimate with its likely range (10th-90th percentile); a bound's range ends at the bound,
+        # which the ETA says already.
+        low = datetime.fromisoformat(job["eta_low"].replace("Z", "+00:00"))
+        high = datetime.fromisoformat(job["eta_high"].replace("Z", "+00:00"))
+        likely = f"{clock(t, now)} (in {human_seconds((t - now).total_seconds())})"
+        return f", starts {clock(low, now)}–{clock(high, max(low, now))}, likely {likely} {basis}"
+    return f", expected to start {when(job['eta'])} {basis}"
+
+
+def clock(t, ref) -> str:
+    """A time of the likely range, local: '14:10' on the day of `ref`, 'Tue 09:30' within the week,
+    else the date too; 'now' once passed."""
+    from datetime import UTC, datetime
+
+    if t <= datetime.now(UTC):
+        return "now"
+    local, day = t.astimezone(), ref.astimezone().date()
+    if local.date() == day:
+        return local.strftime("%H:%M")
+    return local.strftime("%a %H:%M" if (local.date() - day).days < 7 else "%Y-%m-%d %H:%M")
 
 
 def array_line(array: dict) -> str:
@@ -683,6 +706,53 @@ def check_submit(args) -> None:
             raise UsageError(f"{flag}: {problem}")
 
 
+# After a submit or a priority change, how long the CLI waits for a stored forecast that has seen the
+# change (the pass the change asks for forecasts the queue again, within seconds), reading the job
+# every FORECAST_POLL_S.
+FORECAST_WAIT_S = 10.0
+FORECAST_POLL_S = 0.5
+
+
+def changed_job_line(client, job: dict) -> str:
+    """A job just changed (submitted, its priority set) in words, with its position and ETA from a
+    stored forecast computed after the change (`forecast_at` at or after the job's `updated_at`, both
+    server times): read again until there is one, for at most FORECAST_WAIT_S, or until the job has
+    left the queue (started meanwhile). If none comes in time, it says so; the change stands either way."""
+    import time
+    from datetime import datetime
+
+    from gpuquota_client.client import ClientError
+
+    def moment(value: str | None) -> datetime | None:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+
+    since = moment(job.get("updated_at") or job.get("submitted_at"))
+
+    def seen(job: dict) -> bool:
+        at = moment(job.get("forecast_at"))
+        return job.get("state") != "QUEUED" or (at is not None and (since is None or at >= since))
+
+    deadline = time.monotonic() + FORECAST_WAIT_S
+    reads = 0
+    while not seen(job) and time.monotonic() < deadline:
+        if reads:
+            time.sleep(FORECAST_POLL_S)
+        try:
+            job = client.job(job["id"])
+        except ClientError:  # the change is made; only its forecast could not be read
+            break
+        reads += 1
+    if not seen(job):
+        name = clean(f"job {job['id']} {job['name'] or ''}".rstrip())
+        return (
+            f"{name}: QUEUED; no forecast yet: the scheduler has not forecast the queue since the change "
+            f"(`gpuquota status {job['id']}` shows its position and ETA once it has)"
+        )
+    if job["state"] == "ADMITTED":
+        return f"{job_line(job)} (started: its GPUs are assigned and it is starting)"
+    return job_line(job)
+
+
 def cmd_submit(args, out) -> int:
     command = list(args.command)
     if command and command[0] == "--":
@@ -710,9 +780,11 @@ def cmd_submit(args, out) -> int:
         out(job if args.json else f"Submitted {array_line(job)}")
         return 0
     if not args.json and job.get("state") == "QUEUED" and (args.forecast or sys.stdout.isatty()):
-        # With its queue position and ETA (the submit skips them: a replay of the queue). For a person
-        # at a terminal; a script's loop of submits does not wait for it unless it asks (--forecast).
-        job = args.client().job(job["id"])
+        # With its queue position and ETA, from the forecast the pass the submit asked for makes (the
+        # submit's answer has none). For a person at a terminal; a script's loop of submits does not
+        # wait for it unless it asks (--forecast).
+        out(f"Submitted {changed_job_line(args.client(), job)}")
+        return 0
     out(job if args.json else f"Submitted {job_line(job)}")
     return 0
 
@@ -883,8 +955,14 @@ def cmd_priority(args, out) -> int:
             array if args.json else f"Priority of every open task is now {args.priority}: {array_line(array)}"
         )
         return 0
-    job = args.client().set_priority(ident, args.priority)
-    out(job if args.json else f"Priority of job {job['id']} is now {job['priority']}: {job_line(job)}")
+    client = args.client()
+    job = client.set_priority(ident, args.priority)
+    if args.json:
+        out(job)
+        return 0
+    # Not the forecast of before the change: its new position and ETA, once the pass it asked for has
+    # forecast the queue again (or "no forecast yet").
+    out(f"Priority of job {job['id']} is now {job['priority']}: {changed_job_line(client, job)}")
     return 0
 
 

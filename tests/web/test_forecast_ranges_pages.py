@@ -1,0 +1,95 @@
+"""Pages show an estimate's likely range beside its ETA (job page, team queue), and each share's track
+record in words with its picture (team page, share page), or in words that there is none yet."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from quotas.models import ForecastRecord, QueueForecast
+from tests.web.conftest import hx, submit
+
+pytestmark = pytest.mark.django_db
+
+
+def hm(t):
+    return timezone.localtime(t).strftime("%H:%M")
+
+
+@pytest.fixture
+def ranged(bob, vision_share, nodes):
+    """A queued job with a stored estimate and range, on one local day when the clock allows."""
+    now = timezone.now()
+    job = submit(bob, vision_share, name="ranged")
+    QueueForecast.objects.create(
+        job=job,
+        position_in_share=1,
+        position_overall=1,
+        eta=now + timedelta(minutes=40),
+        eta_low=now + timedelta(minutes=20),
+        eta_high=now + timedelta(minutes=70),
+        kind="estimate",
+        basis="estimate: 1 job without a max runtime ends before it",
+        computed_at=now,
+    )
+    return job, now
+
+
+def test_the_job_page_and_the_team_queue_show_an_estimates_range(as_bob, ranged):
+    job, now = ranged
+    low, high = hm(now + timedelta(minutes=20)), hm(now + timedelta(minutes=70))
+    page = as_bob.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'data-testid="eta-range"' in page and f"likely between {low} and " in page and high in page
+    queue = hx(as_bob, "/teams/vision/?part=queue").content.decode()
+    assert f"likely between {low} and " in queue and high in queue
+
+
+def test_a_bound_shows_no_range_in_words(as_bob, ranged):
+    job, _ = ranged
+    QueueForecast.objects.filter(job=job).update(kind="bound")
+    assert "likely between" not in as_bob.get(f"/jobs/{job.pk}/").content.decode()
+
+
+def test_a_passed_eta_is_due_now_without_a_range(as_bob, ranged):
+    job, now = ranged
+    QueueForecast.objects.filter(job=job).update(eta=now - timedelta(seconds=30))
+    page = as_bob.get(f"/jobs/{job.pk}/").content.decode()
+    assert "due now" in page and "likely between" not in page
+
+
+@pytest.fixture
+def history(bob, vision_share, nodes):
+    """Two starts in the last week: one within its range (error 5 min), one late (error 60 min)."""
+    now = timezone.now()
+    for hours_ago, started_min in ((30, 35), (20, 90)):
+        submitted = now - timedelta(hours=hours_ago)
+        ForecastRecord.objects.create(
+            job=submit(bob, vision_share),
+            share=vision_share,
+            submitted_at=submitted,
+            forecast_at=submitted,
+            eta=submitted + timedelta(minutes=30),
+            eta_low=submitted + timedelta(minutes=20),
+            eta_high=submitted + timedelta(minutes=40),
+            kind="estimate",
+            started_at=submitted + timedelta(minutes=started_min),
+        )
+
+
+def test_the_team_page_gives_each_shares_track_record_in_words_with_its_picture(as_bob, history):
+    page = as_bob.get("/teams/vision/").content.decode()
+    assert "Track record (last 7 days)" in page
+    assert "<b>1 of 2</b> jobs started within their range (50%), median error <b>32 min</b>." in page
+    assert 'data-plot="track_record"' in page and "vendor/plotly.min.js" in page
+
+
+def test_a_share_without_history_says_so_in_words(as_bob, vision_share, nodes):
+    page = as_bob.get("/teams/vision/").content.decode()
+    assert "No job of vision-main that waited for a forecast started in the last 7 days" in page
+    assert 'data-plot="track_record"' not in page and "vendor/plotly.min.js" not in page
+
+
+def test_the_share_page_shows_its_track_record(as_alice, history):
+    page = as_alice.get("/shares/vision-main/").content.decode()
+    assert "<b>1 of 2</b> jobs started within their range (50%)" in page
+    assert 'data-plot="track_record"' in page
