@@ -277,6 +277,8 @@ FORECAST_BUDGET_S = env_int("FORECAST_BUDGET_S", 5)
 # FORECAST_RANGES_INLINE_S, else in a second write at most every FORECAST_RANGES_INTERVAL_S.
 FORECAST_RANGES_INLINE_S = env_int("FORECAST_RANGES_INLINE_S", 1)
 FORECAST_RANGES_INTERVAL_S = env_int("FORECAST_RANGES_INTERVAL_S", 30)
+# Each of those replays (and the one with the work expected to arrive) may take this long.
+FORECAST_RANGES_BUDGET_S = env_int("FORECAST_RANGES_BUDGET_S", 15)
 DEFAULT_PREEMPTION_GRACE_S = env_int("DEFAULT_PREEMPTION_GRACE_S", 30)
 # The longest grace a job may ask for (SEMANTICS.md "Jobs"): no job holds a reclaimed GPU, or a cancelled
 # job its GPUs, longer than this after its SIGTERM. The same limit in the form, the API and the CLI

@@ -8,6 +8,7 @@ replayed by quotas.engine.forecast, stored as QueueForecast) and read back by pa
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -38,6 +39,8 @@ RUNTIME_HISTORY_DAYS = 30
 RUNTIME_SAMPLE = 1000
 GROUP_SAMPLE = 200
 RUNTIME_ROWS = 20_000
+# The work expected to arrive, for the estimates (fc.ARRIVALS_WINDOW_S): at most this many jobs.
+ARRIVALS_MAX = 20_000
 MAX_INT = 2**31 - 1
 
 
@@ -338,7 +341,7 @@ def runtime_history(now: datetime) -> rt.Runtimes:
     return rt.Runtimes(by_share, by_group, default_s=DEFAULT_RUNTIME_S)
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Guesses:
     """Per open job: the runtime the forecast replays with, where a guess comes from, its spread."""
 
@@ -346,6 +349,7 @@ class _Guesses:
     estimates: dict[int, rt.Guess]
     spread: dict[int, tuple[float, float]]
     grace: dict[int, float]
+    arrivals: list = dataclasses.field(default_factory=list)  # work expected to come in (QueuedView)
 
 
 def _guesses(loaded, now: datetime) -> _Guesses:
@@ -379,7 +383,53 @@ def _guesses(loaded, now: datetime) -> _Guesses:
         else:
             guess = model.guess(share_names.get(share_id, ""), user, name, elapsed=max(0.0, at - since))
         out.runtime[pk], out.estimates[pk], out.spread[pk] = guess.seconds, guess, (guess.low, guess.high)
+    out.arrivals = _expected_arrivals(loaded.snapshot, now, model, share_names, out)
     return out
+
+
+def _expected_arrivals(snapshot, now: datetime, model: rt.Runtimes, share_names, out: _Guesses) -> list:
+    """The work expected to come in (fc.ARRIVALS_WINDOW_S): each job submitted in that window before now
+    comes in again that long after its submit, with the guessed runtime of its kind. At most
+    ARRIVALS_MAX, the latest first (one query). Their ids are negative: no job's."""
+    from jobs.models import Job
+    from quotas.engine.policy import QueuedView
+
+    window = timedelta(seconds=fc.ARRIVALS_WINDOW_S)
+    types = {n.gpu_type for n in snapshot.nodes}
+    rows = (
+        Job.objects.filter(submitted_at__gte=now - window, submitted_at__lt=now)
+        .order_by("-submitted_at")
+        .values_list(
+            "share_id",
+            "submitted_by__username",
+            "name",
+            "gpu_type",
+            "gpus",
+            "priority",
+            "submitted_at",
+            "max_runtime_s",
+        )[:ARRIVALS_MAX]
+    )
+    arrivals = []
+    guesses: dict[tuple, rt.Guess] = {}
+    for i, (share_id, user, name, gpu_type, gpus, priority, submitted, max_runtime) in enumerate(
+        rows, start=1
+    ):
+        share = share_names.get(share_id)
+        if share is None or gpu_type not in types:
+            continue
+        phantom = -i
+        arrivals.append(
+            QueuedView(phantom, share, gpu_type, gpus, priority, (submitted + window).timestamp())
+        )
+        if max_runtime:
+            out.runtime[phantom] = float(max_runtime)
+            continue
+        guess = guesses.get((share, user, name))
+        if guess is None:
+            guess = guesses[(share, user, name)] = model.guess(share, user, name)
+        out.runtime[phantom], out.spread[phantom] = guess.seconds, (guess.low, guess.high)
+    return arrivals
 
 
 def queue_view(
@@ -407,6 +457,7 @@ def queue_view(
         default_runtime_s=DEFAULT_RUNTIME_S,
         targets=targets,
         spread=guesses.spread if ranges else None,
+        arrivals=guesses.arrivals,
         **options,
     )
     return QueueView(loaded=loaded, forecast=result, guesses=guesses, options=options)
@@ -596,17 +647,20 @@ RANGES_AT = "gpuquota:forecast-ranges-at"
 
 
 def _with_ranges(queue: QueueView) -> QueueView:
+    from django.conf import settings
+
     g = queue.guesses
-    found = fc.likely_ranges(
+    refined = fc.likely_ranges(
         queue.snapshot,
         queue.forecast,
         runtime_s=g.runtime,
         spread=g.spread,
+        arrivals=g.arrivals,
         grace_s=g.grace,
         default_runtime_s=DEFAULT_RUNTIME_S,
-        **(queue.options or {}),
+        **{**(queue.options or {}), "budget_s": settings.FORECAST_RANGES_BUDGET_S},
     )
-    return replace(queue, forecast=replace(queue.forecast, ranges=found))
+    return replace(queue, forecast=refined)
 
 
 def _stored_ranges() -> dict[int, tuple]:

@@ -18,7 +18,7 @@ import heapq
 import logging
 import math
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from quotas.engine import collector, policy
@@ -208,6 +208,7 @@ def forecast(
     horizon_s: float = DEFAULT_HORIZON_S,
     budget_s: float = DEFAULT_BUDGET_S,
     spread: Mapping[Hashable, tuple[float, float]] | None = None,
+    arrivals: Sequence[QueuedView] = (),
 ) -> Forecast:
     """Replay the planner forward from `snapshot`. `runtime_s` / `grace_s` are per job id. A job in
     `estimates` has a guessed runtime (where it comes from); any other job's runtime in `runtime_s` is
@@ -216,7 +217,8 @@ def forecast(
     it (_backfill_estimates). With `targets`, stop as
     soon as those queued jobs have an ETA (positions then still cover every job, those not reached
     in queue order after the ones admitted). With `spread` (job id -> its guessed runtime's low and
-    high points), the ETAs get their likely ranges too (likely_ranges)."""
+    high points), the ETAs get their likely ranges too, and with `arrivals` the estimates allow for
+    the work expected to come in meanwhile (likely_ranges)."""
     point = _replay(
         snapshot,
         runtime_s=runtime_s,
@@ -232,11 +234,12 @@ def forecast(
     )
     if spread is None or not point.eta:
         return point
-    found = likely_ranges(
+    return likely_ranges(
         snapshot,
         point,
         runtime_s=runtime_s,
         spread=spread,
+        arrivals=arrivals,
         grace_s=grace_s,
         default_runtime_s=default_runtime_s,
         default_grace_s=default_grace_s,
@@ -245,7 +248,12 @@ def forecast(
         horizon_s=horizon_s,
         budget_s=budget_s,
     )
-    return replace(point, ranges=found)
+
+
+# The work expected to arrive is what came in over the last ARRIVALS_WINDOW_S, again: each job submitted
+# that long before now comes in again that long after its submit (a day keeps the day's rhythm).
+ARRIVALS_WINDOW_S = 86_400
+ARRIVALS_BASIS = "; allows for new work as much as came in the last day"
 
 
 def likely_ranges(
@@ -254,6 +262,7 @@ def likely_ranges(
     *,
     runtime_s: Mapping[Hashable, float],
     spread: Mapping[Hashable, tuple[float, float]],
+    arrivals: Sequence[QueuedView] = (),
     grace_s: Mapping[Hashable, float] | None = None,
     default_runtime_s: float = 3600,
     default_grace_s: float = 30,
@@ -261,46 +270,61 @@ def likely_ranges(
     max_passes: int = DEFAULT_MAX_PASSES,
     horizon_s: float = DEFAULT_HORIZON_S,
     budget_s: float = DEFAULT_BUDGET_S,
-) -> dict[Hashable, tuple[float, float]]:
-    """The likely range of each ETA of `point` (SEMANTICS "Ranges"): two more replays of the same
-    policy, one with every guessed runtime at its low point (runtimes.LOW_Q) and one at its high point
-    (HIGH_Q); a job's range runs from its start in the first to its start in the second. Quantile
-    replays rather than sampled ones: two replays cost what two replays cost, whatever the queue (the
-    whole queue's ranges within the refresh budget at 100k jobs), and they are deterministic. All
-    guesses at one quantile at once is the widest reading where a job waits on many ends (they do not
-    all run long together), which the heavy tails of real runtimes and the work that arrives after it
-    (which no replay sees) offset.
+) -> Forecast:
+    """`point` with its estimates made with the work expected to arrive, and the likely range of each
+    ETA (SEMANTICS "Ranges"); more replays of the same policy:
+    - with `arrivals` (work expected to come in, with its guessed runtimes in `runtime_s`/`spread`): the
+      point again with them. A job that must borrow waits behind what other teams submit meanwhile
+      (their own capacity comes first, rule 2), which the queue as it is cannot show; the estimates
+      are then that replay's starts. Bounds and kinds stay those of the queue as it is (a bound holds
+      against it, and new work cannot make an enforced runtime longer);
+    - one with every guessed runtime at its low point (runtimes.LOW_Q) and one at its high point
+      (HIGH_Q): a job's range runs from its start in the first to its start in the second, widened to
+      hold the ETA. Quantile replays rather than sampled ones: they cost what a replay costs, whatever
+      the queue (the whole queue's ranges within a minute at 100k jobs), and they are deterministic.
+      All guesses at one quantile at once overstates the spread where a job waits on many ends (they
+      do not all run short or long together); the work that arrives meanwhile, which moves starts
+      later, is left out of them, and the two roughly offset (measured: bench 12).
     The range always holds the ETA; a BOUND ETA's range ends at it (nothing it rests on can run longer);
     with no guessed runtime at all (spread empty) every range is the ETA itself. A job the high replay
     does not start (horizon, budget) gets no range."""
     if not spread:
-        return {job: (t, t) for job, t in point.eta.items()}
-    targets = list(point.eta)
+        return replace(point, ranges={job: (t, t) for job, t in point.eta.items()})
     options = dict(
         grace_s=grace_s,
         default_runtime_s=default_runtime_s,
         default_grace_s=default_grace_s,
         planner=planner,
-        targets=targets,
+        targets=list(point.eta),
         max_passes=max_passes,
         horizon_s=horizon_s,
         budget_s=budget_s,
     )
-    ends = []
-    for side in (0, 1):
+
+    def at(side: int) -> dict[Hashable, float]:
         runtimes = dict(runtime_s)
         for job_id, points in spread.items():
             runtimes[job_id] = points[side]
-        ends.append(_replay(snapshot, runtime_s=runtimes, estimates={}, **options).eta)
-    low_eta, high_eta = ends
-    out: dict[Hashable, tuple[float, float]] = {}
-    for job_id, t in point.eta.items():
+        return runtimes
+
+    eta = dict(point.eta)
+    basis = dict(point.basis)
+    if arrivals:
+        expected = _replay(snapshot, runtime_s=runtime_s, estimates={}, arrivals=arrivals, **options).eta
+        for job_id, t in expected.items():
+            if point.kind.get(job_id) == ESTIMATE and t != eta[job_id]:
+                eta[job_id] = t
+                basis[job_id] = basis.get(job_id, "") + ARRIVALS_BASIS
+    low_eta = _replay(snapshot, runtime_s=at(0), estimates={}, **options).eta
+    high_eta = _replay(snapshot, runtime_s=at(1), estimates={}, **options).eta
+    ranges: dict[Hashable, tuple[float, float]] = {}
+    for job_id, t in eta.items():
         low = min(low_eta.get(job_id, t), t)
         if point.kind.get(job_id) == BOUND:
-            out[job_id] = (low, t)
+            ranges[job_id] = (low, t)
         elif job_id in high_eta:
-            out[job_id] = (low, max(high_eta[job_id], t))
-    return out
+            ranges[job_id] = (low, max(high_eta[job_id], t))
+    return replace(point, eta=eta, basis=basis, ranges=ranges)
 
 
 def _replay(
@@ -316,8 +340,10 @@ def _replay(
     max_passes: int,
     horizon_s: float,
     budget_s: float,
+    arrivals: Sequence[QueuedView] = (),
 ) -> Forecast:
-    """forecast() without the ranges: one replay."""
+    """forecast() without the ranges: one replay. `arrivals`: queued work that comes in at its
+    submitted_at, a time after the snapshot's (work expected to arrive; it gets no ETA itself)."""
     # The default planner is the engine kept between the replay's passes (each pass costs what it
     # decides); a planner given by the caller (tests, stand-ins) gets a snapshot per pass.
     engine = policy.Engine.from_snapshot(snapshot) if planner is None else None
@@ -326,6 +352,9 @@ def _replay(
     deadline = time.monotonic() + budget_s
     queued: dict[Hashable, QueuedView] = {q.job_id: q for q in snapshot.queued}
     waiting_at_start = set(queued)  # a pre-empted job queued again later gets no ETA: it was running
+    # Work expected to arrive (never given an ETA itself), the earliest first.
+    coming = sorted((q for q in arrivals if q.submitted_at > start), key=lambda q: q.submitted_at)
+    arrived = 0
     wanted = set(queued) if targets is None else set(targets) & set(queued)
     unanswered = len(wanted)
 
@@ -506,12 +535,14 @@ def _replay(
         # The next instant: an end, or a protection window that matters ending (rule 10: the walk is
         # made again then, so an ETA behind protected jobs is that instant or later).
         recheck = decided.recheck_at
-        if not end_heap and recheck is None:
+        if not end_heap and recheck is None and arrived == len(coming):
             stop = "nothing running or admitted ends to make room for it"
             break  # what is still queued waits for capacity that is not there
         t_next = end_heap[0][0] if end_heap else math.inf
         if recheck is not None and recheck < t_next:
             t_next = recheck
+        if arrived < len(coming) and coming[arrived].submitted_at < t_next:
+            t_next = coming[arrived].submitted_at
         t_next = max(t, t_next)
         if t_next - start > horizon_s:
             stop = f"not started within the {_duration(horizon_s)} forecast horizon"
@@ -543,6 +574,9 @@ def _replay(
                         submitted_at=r.submitted_at,
                     )
                 )
+        while arrived < len(coming) and coming[arrived].submitted_at <= t:
+            put_queued(coming[arrived])
+            arrived += 1
 
     _backfill_estimates(snapshot, eta, alone, kind, basis)
     for q in snapshot.queued:

@@ -18,6 +18,8 @@ LOW_Q and HIGH_Q replays.
 from __future__ import annotations
 
 import bisect
+import statistics
+import zlib
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -30,6 +32,19 @@ MIN_REMAINING_S = 60.0  # a running attempt with a guessed runtime is never "due
 # Without history: a median of DEFAULT_RUNTIME_S and a spread of a factor DEFAULT_SPREAD either way at the
 # 10th/90th percentile (a log-normal's with sigma 1.1: runtimes of unknown work span orders of magnitude).
 DEFAULT_SPREAD = 4.0
+
+
+_Z = statistics.NormalDist()
+
+
+def levels(job_ids: Iterable[Hashable]) -> dict[Hashable, float]:
+    """A quantile level for each job, spread evenly over (0, 1) in an order fixed by the job ids (a
+    hash): one representative draw for the lot. The k-th of n guessed ends then falls near the k/n
+    quantile, as it does in reality, where every job at its median would put the first end of many
+    at a median too (far too late for a job that waits for the first GPUs to free)."""
+    ordered = sorted(job_ids, key=lambda j: (zlib.crc32(repr(j).encode()), repr(j)))
+    n = len(ordered)
+    return {job_id: (rank + 0.5) / n for rank, job_id in enumerate(ordered)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +176,31 @@ class Runtimes:
                 guess.conditional,
             )
         return guess
+
+    def at(
+        self,
+        q: float,
+        share: str,
+        user: Hashable = None,
+        name: str = "",
+        *,
+        elapsed: float | None = None,
+        max_runtime_s: float | None = None,
+    ) -> float:
+        """The runtime (from the attempt's start) at quantile q of what `guess` draws from."""
+        seen = self.observed(share, user, name)
+        if seen is None:
+            d = self.default_s * DEFAULT_SPREAD ** (_Z.inv_cdf(q) / _Z.inv_cdf(HIGH_Q))
+            value = (
+                d
+                if not elapsed or d > elapsed + MIN_REMAINING_S
+                else elapsed + max(MIN_REMAINING_S, lindy_remaining(elapsed, q))
+            )
+        elif not elapsed or elapsed <= 0:
+            value = seen.quantile(q)
+        else:
+            value = elapsed + seen.remaining(elapsed, q)
+        return value if max_runtime_s is None else min(value, float(max_runtime_s))
 
     def _default(self, elapsed: float | None) -> Guess:
         d = self.default_s

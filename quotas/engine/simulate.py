@@ -54,10 +54,12 @@ and type after each instant at which it changed, for the report.
 from __future__ import annotations
 
 import argparse
+import bisect
 import dataclasses
 import heapq
 import json
 import math
+import os
 import sys
 import time
 from collections import deque
@@ -348,6 +350,7 @@ class _Simulator:
         self.to_forecast: list[str] = []  # submitted at this instant, forecast before the pass
         self.runtimes: dict[str, deque[int]] = {}  # share -> recent successful attempt durations
         self.group_runtimes: dict[tuple[str, None, str], deque[int]] = {}  # (share, None, job name) -> same
+        self.submits = sorted((j.submit_at, j.id) for j in scenario.jobs) if forecast else []
         self.settings = scenario.settings
         self.heap: list[tuple[int, int, int, Any]] = []
         self.seq = 0
@@ -605,6 +608,22 @@ class _Simulator:
                 guess = model.guess(spec.share, None, spec.name or "", elapsed=elapsed.get(job_id))
                 runtime[job_id], estimates[job_id] = guess.seconds, guess
                 spread[job_id] = (guess.low, guess.high)
+        # The work expected to arrive: what came in over the last ARRIVALS_WINDOW_S, again (as production).
+        arrivals = []
+        first = bisect.bisect_left(self.submits, (self.now - fc.ARRIVALS_WINDOW_S,))
+        for at, job_id in self.submits[first : bisect.bisect_left(self.submits, (self.now,))]:
+            spec = self.jobs[job_id].spec
+            phantom = f"~{job_id}"
+            arrivals.append(
+                QueuedView(
+                    phantom, spec.share, spec.gpu_type, spec.gpus, spec.priority, at + fc.ARRIVALS_WINDOW_S
+                )
+            )
+            if spec.max_runtime_s is not None:
+                runtime[phantom] = float(spec.max_runtime_s)
+            else:
+                guess = model.guess(spec.share, None, spec.name or "")
+                runtime[phantom], spread[phantom] = guess.seconds, (guess.low, guess.high)
             g = spec.preemption_grace_s
             grace[job_id] = float(self.settings.preemption_grace_s if g is None else g)
         result = fc.forecast(
@@ -618,6 +637,7 @@ class _Simulator:
             max_passes=FORECAST_MAX_PASSES,
             budget_s=float("inf"),
             spread=spread,
+            arrivals=arrivals if os.environ.get("GQ_ARRIVALS", "1") == "1" else (),
         )
         for job_id in targets:
             eta = result.eta.get(job_id)

@@ -212,3 +212,34 @@ def test_property_a_reserve_shares_one_gpu_bound_is_met_beside_unbounded_work(jo
             assert f["kind"] == "bound", (job, f)
         if f["kind"] == "bound":
             assert job["first_start"] <= f["eta"], (job, f)
+
+
+def test_an_estimate_allows_for_the_work_expected_to_arrive_and_a_bound_does_not_move():
+    """Work that came in over the last day comes in again: a higher-priority job expected at t=1050 takes
+    the GPU the waiting job was told of at t=1100, so its estimate is that job's end; a bound holds
+    against the queue as it is and stays."""
+    from quotas.engine import forecast as fc
+    from quotas.engine.policy import NodeView, QueuedView, RunningView, ShareView, Snapshot
+
+    snap = Snapshot(
+        now=1000.0,
+        nodes=(NodeView("n1", "a10g", 1),),
+        shares=(ShareView("s", {"a10g": 1}),),
+        running=(RunningView(1, 1, "s", "a10g", 0, 900.0, 900.0, (("n1", (0,)),), False),),
+        queued=(QueuedView(2, "s", "a10g", 1, 0, 950.0),),
+    )
+    arrivals = [QueuedView(-1, "s", "a10g", 1, 5, 1050.0)]
+    runtime = {1: 200.0, 2: 50.0, -1: 300.0}
+    spread = {1: (150.0, 400.0), 2: (50.0, 50.0), -1: (100.0, 600.0)}
+    est = {1: rt.Guess(200.0, 150.0, 400.0, "s"), 2: rt.Guess(50.0, 50.0, 50.0, "s")}
+    f = fc.forecast(snap, runtime_s=runtime, estimates=est, spread=spread, arrivals=arrivals)
+    assert f.eta == {2: 1400.0} and f.kind == {2: "estimate"}
+    assert f.basis[2].endswith(fc.ARRIVALS_BASIS)
+    assert f.ranges[2] == (1050.0, 1400.0)  # low: job 1 ends at its 10th percentile, nothing arrives
+    assert fc.forecast(snap, runtime_s=runtime, estimates=est, spread=spread).eta == {2: 1100.0}
+    bounded = fc.forecast(
+        snap, runtime_s=runtime, estimates={}, spread={-1: (100.0, 600.0)}, arrivals=arrivals
+    )
+    assert (
+        bounded.eta == {2: 1100.0} and bounded.kind == {2: "bound"} and bounded.ranges[2] == (1100.0, 1100.0)
+    )
