@@ -8,7 +8,6 @@ replayed by quotas.engine.forecast, stored as QueueForecast) and read back by pa
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -349,7 +348,8 @@ class _Guesses:
     estimates: dict[int, rt.Guess]
     spread: dict[int, tuple[float, float]]
     grace: dict[int, float]
-    arrivals: list = dataclasses.field(default_factory=list)  # work expected to come in (QueuedView)
+    # The work expected to come in (QueuedViews; their runtimes join the maps above), read when asked for.
+    arrivals: Any = list
 
 
 def _guesses(loaded, now: datetime) -> _Guesses:
@@ -383,7 +383,7 @@ def _guesses(loaded, now: datetime) -> _Guesses:
         else:
             guess = model.guess(share_names.get(share_id, ""), user, name, elapsed=max(0.0, at - since))
         out.runtime[pk], out.estimates[pk], out.spread[pk] = guess.seconds, guess, (guess.low, guess.high)
-    out.arrivals = _expected_arrivals(loaded.snapshot, now, model, share_names, out)
+    out.arrivals = lambda: _expected_arrivals(loaded.snapshot, now, model, share_names, out)
     return out
 
 
@@ -457,7 +457,7 @@ def queue_view(
         default_runtime_s=DEFAULT_RUNTIME_S,
         targets=targets,
         spread=guesses.spread if ranges else None,
-        arrivals=guesses.arrivals,
+        arrivals=guesses.arrivals() if ranges else (),
         **options,
     )
     return QueueView(loaded=loaded, forecast=result, guesses=guesses, options=options)
@@ -627,7 +627,7 @@ def forecast_refresh(*, now: datetime | None = None, ranges: bool | None = None)
     point_s = _time.monotonic() - started
     if due and not inline:  # a long queue: its ETAs are stored first, their ranges a few seconds later
         with collector.paused():
-            queue = _with_ranges(queue)
+            queue = _with_ranges(queue, arrivals=False)
             rows = _forecast_rows(queue, now)
         _write_forecast(rows)
     if due:
@@ -646,7 +646,11 @@ def forecast_refresh(*, now: datetime | None = None, ranges: bool | None = None)
 RANGES_AT = "gpuquota:forecast-ranges-at"
 
 
-def _with_ranges(queue: QueueView) -> QueueView:
+def _with_ranges(queue: QueueView, *, arrivals: bool = True) -> QueueView:
+    """The ranges, and with `arrivals` the estimates that allow for the work expected to arrive. A long
+    queue (its point replay took FORECAST_RANGES_INLINE_S or more) goes without arrivals: its own queue
+    decides its starts, and a replay of up to ARRIVALS_MAX more jobs would hold the forecast lock for
+    long (bench 5)."""
     from django.conf import settings
 
     g = queue.guesses
@@ -655,7 +659,7 @@ def _with_ranges(queue: QueueView) -> QueueView:
         queue.forecast,
         runtime_s=g.runtime,
         spread=g.spread,
-        arrivals=g.arrivals,
+        arrivals=g.arrivals() if arrivals else (),
         grace_s=g.grace,
         default_runtime_s=DEFAULT_RUNTIME_S,
         **{**(queue.options or {}), "budget_s": settings.FORECAST_RANGES_BUDGET_S},
