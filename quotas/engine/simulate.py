@@ -59,7 +59,6 @@ import dataclasses
 import heapq
 import json
 import math
-import os
 import sys
 import time
 from collections import deque
@@ -637,7 +636,7 @@ class _Simulator:
             max_passes=FORECAST_MAX_PASSES,
             budget_s=float("inf"),
             spread=spread,
-            arrivals=arrivals if os.environ.get("GQ_ARRIVALS", "1") == "1" else (),
+            arrivals=arrivals,
         )
         for job_id in targets:
             eta = result.eta.get(job_id)
