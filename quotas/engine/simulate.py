@@ -607,6 +607,8 @@ class _Simulator:
                 guess = model.guess(spec.share, None, spec.name or "", elapsed=elapsed.get(job_id))
                 runtime[job_id], estimates[job_id] = guess.seconds, guess
                 spread[job_id] = (guess.low, guess.high)
+            g = spec.preemption_grace_s
+            grace[job_id] = float(self.settings.preemption_grace_s if g is None else g)
         # The work expected to arrive: what came in over the last ARRIVALS_WINDOW_S, again (as production).
         arrivals = []
         first = bisect.bisect_left(self.submits, (self.now - fc.ARRIVALS_WINDOW_S,))
@@ -624,7 +626,7 @@ class _Simulator:
                 guess = model.guess(spec.share, None, spec.name or "")
                 runtime[phantom], spread[phantom] = guess.seconds, (guess.low, guess.high)
             g = spec.preemption_grace_s
-            grace[job_id] = float(self.settings.preemption_grace_s if g is None else g)
+            grace[phantom] = float(self.settings.preemption_grace_s if g is None else g)
         result = fc.forecast(
             self.snapshot(),
             runtime_s=runtime,
