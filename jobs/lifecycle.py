@@ -177,6 +177,7 @@ def end_attempt(
     reason: str = "",
     at: datetime | None = None,
     fenced: bool = False,
+    refused: bool = False,
 ) -> bool:
     """End a live attempt, free its GPUs, store the work it ran and the work it lost (since its safe
     point, with the cause: lost_cause; `fenced`: its host's agent killed it for a lapsed lease), and
@@ -310,7 +311,9 @@ def end_attempt(
             )
     elif outcome == Outcome.NODE_LOST:
         said = reason or "node lost"
-        hold_or_requeue(job, number, f"{said}; {words}" if words else said, now, detail=lost)
+        hold_or_requeue(
+            job, number, f"{said}; {words}" if words else said, now, detail=lost, counts=not refused
+        )
     elif outcome == Outcome.GPU_FAILED:
         said = f"{reason or 'its GPU failed'}; the hardware's fault, not the job's"
         transition(
@@ -327,17 +330,20 @@ def end_attempt(
     return True
 
 
-def hold_or_requeue(job: Job, number: int, reason: str, now: datetime, detail: dict | None = None) -> None:
+def hold_or_requeue(
+    job: Job, number: int, reason: str, now: datetime, detail: dict | None = None, *, counts: bool = True
+) -> None:
     """An attempt ended with its host's agent (NODE_LOST). The job goes back to the queue with its
     original submit time, unless its last HOLD_AFTER_NODE_LOST attempts all ended so: a job that keeps
     taking its host's agent down (or losing it) is HELD instead of run again for ever, until an admin
-    releases it (job_release) or its owner cancels it."""
+    releases it (job_release) or its owner cancels it. `counts=False`: a start its host refused (it
+    never ran) is re-queued and leaves the streak as it was."""
     from django.conf import settings
 
     active = [s.value for s in JOB_ACTIVE_STATES]
-    streak = job.node_lost_streak + 1
+    streak = job.node_lost_streak + (1 if counts else 0)
     limit = settings.HOLD_AFTER_NODE_LOST
-    if not limit or streak < limit:
+    if not limit or streak < limit or not counts:
         transition(
             job.pk,
             from_states=active,

@@ -18,6 +18,9 @@ HOST_OUTCOMES = {
     "timed_out": Outcome.TIMED_OUT,
     "stopped": Outcome.PREEMPTED,
     "unknown": Outcome.PREEMPTED,
+    # A start its host would not run (the agent saw its node cordoned, draining or pending): re-queued,
+    # and not a step of the NODE_LOST streak that holds a job (the job never ran).
+    "refused": Outcome.PREEMPTED,
     "failed_to_start": Outcome.FAILED,
     "gpu_failed": Outcome.GPU_FAILED,
     # Killed by its agent's fence watchdog (the agent lost its lease): re-queued; its work since its
@@ -84,7 +87,7 @@ def attempt_finished(
         outcome = Outcome.SUCCEEDED if exit_code == 0 else Outcome.FAILED
     else:
         outcome = HOST_OUTCOMES.get(how, Outcome.FAILED)
-    if attempt.state != AttemptState.STOPPING and how in ("stopped", "unknown", "fenced"):
+    if attempt.state != AttemptState.STOPPING and how in ("stopped", "unknown", "fenced", "refused"):
         # The host lost or stopped it without being asked: the job is re-queued.
         outcome = Outcome.NODE_LOST
     reason = detail or {
@@ -95,7 +98,13 @@ def attempt_finished(
         Outcome.GPU_FAILED: f"a GPU of {node} failed",
     }.get(outcome, f"stopped on {node}")
     ended = lifecycle.end_attempt(
-        attempt_id, number, outcome=outcome, exit_code=exit_code, reason=reason, fenced=how == "fenced"
+        attempt_id,
+        number,
+        outcome=outcome,
+        exit_code=exit_code,
+        reason=reason,
+        fenced=how == "fenced",
+        refused=how == "refused",
     )
     if ended and len(attempt.placement) > 1:
         # A gang ends with its first rank to end: stop the others.

@@ -628,7 +628,9 @@ class Runner:
                 "attempt_id": attempt_id,
                 "number": number,
                 "node": self.node,
-                "how": "unknown",
+                # Not "unknown": the job did nothing here, and its end must not count toward holding it
+                # (HOLD_AFTER_NODE_LOST) when this agent's word of its node's state was merely stale.
+                "how": "refused",
                 "exit_code": None,
                 "detail": f"refused: {why}",
             },

@@ -201,3 +201,13 @@ def test_a_shutdown_reports_its_attempts_stopped_at_the_shutdown(tmp_path, repor
     finished = reports.of(FINISHED)[-1]
     assert finished["how"] == "unknown"  # re-queued on the control side, as before
     assert finished["detail"] == "stopped at the shutdown of the agent on n1"
+
+
+def test_a_start_refused_for_the_nodes_state_is_reported_as_refused_and_stays_refused(runner, reports):
+    """Its end says "refused" (not "unknown"): the control side re-queues the job without counting it
+    toward holding it (jobs.lifecycle.hold_or_requeue); a late start of it is refused as well."""
+    runner.refuse(5, 1, "n1 is CORDONED")
+    end = reports.of(FINISHED)[-1]
+    assert (end["attempt_id"], end["how"], end["detail"]) == (5, "refused", "refused: n1 is CORDONED")
+    start(runner, ["true"], attempt_id=5)
+    assert not runner.running()

@@ -65,6 +65,27 @@ def test_the_third_attempt_in_a_row_lost_with_its_agent_holds_the_job(job, nodes
     assert last == [(EventKind.NODE_LOST, 3), (EventKind.HELD, 3)]
 
 
+def test_starts_its_host_refused_never_hold_the_job(job, nodes, settings):
+    """Found by .ci/run under load (test_a_control_worker_killed_mid_pass_leaves_no_half_applied_plan): an
+    agent whose word of its node's state was still CORDONED refused every start the pass sent it, and the
+    jobs were HELD as if they kept taking their host down. A refused start re-queues and leaves the streak
+    as it was."""
+    settings.HOLD_AFTER_NODE_LOST = 2
+    lost_with_its_agent(job, nodes[0])
+    for _ in range(3):
+        attempt = attempt_of(job, nodes[1])
+        assert attempt_finished(
+            attempt.pk, attempt.number, nodes[1].name, "refused", None, "refused: node-2 is CORDONED"
+        )
+        job.refresh_from_db()
+        assert job.state == JobState.QUEUED and job.node_lost_streak == 1
+        assert Attempt.objects.get(pk=attempt.pk).outcome == "NODE_LOST"
+    assert "refused: node-2 is CORDONED" in job.events.order_by("at", "id").last().reason
+    lost_with_its_agent(job, nodes[0])  # a real loss still counts
+    job.refresh_from_db()
+    assert job.state == JobState.HELD
+
+
 def test_a_held_job_is_not_admitted(job, nodes, settings):
     settings.HOLD_AFTER_NODE_LOST = 1
     lost_with_its_agent(job, nodes[0])
