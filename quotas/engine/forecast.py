@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from quotas.engine import collector, policy
 from quotas.engine.policy import Plan, QueuedView, RunningView, Snapshot
-from quotas.engine.runtimes import Guess
+from quotas.engine.runtimes import Guess, duration
 
 log = logging.getLogger(__name__)
 
@@ -50,19 +50,8 @@ class Estimate:
 
     def words(self) -> str:
         if self.share:
-            return f"median {_duration(self.seconds)} in {self.share}"
-        return f"default {_duration(self.seconds)}"
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    if seconds < 120:
-        return f"{seconds} s"
-    if seconds < 2 * 3600:
-        return f"{seconds // 60} min"
-    if seconds < 2 * 86400:
-        return f"{seconds / 3600:.1f} h".replace(".0 h", " h")
-    return f"{seconds / 86400:.1f} days".replace(".0 days", " days")
+            return f"median {duration(self.seconds)} in {self.share}"
+        return f"default {duration(self.seconds)}"
 
 
 @dataclass(frozen=True)
@@ -545,7 +534,7 @@ def _replay(
             t_next = coming[arrived].submitted_at
         t_next = max(t, t_next)
         if t_next - start > horizon_s:
-            stop = f"not started within the {_duration(horizon_s)} forecast horizon"
+            stop = f"not started within the {duration(horizon_s)} forecast horizon"
             break
         t = t_next
         while end_heap and end_heap[0][0] <= t:
