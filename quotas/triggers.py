@@ -127,6 +127,16 @@ class _Coalescer:
             self._last = time.monotonic()
         self._send(why)
 
+    def settle(self) -> None:
+        """Drop a trailing request not sent yet, and wait for one being sent (tests: a request timed by
+        one test must not fire into the next, nor into a pass a test swapped in after its submits)."""
+        with self._lock:
+            timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+            if timer is not threading.current_thread():
+                timer.join(30)
+
     @staticmethod
     def _send(why: str) -> None:
         mark_forecast_stale()

@@ -20,6 +20,19 @@ def own_submit_cache(monkeypatch):
     monkeypatch.setattr(submit_cache, "PREFIX", f"gpuquota:test:{uuid.uuid4().hex}:")
 
 
+@pytest.fixture(autouse=True)
+def own_submit_coalescer(monkeypatch):
+    """Each test its own submit coalescer (quotas.triggers), settled at its end: a trailing request a
+    test's submits started must not fire into the next test, where it would run a pass on a thread of
+    its own beside that test's (and a flush of the test database under it fails)."""
+    from quotas import triggers
+
+    coalescer = triggers._Coalescer()
+    monkeypatch.setattr(triggers, "_coalescer", coalescer)
+    yield coalescer
+    coalescer.settle()
+
+
 @pytest.fixture
 def no_messages(monkeypatch, settings):
     """Nothing goes to Celery: tasks sent and passes asked for are recorded instead. A local cache and

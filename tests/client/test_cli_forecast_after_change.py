@@ -24,6 +24,7 @@ def passes_run(monkeypatch, settings):
 
     def start():
         settings.FORECAST_MIN_INTERVAL_S = 3
+        triggers._coalescer.settle()  # the set-up's submits: no trailing request into the pass swapped in
         monkeypatch.setattr(triggers, "request_pass", lambda why="": tasks.scheduling_pass(why))
         monkeypatch.setattr(triggers, "_coalescer", triggers._Coalescer())  # a lone submit asks at once
         monkeypatch.setattr("gpuquota_client.cli.FORECAST_WAIT_S", 10.0)

@@ -10,7 +10,7 @@ from django.core.cache import cache
 
 from jobs.models import Job
 from jobs.services import job_array_submit, job_cancel, job_set_priority
-from quotas import services, tasks, triggers
+from quotas import services, tasks
 from quotas.models import QueueForecast, SchedulerPass
 from tests.api.conftest import run, submit
 
@@ -22,7 +22,6 @@ def eager_passes(celery_eager, monkeypatch, settings):
     cache.clear()
     sent = []
     monkeypatch.setattr("gpunodes.dispatch.app.send_task", lambda name, **kw: sent.append(name))
-    monkeypatch.setattr(triggers, "_coalescer", triggers._Coalescer())  # a lone submit asks at once
     return sent
 
 

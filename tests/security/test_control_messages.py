@@ -156,7 +156,8 @@ def test_an_agent_refuses_starts_while_its_node_is_not_ready(agent, reports, sta
     with caplog.at_level(logging.WARNING):
         assert agent_tasks.start_attempt.run(**GOOD) == "refused"
     assert agent.running() == [] and state in caplog.text
-    assert reports.of(FINISHED)[0]["how"] == "unknown"  # the control side re-queues it at once
+    # The control side re-queues it at once, not counting it toward holding the job (HOLD_AFTER_NODE_LOST).
+    assert reports.of(FINISHED)[0]["how"] == "refused"
     agent_tasks.node_state.run(node="n1", state="READY")
     assert agent_tasks.start_attempt.run(**{**GOOD, "attempt_id": 2}) == "started"
 
