@@ -6,8 +6,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from quotas.models import ForecastRecord
 from tests.api.conftest import submit
+from tests.track_history import record_start
 
 URL = "/api/v1/shares/vision-main/track-record/"
 
@@ -17,23 +17,10 @@ def history(bob, vision_share, nodes):
     """Two starts in the last week (one within its range, one late) and one 20 days ago (within)."""
     now = timezone.now()
 
-    def record(days_ago, started_after_min):
-        submitted = now - timedelta(days=days_ago)
-        ForecastRecord.objects.create(
-            job=submit(bob, vision_share),
-            share=vision_share,
-            submitted_at=submitted,
-            forecast_at=submitted,
-            eta=submitted + timedelta(minutes=30),
-            eta_low=submitted + timedelta(minutes=20),
-            eta_high=submitted + timedelta(minutes=40),
-            kind="estimate",
-            started_at=submitted + timedelta(minutes=started_after_min),
+    for days_ago, started_after_min in ((1, 35), (2, 90), (20, 25)):
+        record_start(
+            submit(bob, vision_share), vision_share, now - timedelta(days=days_ago), started_after_min
         )
-
-    record(1, 35)
-    record(2, 90)
-    record(20, 25)
 
 
 def test_a_member_reads_the_track_record_of_the_last_week(as_bob, history):

@@ -8,8 +8,9 @@ import pytest
 from django.utils import timezone
 
 from jobs.services import job_submit
-from quotas.models import ForecastRecord, QueueForecast
+from quotas.models import QueueForecast
 from tests.browser.conftest import login
+from tests.track_history import record_start
 
 sync_api = pytest.importorskip("playwright.sync_api")
 expect = sync_api.expect
@@ -57,18 +58,7 @@ def history(bob, share):
     """Three starts in the last day: two within their range (20..40 min), one late; errors 5, 8, 60 min."""
     now = timezone.now()
     for hours_ago, started_min in ((30, 35), (26, 22), (20, 90)):
-        submitted = now - timedelta(hours=hours_ago)
-        ForecastRecord.objects.create(
-            job=submit(bob, share),
-            share=share,
-            submitted_at=submitted,
-            forecast_at=submitted,
-            eta=submitted + timedelta(minutes=30),
-            eta_low=submitted + timedelta(minutes=20),
-            eta_high=submitted + timedelta(minutes=40),
-            kind="estimate",
-            started_at=submitted + timedelta(minutes=started_min),
-        )
+        record_start(submit(bob, share), share, now - timedelta(hours=hours_ago), started_min)
 
 
 def test_the_team_page_gives_the_track_record_in_words_and_draws_it(page, bob, vision_share, nodes):

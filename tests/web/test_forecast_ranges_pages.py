@@ -6,7 +6,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from quotas.models import ForecastRecord, QueueForecast
+from quotas.models import QueueForecast
+from tests.track_history import record_start
 from tests.web.conftest import hx, submit
 
 pytestmark = pytest.mark.django_db
@@ -62,18 +63,7 @@ def history(bob, vision_share, nodes):
     """Two starts in the last week: one within its range (error 5 min), one late (error 60 min)."""
     now = timezone.now()
     for hours_ago, started_min in ((30, 35), (20, 90)):
-        submitted = now - timedelta(hours=hours_ago)
-        ForecastRecord.objects.create(
-            job=submit(bob, vision_share),
-            share=vision_share,
-            submitted_at=submitted,
-            forecast_at=submitted,
-            eta=submitted + timedelta(minutes=30),
-            eta_low=submitted + timedelta(minutes=20),
-            eta_high=submitted + timedelta(minutes=40),
-            kind="estimate",
-            started_at=submitted + timedelta(minutes=started_min),
-        )
+        record_start(submit(bob, vision_share), vision_share, now - timedelta(hours=hours_ago), started_min)
 
 
 def test_the_team_page_gives_each_shares_track_record_in_words_with_its_picture(as_bob, history):
