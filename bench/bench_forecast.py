@@ -29,6 +29,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.bench_itp import itp_scenario  # noqa: E402
 from quotas.engine import importtrace, tracegen  # noqa: E402
 from quotas.engine import scenario as sc  # noqa: E402
 from quotas.engine.simulate import simulate  # noqa: E402
@@ -42,20 +43,7 @@ TARGET_MEDIAN_S = 900
 
 
 def itp_week(window: tuple[int, int]) -> sc.Scenario:
-    opts = importtrace.Options(
-        start=window[0],
-        end=window[1],
-        nodes=168,
-        node_gpus=8,
-        gpu_type="a100",
-        top=8,
-        grace_s=30,
-        seed=1,
-        source=importtrace.ITP_TRACE.name,
-    )
-    with open(importtrace.ITP_TRACE, encoding="utf-8", newline="") as f:
-        data, _ = importtrace.import_trace(f, opts)
-    return sc.parse(data)
+    return itp_scenario(window, checkpoints=False)  # the same cluster and shares as benchmark 11
 
 
 def measure(label: str, scenario: sc.Scenario) -> dict:
