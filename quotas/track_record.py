@@ -12,10 +12,11 @@ quotas.models.likely_range, as the pages did when the job was shown it.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from django.db import connection
-from django.db.models import Exists, OuterRef, Q, Subquery
+from django.db.models import Count, Exists, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from jobs.choices import JobState
@@ -71,7 +72,14 @@ def mark_started() -> int:
 
 
 def summary(share: Share, *, now: datetime | None = None, days: int = 7) -> dict:
-    """A share's track record over the jobs that started in the last `days` days (1 to 90):
+    """A share's track record over the jobs that started in the last `days` days (1 to 90): `summaries`
+    of that one share."""
+    return summaries([share], now=now, days=days)[share.pk]
+
+
+def summaries(shares: Sequence[Share], *, now: datetime | None = None, days: int = 7) -> dict[int, dict]:
+    """Each share's track record (by share id) over the jobs that started in the last `days` days (1 to
+    90), in two queries whatever the number of shares (a team page shows all of its shares'):
 
     - `started`: how many did (their first attempt's start in the window); `by_kind`: of those, how
       many were first forecast `bound`, `estimate` or `none` (no ETA), with how many of each had a
@@ -91,12 +99,40 @@ def summary(share: Share, *, now: datetime | None = None, days: int = 7) -> dict
     are about the jobs that waited, which are the ones an ETA is for."""
     now = now or timezone.now()
     since = now - timedelta(days=days)
-    tolerance = timedelta(seconds=TOLERANCE_S)
-    rows = list(
-        ForecastRecord.objects.filter(share=share, started_at__gt=since, started_at__lte=now)
+    cut = now - timedelta(seconds=TOLERANCE_S)
+    ids = [share.pk for share in shares]
+    rows: dict[int, list[tuple]] = {pk: [] for pk in ids}
+    for share_id, *row in (
+        ForecastRecord.objects.filter(share_id__in=ids, started_at__gt=since, started_at__lte=now)
         .order_by("started_at", "job_id")
-        .values_list("job_id", "kind", "submitted_at", "eta", "eta_low", "eta_high", "started_at")
+        .values_list("share_id", "job_id", "kind", "submitted_at", "eta", "eta_low", "eta_high", "started_at")
+    ):
+        rows[share_id].append(row)
+    waiting = dict(
+        ForecastRecord.objects.filter(
+            share_id__in=ids, started_at__isnull=True, job__state=JobState.QUEUED, eta__lt=cut
+        )
+        .filter(Q(eta_low__isnull=True) | Q(eta_high__isnull=True) | Q(eta_high__lt=cut))
+        .values("share_id")
+        .annotate(n=Count("job_id"))
+        .values_list("share_id", "n")
     )
+    return {
+        share.pk: {
+            "share": share.name,
+            "days": days,
+            "since": since,
+            "until": now,
+            **_figures(rows[share.pk]),
+            "waiting_past_range": waiting.get(share.pk, 0),
+        }
+        for share in shares
+    }
+
+
+def _figures(rows: Sequence[tuple]) -> dict:
+    """The numbers and points of one share's started records, earliest start first."""
+    tolerance = timedelta(seconds=TOLERANCE_S)
     by_kind = {kind: {"started": 0, "with_range": 0, "within_range": 0} for kind in ForecastKind.values}
     errors: list[float] = []
     points: list[dict] = []
@@ -131,19 +167,7 @@ def summary(share: Share, *, now: datetime | None = None, days: int = 7) -> dict
                 "within": inside,
             }
         )
-    cut = now - tolerance
-    waiting_past_range = (
-        ForecastRecord.objects.filter(
-            share=share, started_at__isnull=True, job__state=JobState.QUEUED, eta__lt=cut
-        )
-        .filter(Q(eta_low__isnull=True) | Q(eta_high__isnull=True) | Q(eta_high__lt=cut))
-        .count()
-    )
     return {
-        "share": share.name,
-        "days": days,
-        "since": since,
-        "until": now,
         "started": len(rows),
         "n": len(errors),
         "median_error_s": round(statistics.median(errors), 1) if errors else None,
@@ -154,7 +178,6 @@ def summary(share: Share, *, now: datetime | None = None, days: int = 7) -> dict
         "late": late,
         "tolerance_s": TOLERANCE_S,
         "by_kind": by_kind,
-        "waiting_past_range": waiting_past_range,
         "points": points[-POINTS_SHOWN:],
     }
 

@@ -330,11 +330,11 @@ def team_queue_context(user, team: Team, live: usage.LivePicture | None = None) 
     }
 
 
-def track_record_context(share: Share, now=None) -> dict:
-    """A share's track record (quotas.track_record.summary) ready to print, with its picture: each start
-    as forecast wait against actual wait in minutes, its range as a bar across (it crosses the diagonal
-    when the start fell inside it)."""
-    summary = track_record.summary(share, now=now)
+def track_record_context(share: Share, now=None, summary: dict | None = None) -> dict:
+    """A share's track record (quotas.track_record.summary, or the one given) ready to print, with its
+    picture: each start as forecast wait against actual wait in minutes, its range as a bar across (it
+    crosses the diagonal when the start fell inside it)."""
+    summary = summary or track_record.summary(share, now=now)
     points = []
     for p in summary["points"]:
         ranged = p["low_s"] is not None
@@ -383,7 +383,9 @@ def team_page(request, slug):
     if part is None:
         context["form"] = submit_form_for(team)
         context["members"] = list(team.memberships.select_related("user").order_by("user__username"))
-        context["track_records"] = [track_record_context(s) for s in team.shares.order_by("name")]
+        shares = list(team.shares.order_by("name"))
+        records = track_record.summaries(shares)  # two queries for all of them
+        context["track_records"] = [track_record_context(s, summary=records[s.pk]) for s in shares]
         # plotly.js only where there is a picture to draw
         context["track_chart"] = any(t["chart"]["points"] for t in context["track_records"])
     return page_or_part(request, "quotas/team.html", TEAM_PARTS, context)

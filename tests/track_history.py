@@ -1,5 +1,5 @@
 """Hand-made forecast track record for the tests of its API and pages: a job forecast at its submit to
-start 30 min later (likely between 20 and 40 min), and when it actually started."""
+start 30 min later (likely between 20 and 40 min), and when it actually started (None: not yet)."""
 
 from datetime import timedelta
 
@@ -16,5 +16,5 @@ def record_start(job, share, submitted, started_after_min):
         eta_low=submitted + timedelta(minutes=20),
         eta_high=submitted + timedelta(minutes=40),
         kind="estimate",
-        started_at=submitted + timedelta(minutes=started_after_min),
+        started_at=None if started_after_min is None else submitted + timedelta(minutes=started_after_min),
     )

@@ -83,3 +83,21 @@ def test_the_share_page_shows_its_track_record(as_alice, history):
     page = as_alice.get("/shares/vision-main/").content.decode()
     assert "<b>1 of 2</b> jobs started within their range (50%)" in page
     assert 'data-plot="track_record"' in page
+
+
+def test_the_team_pages_track_records_take_the_same_queries_for_more_shares(
+    as_bob, bob, vision, history, constant_queries
+):
+    """Bench 5's team has 50 shares: a query or two per share's track record cost 190 ms a view."""
+    from tests.conftest import make_share
+
+    def grow():
+        now = timezone.now()
+        for i in range(3):
+            share = make_share(vision, f"vision-extra-{i}", capacity={"a10g": 1})
+            record_start(submit(bob, share), share, now - timedelta(hours=5), 25)
+            record_start(submit(bob, share), share, now - timedelta(hours=1), None)  # still waiting
+
+    constant_queries(as_bob, "/teams/vision/", grow)
+    page = as_bob.get("/teams/vision/").content.decode()
+    assert page.count('data-plot="track_record"') == 4
