@@ -22,15 +22,25 @@ def own_submit_cache(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def own_submit_coalescer(monkeypatch):
-    """Each test its own submit coalescer (quotas.triggers), settled at its end: a trailing request a
-    test's submits started must not fire into the next test, where it would run a pass on a thread of
-    its own beside that test's (and a flush of the test database under it fails)."""
+    """Each test its own submit coalescer (quotas.triggers), settled when the test ends (below): a
+    trailing request a test's submits started must not fire into the next test, where it would run a
+    pass on a thread of its own beside that test's (and a flush of the test database under it fails)."""
     from quotas import triggers
 
     coalescer = triggers._Coalescer()
     monkeypatch.setattr(triggers, "_coalescer", coalescer)
-    yield coalescer
-    coalescer.settle()
+    return coalescer
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    """Settle the test's coalescer before any fixture is torn down: a fixture's finalizer runs after
+    those set up later, and the test database (flushed by transactional_db's) is set up later than an
+    autouse fixture of this file."""
+    from quotas import triggers
+
+    triggers._coalescer.settle()
+    yield
 
 
 @pytest.fixture

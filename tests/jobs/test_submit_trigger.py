@@ -12,8 +12,7 @@ from quotas import triggers
 def asked(monkeypatch):
     calls = []
     monkeypatch.setattr(triggers, "request_pass", lambda why="": calls.append((time.monotonic(), why)))
-    monkeypatch.setattr(triggers, "_coalescer", triggers._Coalescer())
-    return calls
+    return calls  # each test has a coalescer of its own (tests/conftest.py)
 
 
 def test_a_lone_submit_asks_at_once(asked):
@@ -35,4 +34,14 @@ def test_after_a_quiet_window_the_next_submit_asks_at_once_again(asked):
     triggers.request_pass_soon("submit")
     time.sleep(triggers.COALESCE_S + 0.05)
     triggers.request_pass_soon("submit")
+    assert len(asked) == 2
+
+
+def test_settling_drops_the_trailing_request_so_none_fires_into_the_next_test(asked):
+    triggers.request_pass_soon("submit")
+    triggers.request_pass_soon("submit")  # folded into a trailing request
+    triggers._coalescer.settle()
+    time.sleep(triggers.COALESCE_S * 2)
+    assert len(asked) == 1
+    triggers.request_pass_soon("submit")  # nothing pending: a later submit still asks
     assert len(asked) == 2
