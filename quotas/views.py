@@ -330,11 +330,10 @@ def team_queue_context(user, team: Team, live: usage.LivePicture | None = None) 
     }
 
 
-def track_record_context(share: Share, now=None, summary: dict | None = None) -> dict:
-    """A share's track record (quotas.track_record.summary, or the one given) ready to print, with its
-    picture: each start as forecast wait against actual wait in minutes, its range as a bar across (it
-    crosses the diagonal when the start fell inside it)."""
-    summary = summary or track_record.summary(share, now=now)
+def track_record_context(summary: dict) -> dict:
+    """A share's track record (a quotas.track_record summary) ready to print, with its picture: each
+    start as forecast wait against actual wait in minutes, its range as a bar across (it crosses the
+    diagonal when the start fell inside it)."""
     points = []
     for p in summary["points"]:
         ranged = p["low_s"] is not None
@@ -385,7 +384,7 @@ def team_page(request, slug):
         context["members"] = list(team.memberships.select_related("user").order_by("user__username"))
         shares = list(team.shares.order_by("name"))
         records = track_record.summaries(shares)  # two queries for all of them
-        context["track_records"] = [track_record_context(s, summary=records[s.pk]) for s in shares]
+        context["track_records"] = [track_record_context(records[s.pk]) for s in shares]
         # plotly.js only where there is a picture to draw
         context["track_chart"] = any(t["chart"]["points"] for t in context["track_records"])
     return page_or_part(request, "quotas/team.html", TEAM_PARTS, context)
@@ -483,7 +482,9 @@ def _share_form_response(request, form, share, status=200, warnings=()):
         "warnings": warnings,
         "sweep_form": SweepForm(gpu_types=_gpu_types(share)) if share is not None else None,
         # The whole page only: an htmx answer is the form alone.
-        "track": track_record_context(share) if share is not None and not request.htmx else None,
+        "track": track_record_context(track_record.summary(share))
+        if share is not None and not request.htmx
+        else None,
     }
     return render(request, template, context, status=status)
 
