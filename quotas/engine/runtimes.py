@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import bisect
 import statistics
-import zlib
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -35,16 +34,6 @@ DEFAULT_SPREAD = 4.0
 
 
 _Z = statistics.NormalDist()
-
-
-def levels(job_ids: Iterable[Hashable]) -> dict[Hashable, float]:
-    """A quantile level for each job, spread evenly over (0, 1) in an order fixed by the job ids (a
-    hash): one representative draw for the lot. The k-th of n guessed ends then falls near the k/n
-    quantile, as it does in reality, where every job at its median would put the first end of many
-    at a median too (far too late for a job that waits for the first GPUs to free)."""
-    ordered = sorted(job_ids, key=lambda j: (zlib.crc32(repr(j).encode()), repr(j)))
-    n = len(ordered)
-    return {job_id: (rank + 0.5) / n for rank, job_id in enumerate(ordered)}
 
 
 @dataclass(frozen=True, slots=True)
