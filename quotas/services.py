@@ -32,11 +32,9 @@ log = logging.getLogger(__name__)
 # ETA of a job with no max_runtime_s in a share that has never finished a job.
 DEFAULT_RUNTIME_S = 3600
 # The runtime estimates learn from the successful attempts of the last RUNTIME_HISTORY_DAYS: at most
-# RUNTIME_SAMPLE of each share and GROUP_SAMPLE of each user's job name, the most recent, out of at most
-# RUNTIME_ROWS read (one query).
+# rt.RECENT_SAMPLE of each share and of each user's job name, the most recent, out of at most RUNTIME_ROWS
+# read (one query).
 RUNTIME_HISTORY_DAYS = 30
-RUNTIME_SAMPLE = 1000
-GROUP_SAMPLE = 200
 RUNTIME_ROWS = 20_000
 # The work expected to arrive, for the estimates (fc.ARRIVALS_WINDOW_S): at most this many jobs.
 ARRIVALS_MAX = 20_000
@@ -309,7 +307,7 @@ def share_usage(snapshot, queued_totals=None) -> dict[str, dict[str, dict[str, f
 
 def runtime_history(now: datetime) -> rt.Runtimes:
     """What the system has seen (SEMANTICS "Runtime estimates"): the runtimes of successful attempts that
-    ended in the last RUNTIME_HISTORY_DAYS, the most recent first, up to RUNTIME_SAMPLE per share and
+    ended in the last RUNTIME_HISTORY_DAYS, the most recent first, up to rt.RECENT_SAMPLE per share and
     per (share, user, job name). One query, at most RUNTIME_ROWS rows."""
     from jobs.choices import AttemptState, Outcome
     from jobs.models import Attempt
@@ -331,11 +329,11 @@ def runtime_history(now: datetime) -> rt.Runtimes:
     for share, user, name, started, ended in rows:
         seconds = max(1.0, (ended - started).total_seconds())
         seen = by_share.setdefault(share, [])
-        if len(seen) < RUNTIME_SAMPLE:
+        if len(seen) < rt.RECENT_SAMPLE:
             seen.append(seconds)
         if name:
             group = by_group.setdefault((share, user, name), [])
-            if len(group) < GROUP_SAMPLE:
+            if len(group) < rt.RECENT_SAMPLE:
                 group.append(seconds)
     return rt.Runtimes(by_share, by_group, default_s=DEFAULT_RUNTIME_S)
 

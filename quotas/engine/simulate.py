@@ -321,10 +321,9 @@ def simulate(
         policy._TypePass._wait = wait
 
 
-# The forecast's runtime guess for a job without max_runtime_s: the share's median observed runtime
-# over its last RUNTIME_SAMPLE successful attempts, else DEFAULT_RUNTIME_S (as in production).
+# The forecast's runtime guess for a job without max_runtime_s learns from the last rt.RECENT_SAMPLE
+# successful attempts of its share and of its name, else is DEFAULT_RUNTIME_S (as in production).
 DEFAULT_RUNTIME_S = 3600
-RUNTIME_SAMPLE = 200
 FORECAST_MAX_PASSES = 20_000  # a deterministic bound (no wall-clock budget in virtual time)
 
 
@@ -868,10 +867,10 @@ class _Simulator:
             record.preempted_by = record.preemption_reason = None
 
         if outcome == SUCCEEDED and self.forecasting:
-            self.runtimes.setdefault(spec.share, deque(maxlen=RUNTIME_SAMPLE)).append(elapsed)
+            self.runtimes.setdefault(spec.share, deque(maxlen=rt.RECENT_SAMPLE)).append(elapsed)
             if spec.name:
                 key = (spec.share, None, spec.name)
-                self.group_runtimes.setdefault(key, deque(maxlen=RUNTIME_SAMPLE)).append(elapsed)
+                self.group_runtimes.setdefault(key, deque(maxlen=rt.RECENT_SAMPLE)).append(elapsed)
         if outcome in (PREEMPTED, NODE_LOST):
             progress = run.base_progress + elapsed
             if outcome == PREEMPTED and spec.checkpoint_on_stop:

@@ -9,6 +9,7 @@ from django.utils import timezone
 from jobs.choices import AttemptState, JobState, Outcome
 from jobs.models import Attempt, Job
 from quotas import services
+from quotas.engine import runtimes as rt
 from quotas.models import QueueForecast
 from tests.api.conftest import run
 from tests.web.conftest import submit
@@ -16,9 +17,9 @@ from tests.web.conftest import submit
 pytestmark = pytest.mark.django_db
 
 
-def seen(bob, share, seconds, *, n=1, name="sweep"):
-    """n successful jobs of each of `seconds` (a number or a list) that ended an hour ago."""
-    end = timezone.now() - timedelta(hours=1)
+def seen(bob, share, seconds, *, n=1, name="sweep", ended_ago=timedelta(hours=1)):
+    """n successful jobs of each of `seconds` (a number or a list) that ended `ended_ago` (an hour ago)."""
+    end = timezone.now() - ended_ago
     for each in [seconds] * n if isinstance(seconds, int) else seconds:
         job = submit(bob, share, gpus=1, name=name)
         Job.objects.filter(pk=job.pk).update(state=JobState.SUCCEEDED, attempt_count=1)
@@ -56,6 +57,20 @@ def test_a_waiting_jobs_eta_follows_how_long_the_running_work_has_left(bob, visi
     # The range: the fastest tenth of the long kind at one end, the slowest at the other, holding the ETA.
     low, high = ((t - timezone.now()).total_seconds() for t in (f.eta_low, f.eta_high))
     assert 10500 < low < 11500 < wait < 22000 < high < 23000, (low, wait, high)
+
+
+def test_estimates_learn_from_the_most_recent_runtimes_so_they_follow_a_workload_that_changes(
+    bob, vision_share, nodes, monkeypatch
+):
+    # The share's jobs ran 10 h until two days ago; its most recent ones run 10 min. The guess is theirs
+    # (the whole month's would be a mix, its median 10 h), for the share and for bob's job name alike.
+    monkeypatch.setattr(rt, "RECENT_SAMPLE", 12)
+    seen(bob, vision_share, 36000, n=20, ended_ago=timedelta(days=2))
+    seen(bob, vision_share, 600, n=12, ended_ago=timedelta(hours=1))
+    model = services.runtime_history(timezone.now())
+    assert model.guess("vision-main").seconds == 600
+    sweep = model.guess("vision-main", "bob", "sweep")
+    assert sweep.source == "bob's 'sweep' jobs" and sweep.seconds == sweep.high == 600
 
 
 def test_the_users_own_job_name_is_learnt_once_there_are_enough(bob, vision_share, nodes):
