@@ -27,9 +27,10 @@ HIGH_Q = 0.9
 GROUP_MIN_SAMPLES = 10  # a user's job name needs this many seen runtimes to be its own estimate
 SHARE_MIN_SAMPLES = 5
 # The estimates learn from the RECENT_SAMPLE most recent successful runtimes of each share and of each kind
-# of job (production and the simulator alike): recent enough to follow a workload as it changes. A share's
-# last 1,000 guessed worse on both ITP weeks than its last 200 (bench/RESULTS.md, issue 27).
-RECENT_SAMPLE = 200
+# of job (production and the simulator alike): recent enough to follow a workload as it changes, enough
+# for a tail. Measured (bench/RESULTS.md, issue 27): 100 guessed better than 200 and 1,000 on ITP week 1
+# and tracegen (week 2 mixed), 50 worse (too few for the tail of a running attempt's remaining life).
+RECENT_SAMPLE = 100
 TAIL_MIN_SAMPLES = 5  # seen runtimes longer than a running attempt's elapsed time, to condition on them
 MIN_REMAINING_S = 60.0  # a running attempt with a guessed runtime is never "due this instant"
 # Without history: a median of DEFAULT_RUNTIME_S and a spread of a factor DEFAULT_SPREAD either way at the
