@@ -2,7 +2,6 @@
 range beside the ETA (and keeps it through the state part's polls), and the team page gives its share's
 track record in words and draws its picture (no JavaScript error)."""
 
-import re
 from datetime import timedelta
 
 import pytest
@@ -11,21 +10,13 @@ from django.utils import timezone
 from jobs.services import job_submit
 from quotas.models import QueueForecast
 from tests.browser.conftest import login
+from tests.forecast_words import likely_between
 from tests.track_history import record_start
 
 sync_api = pytest.importorskip("playwright.sync_api")
 expect = sync_api.expect
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-
-def hm(t):
-    return timezone.localtime(t).strftime("%H:%M")
-
-
-def between(low, high):
-    """The range in words, as the page gives it; a clock time past midnight carries its day ("Sun 00:13")."""
-    return re.compile(rf"likely between (\w{{3}} )?{hm(low)} and (\w{{3}} )?{hm(high)}")
 
 
 def submit(user, share):
@@ -51,12 +42,12 @@ def test_the_job_page_shows_the_likely_range_beside_the_eta(page, bob, vision_sh
     login(page, bob)
     page.goto(f"/jobs/{job.pk}/")
     shown = page.get_by_test_id("eta-range")
-    expect(shown).to_contain_text(between(low, high))
+    expect(shown).to_contain_text(likely_between(low, high))
     expect(page.locator('[data-testid="eta"]')).to_contain_text("estimate")
     # The state part polls every 3 s: the range is still there after a swap.
     with page.expect_response(lambda r: "part=state" in r.url):
         pass
-    expect(page.get_by_test_id("eta-range")).to_contain_text(between(low, high))
+    expect(page.get_by_test_id("eta-range")).to_contain_text(likely_between(low, high))
 
 
 def history(bob, share):

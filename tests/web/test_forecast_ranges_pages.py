@@ -1,23 +1,17 @@
 """Pages show an estimate's likely range beside its ETA (job page, team queue), and each share's track
 record in words with its picture (team page, share page), or in words that there is none yet."""
 
-import re
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
 from quotas.models import QueueForecast
+from tests.forecast_words import likely_between
 from tests.track_history import record_start
 from tests.web.conftest import hx, submit
 
 pytestmark = pytest.mark.django_db
-
-
-def between(low, high):
-    """The range in words, as the pages give it; a clock time past midnight carries its day ("Sun 00:13")."""
-    hm = [timezone.localtime(t).strftime("%H:%M") for t in (low, high)]
-    return re.compile(rf"likely between (\w{{3}} )?{hm[0]} and (\w{{3}} )?{hm[1]}")
 
 
 @pytest.fixture
@@ -41,7 +35,7 @@ def ranged(bob, vision_share, nodes):
 
 def test_the_job_page_and_the_team_queue_show_an_estimates_range(as_bob, ranged):
     job, now = ranged
-    words = between(now + timedelta(minutes=20), now + timedelta(minutes=70))
+    words = likely_between(now + timedelta(minutes=20), now + timedelta(minutes=70))
     page = as_bob.get(f"/jobs/{job.pk}/").content.decode()
     assert 'data-testid="eta-range"' in page and words.search(page)
     queue = hx(as_bob, "/teams/vision/?part=queue").content.decode()
