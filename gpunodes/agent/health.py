@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -444,6 +445,11 @@ class FakeNvml:
         {"gpu": 2, "lost": true}              fallen off the bus: every call about it fails
         {"gpu": 2, "processes": [1234]}       pids using it
         {"gpu": 2, "reset": true}             a GPU reset: all of the above cleared
+
+    With `state_file` (the agent's state directory), how far the file was read and what its lines left
+    (ECC counts, lost GPUs, processes) are kept there: an agent that restarts goes on from where it
+    was, as a real host's NVML would, and does not replay the file from its first line (an Xid already
+    seen, and handled, would fail the GPU again after an admin brought it back).
     """
 
     NVML_ERROR_NOT_SUPPORTED = 3
@@ -473,17 +479,72 @@ class FakeNvml:
     class Process:
         pid: int
 
-    def __init__(self, node: str, count: int, fault_file: Path | str | None = None, *, poll_s: float = 0.05):
+    def __init__(
+        self,
+        node: str,
+        count: int,
+        fault_file: Path | str | None = None,
+        *,
+        poll_s: float = 0.05,
+        state_file: Path | str | None = None,
+    ):
         self.node = node
         self.count = count
         self.fault_file = Path(fault_file) if fault_file else None
+        self.state_file = Path(state_file) if state_file else None
         self.poll_s = poll_s
         self._offset = 0
+        self._inode: int | None = None  # the fault file's, when the offset was kept
         self._partial = b""
         self._lock = threading.Lock()
         self._file_lock = threading.Lock()  # the watcher's thread and the runner's read the file
         self._state = {i: self._well() for i in range(count)}
         self._events: list[FakeNvml.Event] = []
+        self._load()
+
+    def _load(self) -> None:
+        """Where an earlier agent left the fault file, if it kept it: its offset (unless the file was
+        replaced or cut shorter since: then from its start) and the GPUs' state."""
+        if self.state_file is None or self.fault_file is None:
+            return
+        try:
+            kept = json.loads(self.state_file.read_text())
+            offset, inode, partial = int(kept["offset"]), kept["inode"], str(kept.get("partial", ""))
+            gpus = {int(i): {**self._well(), **g} for i, g in kept["gpus"].items() if int(i) in self._state}
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            log.warning(
+                "fake NVML: ignoring %s (%s): reading the fault file from its start", self.state_file, e
+            )
+            return
+        try:
+            st = self.fault_file.stat()
+        except OSError:
+            return
+        if st.st_ino != inode or st.st_size < offset:
+            return  # another file now: its lines are all new
+        self._offset, self._inode, self._partial = offset, inode, partial.encode()
+        self._state.update(gpus)
+
+    def _save(self) -> None:
+        if self.state_file is None:
+            return
+        with self._lock:
+            gpus = {str(i): dict(g) for i, g in self._state.items()}
+        kept = {
+            "offset": self._offset,
+            "inode": self._inode,
+            "partial": self._partial.decode("utf-8", "replace"),
+            "gpus": gpus,
+        }
+        tmp = self.state_file.with_name(self.state_file.name + ".tmp")
+        try:
+            self.state_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            tmp.write_text(json.dumps(kept))
+            tmp.replace(self.state_file)
+        except OSError as e:  # a full disk: the next line read tries again
+            log.warning("fake NVML: cannot write %s: %s", self.state_file, e)
 
     @staticmethod
     def _well() -> dict:
@@ -530,13 +591,23 @@ class FakeNvml:
         with self._file_lock:
             try:
                 with open(self.fault_file, "rb") as f:
+                    inode = os.fstat(f.fileno()).st_ino
+                    if self._inode is not None and inode != self._inode:
+                        self._offset, self._partial = 0, b""  # replaced: a new file from its start
+                    self._inode = inode
                     f.seek(self._offset)
                     data = f.read()
             except FileNotFoundError:
                 return
+            if not data:
+                return
             self._offset += len(data)
             lines = (self._partial + data).split(b"\n")
             self._partial = lines.pop()  # a line still being written
+            self._apply(lines)
+            self._save()  # after its lines took effect: a restart neither replays nor skips one
+
+    def _apply(self, lines: list[bytes]) -> None:
         for line in lines:
             if not line.strip():
                 continue

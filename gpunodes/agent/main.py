@@ -127,7 +127,12 @@ class Agent:
         state_dir = Path(settings.VAR_DIR) / "agent" / name
         # GPU health (health.py): through NVML, or a fake one that reads the faults a test injects.
         if fake_gpus is not None:
-            nvml = FakeNvml(name, fake_gpus, fake_gpu_faults or state_dir / "fake-gpu-faults.jsonl")
+            nvml = FakeNvml(
+                name,
+                fake_gpus,
+                fake_gpu_faults or state_dir / "fake-gpu-faults.jsonl",
+                state_file=state_dir / "fake-gpu-faults.read.json",  # a restart goes on from there
+            )
         else:
             import pynvml as nvml
         self._beat_now = threading.Event()
