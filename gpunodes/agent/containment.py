@@ -366,6 +366,21 @@ def pids_of_uid(uid: int) -> list[int]:
     return [pid for pid, real, effective in _processes() if uid in (real, effective)]
 
 
+def process_owner(pid: int) -> tuple[int | None, str | None]:
+    """Who a process is: its real uid and its cgroup v2 path (None where it is gone or unreadable). With
+    a uid and a cgroup per attempt, either names the attempt a pid belongs to (a GPU's holder, say)."""
+    uid = None
+    try:
+        with open(f"/proc/{int(pid)}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    uid = int(line.split()[1])
+                    break
+    except (OSError, ValueError):
+        return None, None
+    return uid, own_cgroup2(str(int(pid)))
+
+
 def uids_with_processes() -> set[int]:
     """Every uid some live process runs as (one pass over /proc for a whole uid range)."""
     return {uid for _, real, effective in _processes() for uid in (real, effective)}

@@ -123,8 +123,9 @@ class HealthWatcher:
         self._events = None
         self._started = False
         self._next_check = 0.0
-        # GPUs an attempt gave back: index -> (by when its processes must be gone, which attempt)
-        self._releasing: dict[int, tuple[float, str]] = {}
+        # GPUs an attempt gave back: index -> (by when its processes must be gone, which attempt, and
+        # which pids are its)
+        self._releasing: dict[int, tuple[float, str, Callable[[int], bool] | None]] = {}
         self._wait_errors = 0
 
     # --- what the agent reads ----------------------------------------------------------------------
@@ -353,13 +354,18 @@ class HealthWatcher:
                 found[index] = sorted(pids)
         return found
 
-    def released(self, indexes: Iterable[int], attempt: str) -> None:
+    def released(
+        self, indexes: Iterable[int], attempt: str, owns: Callable[[int], bool] | None = None
+    ) -> None:
         """An attempt that held these GPUs was killed and reaped: none of its processes may still use
-        them GPU_STUCK_PROCESS_S (stuck_after_s) from now."""
+        them GPU_STUCK_PROCESS_S (stuck_after_s) from now. `owns(pid)`: whether a pid is that attempt's
+        (its uid or cgroup; the runner knows): only those are stuck. Another process on the GPU (a live
+        attempt that was not given it) is not this GPU's fault: the runner stops that attempt. Without
+        `owns` every holder counts."""
         deadline = self.monotonic() + self.stuck_after_s
         with self._lock:
             for index in indexes:
-                self._releasing[index] = (deadline, attempt)
+                self._releasing[index] = (deadline, attempt, owns)
 
     def claimed(self, indexes: Iterable[int]) -> None:
         """A new attempt was given these GPUs after the runner found no process on them: what an earlier
@@ -375,7 +381,11 @@ class HealthWatcher:
             return
         held = self.holders(watched)
         now = self.monotonic()
-        for index, (deadline, attempt) in watched.items():
+        for index, (deadline, attempt, owns) in watched.items():
+            if owns is not None and index in held:
+                held[index] = [pid for pid in held[index] if owns(pid)]
+                if not held[index]:
+                    del held[index]
             if index not in held:
                 with self._lock:
                     if self._releasing.get(index, (None,))[0] == deadline:

@@ -49,6 +49,7 @@ from gpunodes.agent.containment import (
     cgroup2_mount,
     device_number,
     kill_attempt,
+    process_owner,
     warn_once,
 )
 from gpunodes.agent.fence import ENDED_SUFFIX, fenced_keys
@@ -256,6 +257,7 @@ class Runner:
         gpu_health: HealthWatcher | None = None,
         checkpoint_scan_s: float = 1.0,
         checkpoint_settle_s: float = 2.0,
+        gpu_use_check_s: float = 5.0,
     ) -> None:
         self.node = node
         self.gpu_health = gpu_health
@@ -305,8 +307,12 @@ class Runner:
         if device_cgroups == "auto":
             device_cgroups = DeviceTree.create(f"{node}-{os.getpid()}") if self.gpu_devices else None
         self.device_cgroups: DeviceTree | None = device_cgroups
-        # Who still uses a GPU (NVML: inventory.gpu_processes), checked before GPUs are handed out.
+        # Who still uses a GPU (NVML: inventory.gpu_processes), checked before GPUs are handed out and
+        # every `gpu_use_check_s` (an attempt on a GPU it was not given is stopped).
         self.gpu_holders = gpu_holders
+        self.gpu_use_check_s = gpu_use_check_s
+        self._next_gpu_use_check = 0.0
+        self._cgroup2_mount = cgroup2_mount()
         self.log_cap_bytes = log_cap_bytes
         # Private namespaces for the attempts of a root agent (identity.namespaces_fn). A /dev/shm of
         # their own would hide the jobs' directories if they lay under the host's.
@@ -379,11 +385,9 @@ class Runner:
                 return "refused"
             held = self._gpus_in_use(list(gpus))
             if held:
-                why = "; ".join(
-                    f"GPU {i} is still used by pid {', '.join(map(str, p))}" for i, p in held.items()
-                )
-                log.error("refusing attempt %s/%s: %s", attempt_id, number, why)
-                return self._end_unstarted(key, "unknown", f"refused: {why}")
+                # Not the job's doing, nor a strike against it: it is re-queued ("refused").
+                log.error("refusing attempt %s/%s: %s", attempt_id, number, held)
+                return self._end_unstarted(key, "refused", f"refused: {held}")
             broken = self._broken(gpus)
             if broken:
                 # The control side had not heard yet (or raced the report): the job is re-queued, as
@@ -584,13 +588,90 @@ class Runner:
         )
         return "failed" if how == "failed_to_start" else "refused"
 
-    def _gpus_in_use(self, gpus: list[int]) -> dict[int, list[int]]:
-        """The given GPUs a process still uses (NVML), which are not handed out: with a cgroup per
-        attempt nothing of an earlier attempt is left, so a holder is something the operator must look
-        at; the start is refused and logged, and the control side re-queues the attempt."""
+    def _gpus_in_use(self, gpus: list[int]) -> str:
+        """Why the given GPUs cannot be handed out now (a process still uses one: NVML), or "". A live
+        attempt of this host that uses one it was not given is stopped for it (its violation, not the
+        GPU's fault nor the new job's); what then still holds one (a process of an attempt that was just
+        reaped, or one that is no attempt's: the operator must look) makes the start refused, and the
+        control side re-queues it without counting it against the job."""
         if self.gpu_holders is None or not gpus:
-            return {}
-        return {i: pids for i, pids in self.gpu_holders(gpus).items() if pids}
+            return ""
+        held = {i: pids for i, pids in self.gpu_holders(gpus).items() if pids}
+        if held and self._stop_violators(held):
+            held = {i: pids for i, pids in self.gpu_holders(gpus).items() if pids}
+        return "; ".join(f"GPU {i} is still used by pid {', '.join(map(str, p))}" for i, p in held.items())
+
+    def _attempt_of(self, pid: int) -> Proc | None:
+        """The live attempt a process belongs to (by its cgroup, or its uid on a root agent), if any."""
+        uid, cgroup = process_owner(pid)
+        with self._lock:
+            for proc in self._procs.values():
+                if proc.cgroup is not None and self._same_cgroup(cgroup, proc.cgroup.path):
+                    return proc
+                if proc.user is not None and uid == proc.user.uid:
+                    return proc
+        return None
+
+    def _same_cgroup(self, cgroup: str | None, path: Path) -> bool:
+        mount = self._cgroup2_mount
+        return cgroup is not None and mount is not None and mount / cgroup.lstrip("/") == path
+
+    def _stop_violators(self, held: dict[int, list[int]]) -> bool:
+        """Stop every live attempt that uses a GPU it was not given (`held`: NVML's holders of each GPU),
+        telling it why. Returns whether there was one."""
+        stopped = False
+        for index, pids in held.items():
+            for pid in pids:
+                proc = self._attempt_of(pid)
+                if proc is None or index in proc.gpus or proc.stop_how == "violation":
+                    continue
+                given = ", ".join(map(str, proc.gpus)) or "none"
+                proc.stop_how = "violation"
+                proc.stop_detail = (
+                    f"stopped: its process {pid} used GPU {index} of {self.node}, which this attempt was "
+                    f"not given (it was given GPU {given}; CUDA_VISIBLE_DEVICES says which)"
+                )
+                log.error(
+                    "killing attempt %s/%s: its pid %d uses GPU %d, which it was not given",
+                    proc.attempt_id,
+                    proc.number,
+                    pid,
+                    index,
+                )
+                self._kill(proc)
+                stopped = True
+        return stopped
+
+    def check_gpu_use(self) -> None:
+        """Every GPU_USE_CHECK_S (poll): an attempt that holds a GPU it was not given is stopped now, not
+        only when another attempt is given that GPU."""
+        indexes = sorted(self.gpu_indexes or (self.gpu_health.gpus if self.gpu_health is not None else ()))
+        if self.gpu_holders is None or not indexes:
+            return
+        try:
+            held = {i: pids for i, pids in self.gpu_holders(indexes).items() if pids}
+        except Exception:  # NVML trouble is the health watcher's to report
+            log.exception("could not read the GPUs' processes")
+            return
+        if held:
+            self._stop_violators(held)
+
+    def _owns(self, proc: Proc) -> Callable[[int], bool]:
+        """Whether a pid is this (reaped) attempt's: its cgroup or its uid. A pid this agent cannot see
+        (gone since, or of another pid namespace) counts as its, as does any where the attempt had
+        neither: NVML's word is all there is then."""
+        uid = proc.user.uid if proc.user is not None else None
+        path = proc.cgroup.path if proc.cgroup is not None else None
+
+        def owns(pid: int) -> bool:
+            pid_uid, cgroup = process_owner(pid)
+            if (pid_uid is None and cgroup is None) or (uid is None and path is None):
+                return True
+            return (path is not None and self._same_cgroup(cgroup, path)) or (
+                uid is not None and pid_uid == uid
+            )
+
+        return owns
 
     def _broken(self, gpus) -> str:
         """Why these GPUs may not be handed out (one of them is known broken), or ""."""
@@ -752,6 +833,9 @@ class Runner:
                 self._kill(proc)
                 proc.kill_at = None
         self.checkpoints.poll()
+        if self.gpu_holders is not None and now >= self._next_gpu_use_check:
+            self._next_gpu_use_check = now + self.gpu_use_check_s
+            self.check_gpu_use()
         for proc in done:
             try:
                 self._reap(proc)
@@ -785,7 +869,7 @@ class Runner:
                 for index in proc.gpus:
                     self.gpu_health.report(index, fault)
             else:
-                self.gpu_health.released(proc.gpus, label)
+                self.gpu_health.released(proc.gpus, label, self._owns(proc))
         proc.sink.finish()
         try:
             self._ship_log(proc, final=True)

@@ -189,7 +189,7 @@ def test_a_gpu_that_a_process_still_uses_is_not_handed_out(root_dir, reports, ca
         with caplog.at_level(logging.ERROR):
             assert runner.start(attempt_id=1, number=1, job_id=7, command=["true"], gpus=[0, 1]) == "refused"
         assert "GPU 1 is still used by pid 4242" in caplog.text
-        assert reports.finished(1)["how"] == "unknown"
+        assert reports.finished(1)["how"] == "refused"  # re-queued without a strike (issue 41)
         assert runner.start(attempt_id=2, number=1, job_id=7, command=["true"], gpus=[0]) == "started"
     finally:
         runner.shutdown(grace_s=0)
