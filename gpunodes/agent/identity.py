@@ -63,28 +63,46 @@ def default_lock_dir() -> Path:
 
 
 # The host's directories that every uid may write: where an attempt without a mount namespace of its
-# own (an unprivileged container) leaves files for the next attempt of its uid.
+# own (an unprivileged container) leaves files for the next attempt of its uid. The agent adds every
+# other world-writable directory it finds on the host (world_writable_dirs).
 SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
-# Entries looked at per scan of the shared directories, at most (a host's /tmp is small).
+# Entries looked at per shared directory and scan, at most (a host's /tmp is small). Each directory has
+# its own budget: 200,000 entries in one (/run/lock) never hide what another (/tmp) holds.
 SCAN_BUDGET = 200_000
+# How deep world_writable_dirs looks below /, and how many directories it reads at most.
+WORLD_WRITABLE_DEPTH = 4
+WORLD_WRITABLE_BUDGET = 100_000
+# Never looked through for world-writable directories: the kernel's own trees.
+_NOT_LOOKED_AT = ("/proc", "/sys")
 
 
-def owners_in(dirs, *, deep: bool = True) -> set[int]:
+def owners_in(dirs, *, deep: bool = True, budget: int | None = None) -> set[int]:
     """The owners of the entries of these directories and, with `deep`, of every world-writable
     directory below them: a job's uid can create an entry only in a directory it owns (which then
-    shows its uid one level up) or in one anyone may write, so this sees all it can have left."""
+    shows its uid one level up) or in one anyone may write, so this sees all it can have left. Each
+    directory is looked through on its own budget, breadth first (its own entries before those of its
+    subdirectories), so no directory filled with entries blinds the scan of another."""
     owners: set[int] = set()
-    stack = [str(d) for d in dirs]
     seen: set[tuple[int, int]] = set()
-    budget = SCAN_BUDGET
-    while stack and budget > 0:
+    for top in dirs:
+        owners |= _owners_below(str(top), deep, seen, SCAN_BUDGET if budget is None else budget)
+    return owners
+
+
+def _owners_below(top: str, deep: bool, seen: set, budget: int) -> set[int]:
+    owners: set[int] = set()
+    queue = [top]
+    left = budget
+    while queue and left > 0:
         try:
-            entries = os.scandir(stack.pop())
+            entries = os.scandir(queue.pop(0))
         except OSError:
             continue
         with entries:
             for entry in entries:
-                budget -= 1
+                left -= 1
+                if left < 0:
+                    break
                 try:
                     st = entry.stat(follow_symlinks=False)
                 except OSError:
@@ -93,10 +111,128 @@ def owners_in(dirs, *, deep: bool = True) -> set[int]:
                 key = (st.st_dev, st.st_ino)
                 if deep and stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IWOTH and key not in seen:
                     seen.add(key)
-                    stack.append(entry.path)
-    if budget <= 0:
-        log.warning("stopped looking for files of job uids after %d entries of %s", SCAN_BUDGET, dirs)
+                    queue.append(entry.path)
+    if left < 0:
+        log.warning("stopped looking for files of job uids in %s after %d entries", top, budget)
     return owners
+
+
+def world_writable_dirs(
+    root: str = "/",
+    *,
+    max_depth: int = WORLD_WRITABLE_DEPTH,
+    budget: int = WORLD_WRITABLE_BUDGET,
+    mountinfo: str = "/proc/self/mountinfo",
+) -> list[str]:
+    """The host's directories that anyone may write (o+w: /tmp, /var/tmp, /run/lock, /dev/shm, and what
+    else this host has, such as a /scratch): every such directory down to `max_depth` below `root`, and
+    every mount point that is one, at any depth. An attempt can leave files in each of them, so the agent
+    gives every attempt its own (namespaces_fn) or cleans them at its end (remove_leftovers). What lies
+    below a world-writable directory is not looked through here (the leftover scans do that)."""
+    found: list[str] = []
+    queue = [(root, 0)]
+    left = budget
+    while queue and left > 0:
+        path, depth = queue.pop(0)
+        try:
+            entries = os.scandir(path)
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                left -= 1
+                if left < 0:
+                    break
+                if entry.path in _NOT_LOOKED_AT:
+                    continue
+                try:
+                    if not entry.is_dir(follow_symlinks=False):
+                        continue
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if st.st_mode & stat.S_IWOTH:
+                    found.append(entry.path)
+                elif depth + 1 < max_depth:
+                    queue.append((entry.path, depth + 1))
+    if left < 0:
+        log.warning("stopped looking for world-writable directories after %d entries", budget)
+    for point in _mount_points(mountinfo):
+        if point not in found and not any(Path(point).is_relative_to(p) for p in (*found, *_NOT_LOOKED_AT)):
+            try:
+                st = os.lstat(point)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IWOTH:
+                found.append(point)
+    return found
+
+
+def _mount_points(mountinfo: str) -> list[str]:
+    try:
+        lines = Path(mountinfo).read_text().splitlines()
+    except OSError:
+        return []
+    # Field 5 is the mount point, with spaces and such written as octal escapes.
+    return [
+        re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])
+        for line in lines
+        if len(line.split()) > 4
+    ]
+
+
+def remove_leftovers(uid: int, dirs, *, max_depth: int = 16, budget: int = SCAN_BUDGET) -> int:
+    """At an attempt's end (its processes are gone): remove what its uid left in the host's shared
+    directories, in them and in the world-writable directories below them (a file, a socket, a
+    message queue, a directory of its own with all in it), so nothing keeps the uid busy for the next
+    attempt. Never through a link: each directory is opened by its descriptor, without following one.
+    Returns how many entries went."""
+    if uid in (0, os.geteuid()):
+        raise ValueError(f"refusing to remove every file of uid {uid}")
+    removed = 0
+    for top in dirs:
+        try:
+            fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            removed += _remove_owned(fd, str(top), uid, max_depth, [budget])
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _remove_owned(dir_fd: int, where: str, uid: int, depth: int, budget: list[int]) -> int:
+    removed = 0
+    try:
+        entries = list(os.scandir(dir_fd))
+    except OSError:
+        return 0
+    for entry in entries:
+        budget[0] -= 1
+        if budget[0] < 0:
+            log.warning("stopped removing the files uid %d left in %s: too many entries", uid, where)
+            return removed
+        try:
+            st = os.stat(entry.name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            continue
+        try:
+            if st.st_uid == uid:
+                if stat.S_ISDIR(st.st_mode):
+                    shutil.rmtree(entry.name, dir_fd=dir_fd)
+                else:
+                    os.unlink(entry.name, dir_fd=dir_fd)
+                removed += 1
+            elif stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IWOTH and depth > 0:
+                sub = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+                try:
+                    removed += _remove_owned(sub, os.path.join(where, entry.name), uid, depth - 1, budget)
+                finally:
+                    os.close(sub)
+        except OSError as e:
+            log.warning("could not remove %s/%s of uid %d: %s", where, entry.name, uid, e.strerror)
+    return removed
 
 
 def sysv_ipc_owners(root: str = "/proc/sysvipc") -> set[int]:
@@ -115,6 +251,10 @@ def sysv_ipc_owners(root: str = "/proc/sysvipc") -> set[int]:
     return owners
 
 
+class NoFreeUid(RuntimeError):
+    """Every uid of the range is taken or has something left: the host's shortage, not the job's."""
+
+
 class UidPool:
     """The range of uids attempts run as. Refuses a range that holds root, a low (system or human)
     uid, or a uid with an account on this host.
@@ -125,7 +265,15 @@ class UidPool:
     tests) never share a uid, even with the same range, and no attempt inherits another's leftovers.
     The next uid to try is kept in `<lock_dir>/cursor-FIRST-LAST` (random when there is none)."""
 
-    def __init__(self, first: int, last: int, lock_dir: Path | None = None, shared_dirs=SHARED_DIRS) -> None:
+    def __init__(
+        self,
+        first: int,
+        last: int,
+        lock_dir: Path | None = None,
+        shared_dirs=SHARED_DIRS,
+        *,
+        find_shared: bool = True,
+    ) -> None:
         if not (MIN_JOB_UID <= first <= last < 2**32 - 1):
             raise ValueError(f"--uid-range must lie within {MIN_JOB_UID}-{2**32 - 2}, got {first}-{last}")
         taken = [p.pw_name for p in pwd.getpwall() if first <= p.pw_uid <= last]
@@ -133,7 +281,9 @@ class UidPool:
             raise ValueError(f"--uid-range {first}-{last} holds existing accounts: {', '.join(taken[:5])}")
         self.first, self.last = first, last
         self.lock_dir = Path(lock_dir) if lock_dir else default_lock_dir()
-        self.shared_dirs = tuple(shared_dirs)
+        # The configured shared directories and, with `find_shared`, every other one the host has.
+        found = world_writable_dirs() if find_shared else []
+        self.shared_dirs = tuple(dict.fromkeys([*map(str, shared_dirs), *found]))
         self._used: set[int] = set()
         self._held: dict[int, int] = {}  # uid -> fd of its lock file
         self._lock = threading.Lock()
@@ -196,8 +346,9 @@ class UidPool:
             finally:
                 os.close(cursor)
         left = len(busy & set(range(self.first, self.last + 1)))
-        raise RuntimeError(
-            f"no free uid in --uid-range ({left} of {size} have processes, files or IPC objects left)"
+        raise NoFreeUid(
+            f"no free uid in --uid-range {self.first}-{self.last}: {len(self._used)} run attempts here, "
+            f"{left} of {size} have processes, files or IPC objects left"
         )
 
     def claim(self, uid: int) -> None:
@@ -335,6 +486,15 @@ class PrivateMounts:
     tmpfs_bytes: int = 0  # >0: the working directory (and so its /tmp, /var/tmp) is a tmpfs this big
     carries: tuple[Carry, ...] = ()
     private_shm: bool = True  # False where the job's own directories lie under /dev/shm
+    # The host's other world-writable directories (/run/lock, a /scratch): each gets an empty one of the
+    # attempt's own in its working directory, mounted over it (private_dir_name).
+    shadowed: tuple[str, ...] = ()
+
+
+def private_dir_name(host_dir: str) -> str:
+    """The name, in an attempt's working directory, of its own copy of a world-writable host directory
+    other than /tmp and /var/tmp (`/run/lock` -> `host-run-lock`)."""
+    return "host-" + host_dir.strip("/").replace("/", "-")
 
 
 def namespaces_fn(plan: PrivateMounts):
@@ -342,7 +502,8 @@ def namespaces_fn(plan: PrivateMounts):
     attempt's own: an IPC namespace (SysV IPC and POSIX message queues no other attempt sees) and a
     mount namespace where the working directory is a size-limited tmpfs (its pages are charged to the
     attempt's memory cgroup; `tmpfs_bytes`), /tmp and /var/tmp are directories in it, with the host
-    paths it still needs bound in (`carries`), /dev/shm is a fresh tmpfs, and /proc is mounted again
+    paths it still needs bound in (`carries`), /dev/shm is a fresh tmpfs, every other world-writable
+    directory of the host (`shadowed`: /run/lock, ...) is an empty one of its own, and /proc is mounted again
     with hidepid=invisible (the job sees its own processes only, not other jobs' command lines). What
     an attempt leaves there is seen by no other attempt, even one that later runs as the same uid,
     and goes with it. Best effort: where the host forbids namespaces (an unprivileged container) the
@@ -372,6 +533,12 @@ def namespaces_fn(plan: PrivateMounts):
         for host_dir, name in PRIVATE_DIRS.items():
             source = os.path.join(plan.workdir, name).encode()
             libc.mount(source, host_dir.encode(), None, MS_BIND | MS_REC, None)
+        for host_dir in plan.shadowed:
+            path = os.path.join(plan.workdir, private_dir_name(host_dir))
+            if not os.path.isdir(path):
+                os.mkdir(path, 0o700)
+            os.chown(path, plan.uid, plan.gid)
+            libc.mount(path.encode(), host_dir.encode(), None, MS_BIND, None)
         if plan.private_shm:
             libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, shm_opts)
         libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"hidepid=invisible")

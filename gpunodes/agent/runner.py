@@ -323,6 +323,19 @@ class Runner:
         self.private_shm = not shadowed
         if uids is not None and shadowed:
             log.warning("%s is under /dev/shm: attempts share the host's /dev/shm", shadowed[0])
+        # The host's other world-writable directories (/run/lock, ...: UidPool.shared_dirs) each attempt
+        # gets an empty one of its own of, unless one holds the agent's or the jobs' own directories
+        # (those are cleaned at each attempt's end instead: identity.remove_leftovers).
+        ours = [p for p in (self.work_root, self.checkpoint_root, self.workdir, self.log_dir) if p]
+        self._shadowed = tuple(
+            d
+            for d in (uids.shared_dirs if uids is not None else ())
+            if d not in (*identity.PRIVATE_DIRS, "/dev/shm", "/dev/mqueue")
+            and os.path.isdir(d)
+            and not os.path.islink(d)
+            and not _under(d, *identity.PRIVATE_DIRS, "/dev/shm")
+            and not any(_under(p, d) for p in ours)
+        )
         self._state_dirty = False  # the state file could not be written: the next poll tries again
         # The control side's word on this node (agent/tasks.py node_state): starts only while READY.
         self.node_state = "READY"
@@ -419,6 +432,14 @@ class Runner:
                     sink.finish()
                 self._cleanup(user, cgroup, workdir, devices, limits, checkpoint_dir)
                 log.error("refusing attempt %s/%s: %s", attempt_id, number, e)
+                if isinstance(e, identity.NoFreeUid):
+                    # The host's shortage, not the job's: re-queued with no strike, and said to the admin.
+                    log.error(
+                        "HOST SHORTAGE on %s: %s (widen --uid-range, or look at what the busy uids left)",
+                        self.node,
+                        e,
+                    )
+                    return self._end_unstarted(key, "refused", f"refused: {self.node} has {e}")
                 if isinstance(e, RuntimeError) or getattr(e, "errno", None) in HOST_SHORT:
                     return self._end_unstarted(key, "unknown", f"refused: the host could not prepare it: {e}")
                 return self._end_unstarted(
@@ -568,6 +589,7 @@ class Runner:
             tmpfs_bytes=max(0, size),
             carries=tuple(carries),
             private_shm=self.private_shm,
+            shadowed=self._shadowed,
         )
 
     def _end_unstarted(
@@ -725,11 +747,17 @@ class Runner:
         devices: AttemptDevices | None = None,
         limits: AttemptLimits | None = None,
         checkpoint: Path | None = None,
+        ran: bool = False,
     ) -> bool:
         """After an attempt: nothing of it runs, its cgroups and working directory are gone, its
-        checkpoint is root's again, its uid is free again. A uid whose processes could not all be
+        checkpoint is root's again, what it left in the host's shared directories is gone (`ran`: it
+        ran), its uid is free again. A uid whose processes could not all be
         killed is not handed out again. Returns whether they could."""
         empty = kill_attempt(cgroup=cgroup, pgid=None, uid=user.uid if user else None)
+        if user is not None and empty and ran:
+            # What it left in the host's shared directories (where it had no private copy) goes too:
+            # nothing keeps its uid busy for ever.
+            identity.remove_leftovers(user.uid, self.uids.shared_dirs)
         for group in (cgroup, devices, limits):
             if group is not None and empty:
                 group.remove()
@@ -854,7 +882,7 @@ class Runner:
             pass
         oom = proc.out_of_memory or proc.oom_kills() > 0  # read before its cgroup goes
         empty = self._cleanup(
-            proc.user, proc.cgroup, proc.workdir, proc.devices, proc.limits, proc.checkpoint
+            proc.user, proc.cgroup, proc.workdir, proc.devices, proc.limits, proc.checkpoint, ran=True
         )
         if self.gpu_health is not None and proc.gpus:
             label = f"{proc.attempt_id}/{proc.number}"
@@ -1114,7 +1142,8 @@ class Runner:
             cgroup = _orphan_cgroup(entry.get("cgroup"))
             uid = self._orphan_uid(entry)
             if cgroup is not None or uid is not None:
-                kill_attempt(cgroup=cgroup, pgid=None, uid=uid)
+                if kill_attempt(cgroup=cgroup, pgid=None, uid=uid) and uid is not None:
+                    identity.remove_leftovers(uid, self.uids.shared_dirs)
                 if cgroup is not None:
                     cgroup.remove()
                     with contextlib.suppress(OSError):

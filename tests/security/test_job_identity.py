@@ -154,7 +154,9 @@ def test_when_every_uid_is_taken_the_start_fails_cleanly(root_dir, reports):
         )
         # The host is short of uids, not the job at fault: refused, and the control side re-queues it.
         assert runner.start(attempt_id=2, number=1, job_id=8, command=["true"]) == "refused"
-        assert "no free uid" in reports.finished(2)["detail"] and reports.finished(2)["how"] == "unknown"
+        assert (
+            "no free uid" in reports.finished(2)["detail"] and reports.finished(2)["how"] == "refused"
+        )  # no strike (issue 41)
     finally:
         runner.shutdown(grace_s=0)
 
