@@ -363,15 +363,27 @@ def _guesses(loaded, now: datetime) -> _Guesses:
     share_names = dict(Share.objects.values_list("pk", "name"))
     out = _Guesses({}, {}, {}, {})
     queued_guess: dict[tuple, rt.Guess] = {}
+    queued_bounded: dict[tuple, tuple[float, float]] = {}
     rows = Job.objects.filter(state__in=list(JOB_OPEN_STATES)).values_list(
         "pk", "share_id", "submitted_by__username", "name", "max_runtime_s", "preemption_grace_s"
     )
     for pk, share_id, user, name, max_runtime, grace_s in rows:
         out.grace[pk] = float(grace_s)
+        since = started.get(pk)
         if max_runtime:  # enforced by the agent: an ETA that rests only on these is a bound
             out.runtime[pk] = float(max_runtime)
+            # It may end sooner: the range replays' low point (a bound's range has the width of that).
+            key = (share_id, user, name, max_runtime)
+            points = None if since is not None else queued_bounded.get(key)
+            if points is None:
+                elapsed = None if since is None else max(0.0, at - since)
+                points = model.bounded(
+                    share_names.get(share_id, ""), user, name, max_runtime_s=max_runtime, elapsed=elapsed
+                )
+                if since is None:
+                    queued_bounded[key] = points
+            out.spread[pk] = points
             continue
-        since = started.get(pk)
         if since is None:  # not running: the same guess for every job of a kind (100k queued: one each)
             guess = queued_guess.get((share_id, user, name))
             if guess is None:

@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from jobs.choices import JobState
 from jobs.models import Attempt, Job
+from quotas.engine.runtimes import TOO_LITTLE_HISTORY
 from quotas.models import ForecastKind, ForecastRecord, QueueForecast, Share, likely_range
 
 # A start this close outside its range still counts as within it: the stored forecast is up to a pass
@@ -39,7 +40,11 @@ def record_first_forecasts(computed_at: datetime) -> int:
     it was, an empty one at first, and scanned it whole for every row it added: 52 s for 98,000 jobs in
     bench 5, 1 s without it). Only jobs still QUEUED that never ran: a job
     admitted while the forecast was written was never shown it, and a job back in the queue after an
-    attempt is no longer at its first wait. Returns how many records were written."""
+    attempt is no longer at its first wait. Nor a forecast from too little history (its basis says so,
+    runtimes.TOO_LITTLE_HISTORY): it measures the default runtime, not the forecast (a young cluster's
+    first forecasts were all the one-hour default: "median error 59 min"); such a job's record is the
+    first forecast of it that rests on what the system has seen, if one comes before it starts.
+    Returns how many records were written."""
     records = ForecastRecord._meta.db_table
     forecasts = QueueForecast._meta.db_table
     jobs = Job._meta.db_table
@@ -48,11 +53,16 @@ def record_first_forecasts(computed_at: datetime) -> int:
         "(job_id, share_id, submitted_at, forecast_at, eta, eta_low, eta_high, kind, started_at) "
         "SELECT f.job_id, j.share_id, j.submitted_at, f.computed_at, f.eta, f.eta_low, f.eta_high, f.kind, NULL "
         f"FROM {forecasts} f JOIN {jobs} j ON j.id = f.job_id "
-        "WHERE f.computed_at = %s AND j.state = %s AND j.attempt_count = 0 "
+        "WHERE f.computed_at = %s AND j.state = %s AND j.attempt_count = 0 AND f.basis NOT LIKE %s "
         "ON CONFLICT (job_id) DO NOTHING"
     )
+    params = [
+        connection.ops.adapt_datetimefield_value(computed_at),
+        JobState.QUEUED.value,
+        f"%{TOO_LITTLE_HISTORY}%",
+    ]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [connection.ops.adapt_datetimefield_value(computed_at), JobState.QUEUED.value])
+        cursor.execute(sql, params)
         return max(cursor.rowcount, 0)
 
 
@@ -129,6 +139,19 @@ def summaries(shares: Sequence[Share], *, now: datetime | None = None, days: int
         }
         for share in shares
     }
+
+
+def sees_jobs(user, team_id: int) -> bool:
+    """Whether `user` may see a team's track-record points (its jobs and their waits): its members and
+    admins, as jobs.services.can_see_job (other teams' jobs do not exist for anyone else)."""
+    from jobs.services import role_in_team
+
+    return bool(user.is_superuser or role_in_team(user, team_id))
+
+
+def shown(summary: dict, *, jobs_visible: bool) -> dict:
+    """`summary` for a reader: whole for one who sees_jobs, else the aggregates alone (no points)."""
+    return summary if jobs_visible else {**summary, "points": []}
 
 
 def _figures(rows: Sequence[tuple]) -> dict:

@@ -384,7 +384,10 @@ def team_page(request, slug):
         context["members"] = list(team.memberships.select_related("user").order_by("user__username"))
         shares = list(team.shares.order_by("name"))
         records = track_record.summaries(shares)  # two queries for all of them
-        context["track_records"] = [track_record_context(records[s.pk]) for s in shares]
+        visible = track_record.sees_jobs(request.user, team.pk)  # points name the team's jobs
+        context["track_records"] = [
+            track_record_context(track_record.shown(records[s.pk], jobs_visible=visible)) for s in shares
+        ]
         # plotly.js only where there is a picture to draw
         context["track_chart"] = any(t["chart"]["points"] for t in context["track_records"])
     return page_or_part(request, "quotas/team.html", TEAM_PARTS, context)
@@ -482,7 +485,11 @@ def _share_form_response(request, form, share, status=200, warnings=()):
         "warnings": warnings,
         "sweep_form": SweepForm(gpu_types=_gpu_types(share)) if share is not None else None,
         # The whole page only: an htmx answer is the form alone.
-        "track": track_record_context(track_record.summary(share))
+        "track": track_record_context(
+            track_record.shown(
+                track_record.summary(share), jobs_visible=track_record.sees_jobs(request.user, share.team_id)
+            )
+        )
         if share is not None and not request.htmx
         else None,
     }

@@ -293,5 +293,6 @@ class TrackRecordSerializer(serializers.Serializer):
         help_text="Jobs still queued whose first range (or ETA) has ended: not counted until they start."
     )
     points = TrackRecordPointSerializer(
-        many=True, help_text="The latest starts (at most 500), for a picture."
+        many=True,
+        help_text="The latest starts (at most 500), for a picture; empty for users outside the share's team.",
     )

@@ -139,11 +139,15 @@ class ShareViewSet(ApiViewMixin, viewsets.ModelViewSet):
     def track_record(self, request, name=None):
         """GET /api/v1/shares/{name}/track-record/?days=7: how often the share's jobs that waited started
         within the likely range they were first given, and the median error of their ETA (SEMANTICS
-        "Track record"). Everyone logged in, as the share itself."""
+        "Track record"). Everyone logged in, as the share itself; the points (job by job) only for the
+        share's team and admins."""
         share = self.get_object()
         query = TrackRecordQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         summary = track_record.summary(share, days=query.validated_data["days"])
+        summary = track_record.shown(
+            summary, jobs_visible=track_record.sees_jobs(request.user, share.team_id)
+        )
         return Response(TrackRecordSerializer(summary).data)
 
     def _read(self, share):

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from quotas.engine import collector, policy
 from quotas.engine.policy import Plan, QueuedView, RunningView, Snapshot
-from quotas.engine.runtimes import Guess, duration
+from quotas.engine.runtimes import TOO_LITTLE_HISTORY, Guess, default_words, duration
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class Estimate:
     def words(self) -> str:
         if self.share:
             return f"median {duration(self.seconds)} in {self.share}"
-        return f"default {duration(self.seconds)}"
+        return default_words(self.seconds)
 
 
 @dataclass(frozen=True)
@@ -92,10 +92,11 @@ def _positions(
 
 
 def _basis(counts: Mapping[str, int]) -> str:
-    """`counts`: how many guessed ends it waits on, by where each guess comes from (in words)."""
+    """`counts`: how many guessed ends it waits on, by where each guess comes from (in words). A guess
+    from too little history is always named (first): the ETA then says that it rests on a default."""
     n = sum(counts.values())
     jobs = "1 job" if n == 1 else f"{n} jobs"
-    what = ", ".join(sorted(counts, key=lambda w: (-counts[w], w))[:3])
+    what = ", ".join(sorted(counts, key=lambda w: (not w.startswith(TOO_LITTLE_HISTORY), -counts[w], w))[:3])
     return f"estimate: {jobs} without a max runtime end before it ({what})"
 
 
@@ -274,11 +275,15 @@ def likely_ranges(
       All guesses at one quantile at once overstates the spread where a job waits on many ends (they
       do not all run short or long together); the work that arrives meanwhile, which moves starts
       later, is left out of them, and the two roughly offset (measured: bench 12).
-    The range always holds the ETA; a BOUND ETA's range ends at it (nothing it rests on can run longer);
-    with no guessed runtime at all (spread empty) every range is the ETA itself. A job the high replay
-    does not start (horizon, budget) gets no range."""
+    The range always holds the ETA; a BOUND ETA's range ends at it (nothing it rests on can run longer).
+    A range has the width of what is not known: an estimate whose replays all start it at one instant
+    gets no range rather than one of no width (a range "between 02:02 and 02:02" promises a certainty that
+    an estimate does not have), and with no spread at all only bounds get one (the ETA itself). A job the
+    high replay does not start (horizon, budget) gets no range."""
     if not spread:
-        return replace(point, ranges={job: (t, t) for job, t in point.eta.items()})
+        return replace(
+            point, ranges={job: (t, t) for job, t in point.eta.items() if point.kind.get(job) == BOUND}
+        )
     options = dict(
         grace_s=grace_s,
         default_runtime_s=default_runtime_s,
@@ -311,7 +316,7 @@ def likely_ranges(
         low = min(low_eta.get(job_id, t), t)
         if point.kind.get(job_id) == BOUND:
             ranges[job_id] = (low, t)
-        elif job_id in high_eta:
+        elif job_id in high_eta and max(high_eta[job_id], t) > low:
             ranges[job_id] = (low, max(high_eta[job_id], t))
     return replace(point, eta=eta, basis=basis, ranges=ranges)
 
@@ -417,6 +422,7 @@ def _replay(
     eta: dict[Hashable, float] = {}
     order: list[Hashable] = []
     waiting: dict[Hashable, str] = {}
+    protected: dict[Hashable, policy.ProtectionWait] = {}  # rule 10: who waits for protection now
     passes = 0
     replayed = 0
     while unanswered and passes < max_passes and time.monotonic() < deadline:
@@ -437,6 +443,7 @@ def _replay(
             return Forecast(positions=_positions(snapshot.queued, []), planned=False, passes=passes)
         if passes == 0:
             waiting = dict(decided.waiting)
+            protected = dict(decided.protected)
         passes += 1
 
         changed = False
@@ -469,9 +476,19 @@ def _replay(
                         BOUND,
                         "bound: every job before it in its share has a max runtime",
                     )
-                elif t > start and (adm.borrowed or q.gpu_type in borrowing):
-                    # Borrowed GPUs come and go with other shares' work, which ends early too.
+                elif t > start and (
+                    adm.borrowed or (q.gpu_type in borrowing and adm.job_id not in protected)
+                ):
+                    # Borrowed GPUs come and go with other shares' work, which ends early too. Not for a
+                    # job that waits for protection: no new borrowing of its type starts meanwhile (rule
+                    # 10), so its wait rests on the windows' ends and the grace periods, both enforced.
                     kind[adm.job_id], basis[adm.job_id] = ESTIMATE, BORROWING_BASIS
+                elif adm.job_id in protected:
+                    kind[adm.job_id], basis[adm.job_id] = (
+                        BOUND,
+                        "bound: the protection windows it waits for end, and every job before it has a "
+                        "max runtime",
+                    )
                 else:
                     kind[adm.job_id], basis[adm.job_id] = (
                         BOUND,
@@ -568,6 +585,13 @@ def _replay(
             arrived += 1
 
     _backfill_estimates(snapshot, eta, alone, kind, basis)
+    # A job waiting for protection is told when the windows end (its reason); where the replay starts it
+    # sooner (the jobs it needs end by their max runtime or their guess, or other GPUs free), the reason
+    # says so, so that its ETA is never before a time its reason names.
+    for job_id, wait in protected.items():
+        at = eta.get(job_id)
+        if at is not None and at < wait.until and waiting.get(job_id):
+            waiting[job_id] = f"{waiting[job_id]}, or as soon as GPUs free before then ({policy.at_time(at)})"
     for q in snapshot.queued:
         if q.job_id not in eta and (targets is None or q.job_id in wanted):
             kind[q.job_id] = NONE

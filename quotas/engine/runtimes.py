@@ -36,6 +36,13 @@ MIN_REMAINING_S = 60.0  # a running attempt with a guessed runtime is never "due
 # Without history: a median of DEFAULT_RUNTIME_S and a spread of a factor DEFAULT_SPREAD either way at the
 # 10th/90th percentile (a log-normal's with sigma 1.1: runtimes of unknown work span orders of magnitude).
 DEFAULT_SPREAD = 4.0
+# How a guess from too little history is named in an ETA's basis: such an ETA says so, and is kept out of
+# the track record (quotas.track_record), whose figures would measure the default, not the forecast.
+TOO_LITTLE_HISTORY = "too little history yet"
+
+
+def default_words(seconds: float) -> str:
+    return f"{TOO_LITTLE_HISTORY}: a default {duration(seconds)} assumed"
 
 
 _Z = statistics.NormalDist()
@@ -94,7 +101,7 @@ class Guess:
 
     def words(self) -> str:
         if self.source is None:
-            return f"default {duration(self.seconds)}"
+            return default_words(self.seconds)
         return f"runtimes seen in {self.source}"
 
 
@@ -195,6 +202,28 @@ class Runtimes:
         else:
             value = elapsed + seen.remaining(elapsed, q)
         return value if max_runtime_s is None else min(value, float(max_runtime_s))
+
+    def bounded(
+        self,
+        share: str,
+        user: Hashable = None,
+        name: str = "",
+        *,
+        max_runtime_s: float,
+        elapsed: float | None = None,
+    ) -> tuple[float, float]:
+        """The LOW_Q and high points of a job with an enforced max runtime, for the range replays: it ends
+        by its max runtime, and likely as early as the guess's low point. Where the guess's low point
+        reaches the limit (a limit below anything seen, or the default's), the low point is the limit's as
+        the default spreads (DEFAULT_SPREAD squared below its high point): a bound's early ends are what
+        its range is made of, and without them a range would have no width."""
+        cap = float(max_runtime_s)
+        low = self.guess(share, user, name, elapsed=elapsed, max_runtime_s=cap).low
+        if low >= cap:
+            low = cap / DEFAULT_SPREAD**2
+            if elapsed:
+                low = max(low, min(cap, elapsed + MIN_REMAINING_S))
+        return low, cap
 
     def _default(self, elapsed: float | None) -> Guess:
         d = self.default_s

@@ -602,6 +602,13 @@ class _Simulator:
             spec = self.jobs[job_id].spec
             if spec.max_runtime_s is not None:
                 runtime[job_id] = float(spec.max_runtime_s)
+                spread[job_id] = model.bounded(
+                    spec.share,
+                    None,
+                    spec.name or "",
+                    max_runtime_s=spec.max_runtime_s,
+                    elapsed=elapsed.get(job_id),
+                )
             else:
                 guess = model.guess(spec.share, None, spec.name or "", elapsed=elapsed.get(job_id))
                 runtime[job_id], estimates[job_id] = guess.seconds, guess

@@ -56,8 +56,17 @@ def test_days_outside_1_to_90_is_a_400_with_a_field_message(as_bob, vision_share
     assert r.json() == {"days": ["Give a whole number of days, 1 to 90."]}
 
 
-def test_another_teams_member_reads_it_too_as_the_share_itself(as_charlie, history):
-    assert as_charlie.get(URL).status_code == 200
+def test_another_teams_member_reads_the_aggregates_but_not_the_jobs(as_charlie, history):
+    # The points name the share's jobs and their waits: other teams' jobs do not exist for charlie.
+    r = as_charlie.get(URL)
+    assert r.status_code == 200
+    data = r.json()
+    assert (data["started"], data["within_range"], data["late"]) == (2, 1, 1)
+    assert data["points"] == []
+
+
+def test_an_admin_reads_the_points_of_any_share(as_alice, history):
+    assert len(as_alice.get(URL).json()["points"]) == 2
 
 
 def test_without_a_login_it_is_refused(anon, history):

@@ -77,6 +77,23 @@ def test_only_the_forecast_written_at_that_time_and_jobs_still_at_their_first_wa
     assert list(ForecastRecord.objects.values_list("job_id", flat=True)) == [waiting.pk]
 
 
+def test_a_forecast_from_too_little_history_is_kept_out_of_the_track_record(bob, vision_share, nodes):
+    """A young cluster's first forecasts rest on the default runtime (issue 42: "median error 59 min"):
+    they say so, and the record waits for a forecast that rests on what the system has seen."""
+    for node in nodes:
+        run(submit(bob, vision_share, gpus=4), node, [0, 1, 2, 3])  # no max runtime, nothing seen yet
+    job = submit(bob, vision_share, gpus=4)
+    services.forecast_refresh()
+    f = QueueForecast.objects.get(job=job)
+    assert f.kind == "estimate" and "too little history yet: a default 60 min assumed" in f.basis
+    assert not ForecastRecord.objects.exists()
+
+    later = timezone.now() + timedelta(seconds=5)
+    QueueForecast.objects.all().delete()
+    stored(job, later, eta=later + timedelta(minutes=20), kind="estimate")
+    assert track_record.record_first_forecasts(later) == 1
+
+
 def test_recording_takes_one_statement_whatever_the_queue(bob, vision_share):
     now = timezone.now()
     for i, job in enumerate(submit(bob, vision_share) for _ in range(30)):

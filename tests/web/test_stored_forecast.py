@@ -26,7 +26,7 @@ def test_a_job_at_its_borrow_limit_has_an_honest_reason_and_no_eta_in_the_past(a
     f = QueueForecast.objects.get(job=blocked)
     assert f.reason == "needs 1 a10g: share at its own capacity (1 of 1), borrow limit reached (1 of 1)"
     assert f.kind == "estimate" and f.eta > timezone.now() + timedelta(minutes=1)
-    assert f.basis.startswith("estimate: 2 jobs without a max runtime end before it (default")
+    assert f.basis.startswith("estimate: 2 jobs without a max runtime end before it (too little history yet")
     body = hx(as_bob, "/teams/vision/?part=queue").content.decode()
     assert "borrow limit reached (1 of 1)" in body and "estimate" in body
     assert "due now" not in body
