@@ -26,10 +26,12 @@ watchdog lower their own `oom_score_adj` (`protect_from_oom`); jobs raise theirs
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
 import signal
+import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -525,6 +527,96 @@ class DeviceTree:
             self.base.rmdir()
         except OSError:
             pass
+
+
+# --- rendezvous ports ----------------------------------------------------------------------------
+
+# bpf(2): its number per architecture, the commands, the program type and the attach points used.
+_BPF_SYSCALL = {"x86_64": 321, "aarch64": 280}
+_BPF_PROG_LOAD, _BPF_PROG_ATTACH = 5, 8
+_BPF_PROG_TYPE_CGROUP_SOCK_ADDR = 18
+_BPF_CGROUP_INET4_BIND, _BPF_CGROUP_INET6_BIND = 8, 9
+_USER_PORT = 24  # offsetof(struct bpf_sock_addr, user_port): network byte order
+
+
+def _insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
+    return struct.pack("<BBhi", code, (src << 4) | dst, off, imm)
+
+
+def port_rule_program(low: int, high: int, allowed: int | None) -> bytes:
+    """An eBPF program for a cgroup's bind(2) hook: a port of low-high is refused (EPERM) unless it is
+    `allowed` (the attempt's own rendezvous port); every other port, and port 0, binds as before."""
+    return b"".join(
+        [
+            _insn(0x61, 2, 1, _USER_PORT),  # r2 = ctx->user_port (u32 load)
+            _insn(0xDC, 2, 0, 0, 16),  # r2 = be16(r2): the port in host order (little-endian hosts)
+            _insn(0x15, 2, 0, 4, -1 if allowed is None else allowed),  # its own port: allow
+            _insn(0xA5, 2, 0, 3, low),  # below the range: allow
+            _insn(0x25, 2, 0, 2, high),  # above the range: allow
+            _insn(0xB7, 0, 0, 0, 0),  # r0 = 0: refused
+            _insn(0x95),
+            _insn(0xB7, 0, 0, 0, 1),  # r0 = 1: allowed
+            _insn(0x95),
+        ]
+    )
+
+
+def _bpf(command: int, attr: bytes) -> int:
+    number = _BPF_SYSCALL.get(os.uname().machine)
+    if number is None:
+        raise OSError(errno.ENOSYS, f"bpf(2) on {os.uname().machine} is not known")
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(attr, len(attr))
+    result = libc.syscall(number, command, buf, len(attr))
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return result
+
+
+def restrict_ports(cgroup: Path, low: int, high: int, allowed: int | None) -> bool:
+    """Keep the attempt in `cgroup` (cgroup v2) from binding any port of RENDEZVOUS_PORTS but its own
+    (`allowed`), IPv4 and IPv6: no job can squat the ports other attempts are given (torch's TCPStore
+    has no authentication: a squatter would be talked to). The rule lives as long as the cgroup. False
+    (logged once) where the kernel or the agent cannot load it: the runner's check before a rank 0
+    start is all there is then."""
+    program = port_rule_program(low, high, allowed)
+    code = ctypes.create_string_buffer(program, len(program))
+    license_ = ctypes.create_string_buffer(b"GPL")
+    try:
+        target = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        warn_once("bpf-ports", "cannot restrict the rendezvous ports of attempts (%s): %s", cgroup, e)
+        return False
+    try:
+        for attach in (_BPF_CGROUP_INET4_BIND, _BPF_CGROUP_INET6_BIND):
+            attr = bytearray(128)
+            struct.pack_into(
+                "<IIQQ",
+                attr,
+                0,
+                _BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
+                len(program) // 8,
+                ctypes.addressof(code),
+                ctypes.addressof(license_),
+            )
+            struct.pack_into("<I", attr, 68, attach)  # expected_attach_type
+            prog = _bpf(_BPF_PROG_LOAD, bytes(attr))
+            try:
+                _bpf(_BPF_PROG_ATTACH, struct.pack("<IIII", target, prog, attach, 0).ljust(128, b"\0"))
+            finally:
+                os.close(prog)  # the cgroup holds the program now
+        return True
+    except OSError as e:
+        warn_once(
+            "bpf-ports",
+            "cannot restrict the rendezvous ports of attempts with a cgroup bind program (%s): a job can "
+            "bind other attempts' ports; each rank 0 start checks its own is free",
+            e.strerror or e,
+        )
+        return False
+    finally:
+        os.close(target)
 
 
 # --- limits per attempt --------------------------------------------------------------------------

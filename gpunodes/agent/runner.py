@@ -25,6 +25,7 @@ import logging
 import os
 import resource
 import signal
+import socket
 import sqlite3
 import subprocess
 import threading
@@ -50,6 +51,7 @@ from gpunodes.agent.containment import (
     device_number,
     kill_attempt,
     process_owner,
+    restrict_ports,
     warn_once,
 )
 from gpunodes.agent.fence import ENDED_SUFFIX, fenced_keys
@@ -258,6 +260,7 @@ class Runner:
         checkpoint_scan_s: float = 1.0,
         checkpoint_settle_s: float = 2.0,
         gpu_use_check_s: float = 5.0,
+        rendezvous_ports: tuple[int, int] | str | None = "auto",
     ) -> None:
         self.node = node
         self.gpu_health = gpu_health
@@ -314,6 +317,15 @@ class Runner:
         self._next_gpu_use_check = 0.0
         self._cgroup2_mount = cgroup2_mount()
         self.log_cap_bytes = log_cap_bytes
+        # RENDEZVOUS_PORTS: an attempt may bind only its own of them (containment.restrict_ports).
+        if rendezvous_ports == "auto":
+            from gpunodes.rendezvous import port_range
+
+            try:
+                rendezvous_ports = port_range()
+            except Exception:  # no settings (a bare test): no rule
+                rendezvous_ports = None
+        self.rendezvous_ports: tuple[int, int] | None = rendezvous_ports
         # Private namespaces for the attempts of a root agent (identity.namespaces_fn). A /dev/shm of
         # their own would hide the jobs' directories if they lay under the host's.
         self.private_mounts = uids is not None
@@ -401,6 +413,11 @@ class Runner:
                 # Not the job's doing, nor a strike against it: it is re-queued ("refused").
                 log.error("refusing attempt %s/%s: %s", attempt_id, number, held)
                 return self._end_unstarted(key, "refused", f"refused: {held}")
+            taken = self._port_taken(rank, rendezvous)
+            if taken:
+                # Another process holds rank 0's port: re-queued (a fresh port), not counted.
+                log.error("refusing attempt %s/%s: %s", attempt_id, number, taken)
+                return self._end_unstarted(key, "refused", f"refused: {taken}")
             broken = self._broken(gpus)
             if broken:
                 # The control side had not heard yet (or raced the report): the job is re-queued, as
@@ -422,6 +439,9 @@ class Runner:
                 sink = LogSink(log_path, self.log_cap_bytes)
                 if self.cgroups is not None:
                     cgroup = self.cgroups.attempt(name, attempt_limits)
+                    if self.rendezvous_ports is not None:
+                        own = rendezvous.get("master_port") if rendezvous else None
+                        restrict_ports(cgroup.path, *self.rendezvous_ports, own)
                 if self.limit_tree is not None:
                     limits = self.limit_tree.attempt(name, attempt_limits)
                 if self.device_cgroups is not None:
@@ -694,6 +714,31 @@ class Runner:
             )
 
         return owns
+
+    def _port_taken(self, rank: int, rendezvous: dict | None) -> str:
+        """Why rank 0 of an attempt could not bind its rendezvous port here ("" where it can): a process
+        listens on it (a job of a host without the bind rule, or no job at all). Bound with
+        SO_REUSEADDR, as torch's TCPStore does: a port another attempt left in TIME_WAIT is free."""
+        if rank != 0 or not rendezvous or type(rendezvous.get("master_port")) is not int:
+            return ""
+        port = rendezvous["master_port"]
+        for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+            try:
+                probe = socket.socket(family, socket.SOCK_STREAM)
+            except OSError:
+                continue  # no IPv6 on this host
+            try:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind((address, port))
+                return ""
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    return f"the rendezvous port {port} of {self.node} is taken by another process"
+                if family == socket.AF_INET:
+                    return ""
+            finally:
+                probe.close()
+        return ""
 
     def _broken(self, gpus) -> str:
         """Why these GPUs may not be handed out (one of them is known broken), or ""."""
