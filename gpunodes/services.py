@@ -367,24 +367,49 @@ def node_heartbeat(
 
         reported = dict(running)
         live = {}
-        admitted_at = {}
-        for a_id, number, state, admitted in Attempt.objects.filter(
+        admitted_at, started_at, deadline, gang = {}, {}, {}, set()
+        for a_id, number, state, admitted, started, stop_deadline, placement in Attempt.objects.filter(
             state__in=list(ATTEMPT_ACTIVE_STATES), nodes=node.pk
-        ).values_list("pk", "number", "state", "admitted_at"):
+        ).values_list("pk", "number", "state", "admitted_at", "started_at", "stop_deadline", "placement"):
             live[a_id] = (number, state)
-            admitted_at[a_id] = admitted
+            admitted_at[a_id], started_at[a_id], deadline[a_id] = admitted, started, stop_deadline
+            if len(placement or ()) > 1:
+                gang.add(a_id)
         lost = []
         if previous_boot and previous_boot != boot_id:
             for a_id, (number, state) in live.items():
                 # ADMITTED ones are left alone: their start may still be waiting in the queue.
                 forgotten = state != AttemptState.ADMITTED and reported.get(a_id) != number
+                # Its processes died with the previous agent (its fence watchdog), after the last
+                # heartbeat that said it ran: the end is dated then, not when the new agent speaks.
+                ended = max(node.last_heartbeat or now, started_at[a_id] or admitted_at[a_id])
                 if forgotten and lifecycle.end_attempt(
                     a_id,
                     number,
                     outcome=Outcome.NODE_LOST,
                     reason=f"the agent on {name} restarted and no longer runs it",
+                    at=min(ended, now),
+                    strike_node=name,
                 ):
                     lost.append(a_id)
+        # A stop its host has not confirmed past its grace and PREEMPT_ACK_TIMEOUT_S: the host that
+        # still runs it is told again (the first stop may have been lost); one whose heartbeat no
+        # longer lists it has said its copy is gone, and the attempt ends (a gang's waits for its end
+        # report or its hosts' leases: one heartbeat speaks for one rank only).
+        unconfirmed = now - timedelta(seconds=settings.PREEMPT_ACK_TIMEOUT_S)
+        for a_id, (number, state) in live.items():
+            if state != AttemptState.STOPPING or deadline[a_id] is None or deadline[a_id] >= unconfirmed:
+                continue
+            if reported.get(a_id) == number:
+                transaction.on_commit(lambda a_id=a_id, n=number: preempt_attempt(name, a_id, n, 0))
+            elif a_id not in gang and lifecycle.end_attempt(
+                a_id,
+                number,
+                outcome=Outcome.PREEMPTED,
+                reason=f"stopped: the agent on {name} no longer runs it (its end report did not arrive)",
+                at=max(min(node.last_heartbeat or now, now), started_at[a_id] or admitted_at[a_id]),
+            ):
+                lost.append(a_id)
         # The host runs an attempt still ADMITTED here: its STARTED report was lost.
         for a_id, (number, state) in live.items():
             if state == AttemptState.ADMITTED and reported.get(a_id) == number:
@@ -422,6 +447,69 @@ def node_heartbeat(
         "resent": resend,
         "gpu_failed": gpu_failed,
     }
+
+
+# --- leases: what the control side can trust of a host's word on time ------------------------------
+
+
+def lease_s() -> float:
+    """How long a host's jobs may outlive its last heartbeat the broker took: its lease and the grace of
+    the fence that ends it (gpunodes/agent/fence.py); without a lease (FENCE_AFTER_S=0), until the node is
+    declared LOST."""
+    if settings.FENCE_AFTER_S > 0:
+        return float(settings.FENCE_AFTER_S + settings.FENCE_GRACE_S)
+    return float(settings.NODE_LOST_AFTER_S)
+
+
+def lease_cutoff(now: datetime) -> datetime:
+    """Nodes last heard before this have let their lease lapse: whatever ran there is gone (fenced), and
+    may run again elsewhere."""
+    return now - timedelta(seconds=lease_s() + settings.HEARTBEAT_INTERVAL_S)
+
+
+def lease_end(node_name: str) -> datetime | None:
+    """The latest moment a process of this node's attempts can have run, as far as the control side
+    knows now: its last heartbeat and its lease. None: no lease, or never heard."""
+    if settings.FENCE_AFTER_S <= 0:
+        return None
+    last = Node.objects.filter(name=node_name).values_list("last_heartbeat", flat=True).first()
+    return None if last is None else last + timedelta(seconds=lease_s() + settings.HEARTBEAT_INTERVAL_S)
+
+
+def shared_lapse(node_name: str, now: datetime, *, attempt_id: int | None = None) -> list[str]:
+    """The other hosts that lost their lease at about the time this one did (its last heartbeat, give
+    or take a lease and two heartbeats): still silent now, or whose attempts were fenced or lost since.
+    Several hosts lapsing at once is the control plane's outage (the broker full or down), not one
+    job's doing: no strike (jobs.lifecycle). [] when this host did not lapse (an agent that restarted
+    at once) or it lapsed alone."""
+    from jobs.choices import LostCause
+    from jobs.models import Attempt
+
+    lapse = max(float(settings.FENCE_AFTER_S), 2.0 * settings.HEARTBEAT_INTERVAL_S)
+    if settings.FENCE_AFTER_S <= 0:
+        lapse = float(settings.NODE_LOST_AFTER_S)
+    last = Node.objects.filter(name=node_name).values_list("last_heartbeat", flat=True).first()
+    if last is None or (now - last).total_seconds() < lapse:
+        return []
+    window = timedelta(seconds=lease_s() + 2 * settings.HEARTBEAT_INTERVAL_S)
+    silent = set(
+        Node.objects.exclude(name=node_name)
+        .exclude(state=NodeState.PENDING)
+        .filter(
+            last_heartbeat__gte=last - window,
+            last_heartbeat__lte=min(last + window, now - timedelta(seconds=lapse)),
+        )
+        .values_list("name", flat=True)
+    )
+    for placement in (
+        Attempt.objects.filter(
+            lost_cause__in=[LostCause.FENCED, LostCause.NODE_LOST], ended_at__gte=last - window
+        )
+        .exclude(pk=attempt_id)
+        .values_list("placement", flat=True)[:1000]
+    ):
+        silent.update(p.get("node") for p in placement or () if p.get("node") != node_name)
+    return sorted(n for n in silent if n)
 
 
 # --- GPU health ------------------------------------------------------------------------------------

@@ -189,6 +189,7 @@ def apply_reports(node: str, reports: list[dict]) -> tuple[list[int], list[list[
                     gpu_faults=kwargs.get("gpu_faults")
                     if isinstance(kwargs.get("gpu_faults"), list)
                     else None,
+                    ended_at=_number(kwargs["ended_at"]) if "ended_at" in kwargs else None,
                 )
                 live.discard((attempt_id, number))  # ended (or refused): a later copy is moot
         entry_id = r.get("id") if isinstance(r, dict) else None

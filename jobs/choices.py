@@ -11,8 +11,9 @@ class JobState(models.TextChoices):
     # Cancelled while it ran: stopping (SIGTERM, SIGKILL at the end of its grace), its GPUs still held
     # until its host reports the processes gone; then CANCELLED.
     CANCELLING = "CANCELLING", "Cancelling"
-    # Not run again until an admin releases it (Slurm's `scontrol hold`/`release`): its last attempts all
-    # ended with their host's agent (HOLD_AFTER_NODE_LOST). Holds no GPUs; can be cancelled.
+    # Not run again until an admin releases it (Slurm's `scontrol hold`/`release`): its last attempts
+    # ended with their host's agent on HOLD_AFTER_NODE_LOST different hosts (strikes: jobs.lifecycle).
+    # Holds no GPUs; can be cancelled.
     HELD = "HELD", "Held"
     SUCCEEDED = "SUCCEEDED", "Succeeded"
     FAILED = "FAILED", "Failed"
@@ -48,6 +49,12 @@ class Outcome(models.TextChoices):
     # Its GPU was found broken (gpunodes/agent/health.py): re-queued, never the user's failure nor a
     # pre-emption (max_preemptions), nor a step towards HOLD_AFTER_NODE_LOST.
     GPU_FAILED = "GPU_FAILED", "GPU failed"
+    # Stopped by an orderly shutdown of its host's agent (Ctrl-C, a service stop): re-queued with its
+    # original submit time; not a lost host, never a strike toward HOLD_AFTER_NODE_LOST.
+    AGENT_STOPPED = "AGENT_STOPPED", "Stopped with its host's agent"
+    # Its host would not run it (cordoned, draining, short of uids, GPUs, disk, or it could not record
+    # the start): it never ran; re-queued, never a strike.
+    REFUSED = "REFUSED", "Refused by its host"
 
 
 class PreemptionReason(models.TextChoices):
@@ -65,6 +72,7 @@ class LostCause(models.TextChoices):
     NODE_LOST = "node_lost", "Its host was lost"
     FENCED = "fenced", "Fenced: its host's agent lost its lease"
     GPU_FAILED = "gpu_failed", "A GPU of it failed"
+    AGENT_STOPPED = "agent_stopped", "Its host's agent was stopped"
 
 
 class EventKind(models.TextChoices):
@@ -84,5 +92,6 @@ class EventKind(models.TextChoices):
     HELD = "HELD", "Held"
     RELEASED = "RELEASED", "Released"
     GPU_FAILED = "GPU_FAILED", "GPU failed"
+    AGENT_STOPPED = "AGENT_STOPPED", "Stopped with its agent"
     # The layout changed under a queued job (quotas.layout.apply): e.g. its share can no longer hold it.
     SHARE_CHANGED = "SHARE_CHANGED", "Share changed"

@@ -124,6 +124,8 @@ def lost_cause(outcome: str, preemption_reason: str, *, fenced: bool = False) ->
         return LostCause.FENCED if fenced else LostCause.NODE_LOST
     if outcome == Outcome.GPU_FAILED:
         return LostCause.GPU_FAILED
+    if outcome == Outcome.AGENT_STOPPED:
+        return LostCause.AGENT_STOPPED
     return ""
 
 
@@ -177,18 +179,23 @@ def end_attempt(
     reason: str = "",
     at: datetime | None = None,
     fenced: bool = False,
-    refused: bool = False,
+    strike_node: str = "",
+    no_strike: str = "",
 ) -> bool:
     """End a live attempt, free its GPUs, store the work it ran and the work it lost (since its safe
     point, with the cause: lost_cause; `fenced`: its host's agent killed it for a lapsed lease), and
-    move its job on:
+    move its job on. `at`: when its processes ended (the caller bounds a host's word: jobs.tasks), now
+    if not given; its events are dated when they are written:
 
     - a cancelled job (CANCELLING) → CANCELLED, now that its processes are gone and its GPUs free;
     - a stopping attempt (pre-empted) → the job is re-queued (or FAILED past max_preemptions); a
       pre-empted one whose process still exited 0 within its grace has finished its work: SUCCEEDED;
     - a running attempt that exited → SUCCEEDED / FAILED (TIMED_OUT is a failure);
-    - NODE_LOST → the job is re-queued with its original submit time, or HELD when its last
-      HOLD_AFTER_NODE_LOST attempts all ended so (hold_or_requeue);
+    - NODE_LOST → the job is re-queued with its original submit time, or HELD when its strikes in a
+      row reach HOLD_AFTER_NODE_LOST different hosts (hold_or_requeue; `strike_node`: the host it was
+      lost on, its first node if not given; `no_strike`: why this end is no strike, in words);
+    - AGENT_STOPPED (an orderly shutdown of its host's agent) and REFUSED (its host would not run it)
+      → re-queued with its original submit time: never a strike, nor a break in the strikes' row;
     - GPU_FAILED (its GPU was found broken) → re-queued with its original submit time: not the user's
       failure, not a pre-emption (max_preemptions), and neither a step of nor a break in the streak of
       NODE_LOST ends that holds a job. Even while it was stopping (pre-empted: the pre-emption was
@@ -308,11 +315,47 @@ def end_attempt(
                 reason="re-queued with its original submit time",
                 attempt_number=number,
                 node_lost_streak=0,
+                strike_nodes=[],
             )
     elif outcome == Outcome.NODE_LOST:
         said = reason or "node lost"
+        if not no_strike and attempt.state == AttemptState.ADMITTED:
+            no_strike = "it never ran there"
+        if not no_strike:
+            strike_node = strike_node or _lost_node(attempt)
+            from gpunodes.services import shared_lapse
+
+            others = shared_lapse(strike_node, timezone.now())
+            if others:
+                no_strike = (
+                    f"{len(others)} other host{'s' if len(others) != 1 else ''} ({', '.join(others[:5])}) "
+                    "lapsed at the same time: the control plane's outage, not the job's"
+                )
         hold_or_requeue(
-            job, number, f"{said}; {words}" if words else said, now, detail=lost, counts=not refused
+            job,
+            number,
+            f"{said}; {words}" if words else said,
+            detail=lost,
+            strike_node=None if no_strike else strike_node,
+            no_strike=no_strike,
+        )
+    elif outcome in (Outcome.AGENT_STOPPED, Outcome.REFUSED):
+        if outcome == Outcome.AGENT_STOPPED:
+            said = f"{reason or 'stopped with its agent'} at {timezone.localtime(now):%H:%M:%S}"
+            if words and attempt.last_checkpoint_at is not None and lost_s < 1.0:
+                words = f"it saved a checkpoint at {timezone.localtime(attempt.last_checkpoint_at):%H:%M:%S}: nothing lost"
+            why = "an orderly stop of its host's agent, not a lost host"
+        else:
+            said, why = reason or "refused by its host", "its host's state or shortage, not the job's"
+        transition(
+            job.pk,
+            from_states=active,
+            to_state=JobState.QUEUED,
+            event=EventKind.AGENT_STOPPED if outcome == Outcome.AGENT_STOPPED else EventKind.REQUEUED,
+            reason=f"{said}; {words + '; ' if words else ''}{why}: no strike toward holding it; re-queued with "
+            "its original submit time",
+            attempt_number=number,
+            detail={"outcome": outcome, "strike": False, **lost},
         )
     elif outcome == Outcome.GPU_FAILED:
         said = f"{reason or 'its GPU failed'}; the hardware's fault, not the job's"
@@ -330,44 +373,92 @@ def end_attempt(
     return True
 
 
+def _lost_node(attempt: Attempt) -> str:
+    """The host an attempt was lost on, where the caller did not say: its node that is LOST, else its
+    first node."""
+    from gpunodes.choices import NodeState
+    from gpunodes.models import Node
+
+    names = _nodes_of(attempt.placement or [])
+    lost = Node.objects.filter(name__in=names, state=NodeState.LOST).values_list("name", flat=True)
+    return next((n for n in names if n in set(lost)), names[0] if names else "")
+
+
 def hold_or_requeue(
-    job: Job, number: int, reason: str, now: datetime, detail: dict | None = None, *, counts: bool = True
+    job: Job,
+    number: int,
+    reason: str,
+    detail: dict | None = None,
+    *,
+    strike_node: str | None,
+    no_strike: str = "",
 ) -> None:
-    """An attempt ended with its host's agent (NODE_LOST). The job goes back to the queue with its
-    original submit time, unless its last HOLD_AFTER_NODE_LOST attempts all ended so: a job that keeps
-    taking its host's agent down (or losing it) is HELD instead of run again for ever, until an admin
-    releases it (job_release) or its owner cancels it. `counts=False`: a start its host refused (it
-    never ran) is re-queued and leaves the streak as it was."""
+    """An attempt ended with its host's agent while it ran (NODE_LOST). The job goes back to the queue
+    with its original submit time, unless its strikes reach HOLD_AFTER_NODE_LOST different hosts: a job
+    that keeps taking its hosts' agents down is HELD instead of run again for ever, until an admin
+    releases it (job_release) or its owner cancels it. A strike is counted once per host: a host that
+    keeps failing (or an operator restarting its agent) never holds the jobs that happen to run there.
+    `strike_node` None: no strike at all (`no_strike` says why: it never ran, other hosts lapsed at the
+    same time); the row of strikes is left as it was."""
     from django.conf import settings
 
     active = [s.value for s in JOB_ACTIVE_STATES]
-    streak = job.node_lost_streak + (1 if counts else 0)
     limit = settings.HOLD_AFTER_NODE_LOST
-    if not limit or streak < limit or not counts:
+    if strike_node is None:
         transition(
             job.pk,
             from_states=active,
             to_state=JobState.QUEUED,
             event=EventKind.NODE_LOST,
-            reason=f"{reason}; re-queued with its original submit time",
+            reason=f"{reason}; no strike toward holding it ({no_strike}); re-queued with its original submit time",
             attempt_number=number,
-            node_lost_streak=streak,
-            detail={"node_lost_in_a_row": streak, **(detail or {})},
+            detail={"node_lost_in_a_row": job.node_lost_streak, "strike": False, **(detail or {})},
         )
         return
-    record_event(job.pk, EventKind.NODE_LOST, reason, attempt_number=number, at=now, detail=detail)
+    streak = job.node_lost_streak + 1
+    nodes = list(dict.fromkeys([*(job.strike_nodes or []), strike_node]))
+    again = strike_node in (job.strike_nodes or [])
+    counted = {"node_lost_in_a_row": streak, "strike": True, "strike_nodes": nodes, **(detail or {})}
+    if not limit or len(nodes) < limit:
+        of = f" of {limit}" if limit else ""
+        words = (
+            f"a strike on {strike_node} again: strikes count once per host ({len(nodes)}{of} hosts)"
+            if again
+            else f"strike on {strike_node}: {len(nodes)}{of} hosts ({', '.join(nodes)})"
+        )
+        transition(
+            job.pk,
+            from_states=active,
+            to_state=JobState.QUEUED,
+            event=EventKind.NODE_LOST,
+            reason=f"{reason}; {words}; re-queued with its original submit time",
+            attempt_number=number,
+            node_lost_streak=streak,
+            strike_nodes=nodes,
+            detail=counted,
+        )
+        return
+    record_event(
+        job.pk,
+        EventKind.NODE_LOST,
+        f"{reason}; strike on {strike_node}",
+        attempt_number=number,
+        detail=counted,
+    )
     transition(
         job.pk,
         from_states=active,
         to_state=JobState.HELD,
         event=EventKind.HELD,
         reason=(
-            f"its last {streak} attempts ended with their host's agent (HOLD_AFTER_NODE_LOST={limit}): held, "
-            "not run again until an admin releases it; or cancel it and resubmit"
+            f"its attempts ended with their host's agent on {len(nodes)} different hosts ({', '.join(nodes)}; "
+            f"HOLD_AFTER_NODE_LOST={limit}): held, not run again until an admin releases it; or cancel it "
+            "and resubmit"
         ),
         attempt_number=number,
         node_lost_streak=streak,
-        detail={"node_lost_in_a_row": streak},
+        strike_nodes=nodes,
+        detail={"node_lost_in_a_row": streak, "strike_nodes": nodes},
     )
 
 

@@ -65,9 +65,11 @@ class Job(models.Model):
     submitted_at = models.DateTimeField(default=timezone.now)
     attempt_count = models.PositiveIntegerField(default=0)
     preemption_count = models.PositiveIntegerField(default=0)
-    # Attempts in a row that ended with their host's agent (NODE_LOST); HOLD_AFTER_NODE_LOST of them hold
-    # the job (jobs.lifecycle.hold_or_requeue). Back to 0 when an attempt ends otherwise or on release.
+    # Strikes in a row: attempts that ended with their host's agent while they ran (NODE_LOST), and the
+    # hosts they ended on; strikes on HOLD_AFTER_NODE_LOST different hosts hold the job
+    # (jobs.lifecycle.hold_or_requeue). Back to 0 / [] when an attempt ends otherwise or on release.
     node_lost_streak = models.PositiveIntegerField(default=0)
+    strike_nodes = models.JSONField(default=list, db_default=[], blank=True)
     # Pre-emptions were decided for this job and it has not been admitted since (rule 7).
     beneficiary = models.BooleanField(default=False)
     # The first pass, since it last entered the queue, that reclaimed GPUs for it or found it waiting

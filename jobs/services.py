@@ -831,6 +831,7 @@ def job_release(*, user, job: Job) -> Job:
             event=EventKind.RELEASED,
             reason=f"released by {user.get_username()}; queued again with its original submit time",
             node_lost_streak=0,
+            strike_nodes=[],
         ):
             job.refresh_from_db()
             raise Conflict(f"Job {job.pk} is {job.state}, not HELD; there is nothing to release.")

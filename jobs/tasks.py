@@ -2,8 +2,11 @@
 attempt number changes nothing, and a host running an attempt that is over is told to stop it."""
 
 import logging
+import math
+from datetime import UTC, datetime
 
 from celery import shared_task
+from django.utils import timezone
 
 from gpunodes.dispatch import preempt_attempt
 from jobs import lifecycle
@@ -18,9 +21,11 @@ HOST_OUTCOMES = {
     "timed_out": Outcome.TIMED_OUT,
     "stopped": Outcome.PREEMPTED,
     "unknown": Outcome.PREEMPTED,
-    # A start its host would not run (the agent saw its node cordoned, draining or pending): re-queued,
-    # and not a step of the NODE_LOST streak that holds a job (the job never ran).
-    "refused": Outcome.PREEMPTED,
+    # A start its host would not run (its node cordoned, draining or pending; short of uids, GPUs or
+    # disk; a start it could not record): re-queued, never a strike toward holding the job.
+    "refused": Outcome.REFUSED,
+    # Stopped by an orderly shutdown of its agent (Ctrl-C, a service stop): re-queued, never a strike.
+    "shutdown": Outcome.AGENT_STOPPED,
     "failed_to_start": Outcome.FAILED,
     "gpu_failed": Outcome.GPU_FAILED,
     # Killed by its agent's fence watchdog (the agent lost its lease): re-queued; its work since its
@@ -66,9 +71,12 @@ def attempt_finished(
     checkpoint_at: float | None = None,
     checkpoints: int = 0,
     gpu_faults: list | None = None,
+    ended_at: float | None = None,
 ) -> bool:
     """`checkpoint_at`, `checkpoints`: the attempt's latest checkpoint as its host saw it by the end (one
     saved when told to stop included), applied before the end so that the work lost counts from it.
+    `ended_at`: when its processes ended, by the host's clock (epoch seconds): the attempt ends then, not
+    when this report is read (after an agent restart, say), within what this side can trust (ended_time).
     `gpu_faults`: with how="gpu_failed", the faults that killed it (as a heartbeat's `unhealthy` lists
     them): those GPUs leave capacity before the job is re-queued (gpunodes.services.gpu_faults_reported)."""
     attempt = Attempt.objects.filter(pk=attempt_id, number=number).first()
@@ -87,7 +95,10 @@ def attempt_finished(
         outcome = Outcome.SUCCEEDED if exit_code == 0 else Outcome.FAILED
     else:
         outcome = HOST_OUTCOMES.get(how, Outcome.FAILED)
-    if attempt.state != AttemptState.STOPPING and how in ("stopped", "unknown", "fenced", "refused"):
+    if attempt.state == AttemptState.ADMITTED and how in ("unknown", "stopped"):
+        # It never started there (an older agent's word for a start it refused): no strike.
+        outcome = Outcome.REFUSED
+    elif attempt.state != AttemptState.STOPPING and how in ("stopped", "unknown", "fenced"):
         # The host lost or stopped it without being asked: the job is re-queued.
         outcome = Outcome.NODE_LOST
     reason = detail or {
@@ -96,6 +107,8 @@ def attempt_finished(
         Outcome.TIMED_OUT: "ran past max_runtime_s",
         Outcome.NODE_LOST: f"host {node} no longer runs it",
         Outcome.GPU_FAILED: f"a GPU of {node} failed",
+        Outcome.AGENT_STOPPED: f"stopped at the orderly shutdown of the agent on {node}",
+        Outcome.REFUSED: f"refused by {node}",
     }.get(outcome, f"stopped on {node}")
     ended = lifecycle.end_attempt(
         attempt_id,
@@ -103,8 +116,9 @@ def attempt_finished(
         outcome=outcome,
         exit_code=exit_code,
         reason=reason,
+        at=ended_time(attempt, node, ended_at),
         fenced=how == "fenced",
-        refused=how == "refused",
+        strike_node=node,
     )
     if ended and len(attempt.placement) > 1:
         # A gang ends with its first rank to end: stop the others.
@@ -112,6 +126,22 @@ def attempt_finished(
             if p["node"] != node:
                 preempt_attempt(p["node"], attempt_id, number, 0)
     return ended
+
+
+def ended_time(attempt: Attempt, node: str, ended_at) -> datetime:
+    """When an attempt's processes ended, as its host says (`ended_at`, epoch seconds), within what this
+    side can trust: not before the attempt was started (admitted, if it never was), not after now (the
+    report's receipt), nor after its host's lease ran out (gpunodes.services.lease_end: its fence had
+    killed them by then). Now where the host says nothing (an older agent)."""
+    from gpunodes.services import lease_end
+
+    now = timezone.now()
+    if type(ended_at) not in (int, float) or not math.isfinite(ended_at):
+        return now
+    low = attempt.started_at or attempt.admitted_at
+    high = min(now, lease_end(node) or now)
+    said = datetime.fromtimestamp(min(max(ended_at, 0.0), now.timestamp()), UTC)
+    return max(low, min(said, high))
 
 
 @shared_task(name="jobs.tasks.attempt_checkpoint", ignore_result=True)

@@ -146,17 +146,25 @@ def end_attempts_on_node(node_pk: int, node_name: str, reason: str, now: datetim
 
 def expire_stops(now: datetime) -> list[int]:
     """A stopping attempt whose host has not confirmed within grace + PREEMPT_ACK_TIMEOUT_S frees its
-    GPUs anyway, so that a dead host cannot hold a beneficiary back forever."""
+    GPUs anyway once every host of it has let its lease lapse (its copy is fenced: gpunodes.services
+    lease_cutoff), so that a dead host cannot hold a beneficiary back forever. A host still heard runs
+    it until it says otherwise (its heartbeat: gpunodes.services.node_heartbeat sends the stop again),
+    whatever its disk: the job never runs again elsewhere while its old copy may still run (issue 41)."""
+    from gpunodes.services import lease_cutoff
+
     cutoff = now - timedelta(seconds=settings.PREEMPT_ACK_TIMEOUT_S)
     ended = []
-    for attempt_id, number in Attempt.objects.filter(
-        state=AttemptState.STOPPING, stop_deadline__lt=cutoff
-    ).values_list("pk", "number"):
+    for attempt_id, number in (
+        Attempt.objects.filter(state=AttemptState.STOPPING, stop_deadline__lt=cutoff)
+        .exclude(nodes__last_heartbeat__gte=lease_cutoff(now))
+        .values_list("pk", "number")
+        .distinct()
+    ):
         if lifecycle.end_attempt(
             attempt_id,
             number,
             outcome=Outcome.PREEMPTED,
-            reason="the host did not confirm the stop within grace + PREEMPT_ACK_TIMEOUT_S",
+            reason="the host did not confirm the stop, and its lease has lapsed since",
             at=now,
         ):
             ended.append(attempt_id)

@@ -346,7 +346,7 @@ class AttemptSerializer(serializers.ModelSerializer):
                 "help_text": "GPUs x (end - safe point) where its work was thrown away (see lost_cause), once it ended."
             },
             "lost_cause": {
-                "help_text": "reclaim, priority, node_lost, fenced or gpu_failed; empty: nothing lost."
+                "help_text": "reclaim, priority, node_lost, fenced, gpu_failed or agent_stopped; empty: nothing lost."
             },
         }
 

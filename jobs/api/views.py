@@ -151,7 +151,8 @@ class JobViewSet(ApiViewMixin, viewsets.ModelViewSet):
     @action(detail=True, methods=["post"])
     def release(self, request, pk=None):
         """Release a HELD job (admins): it is queued again with its original submit time. A job is held
-        when its last HOLD_AFTER_NODE_LOST attempts all ended with their host's agent. 409 if not held."""
+        when its strikes (attempts that ended with their host's agent) reach HOLD_AFTER_NODE_LOST different
+        hosts. 409 if not held."""
         job = services.job_release(user=request.user, job=self.get_object())
         return self._detail(job)
 

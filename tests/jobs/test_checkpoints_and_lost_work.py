@@ -248,4 +248,4 @@ def test_a_cancelled_or_never_started_attempt_loses_nothing(job, nodes):
     Attempt.objects.filter(pk=b.pk).update(state=AttemptState.ADMITTED, started_at=None)
     attempt_finished(b.pk, 1, "node-2", "unknown", None, "refused: no free uid")
     b.refresh_from_db()
-    assert (b.outcome, b.gpu_seconds_run, b.gpu_seconds_lost) == (Outcome.NODE_LOST, 0, 0)
+    assert (b.outcome, b.gpu_seconds_run, b.gpu_seconds_lost) == (Outcome.REFUSED, 0, 0)

@@ -146,6 +146,13 @@ def test_a_stop_the_host_never_confirms_frees_the_gpus_after_grace_and_timeout(
     lifecycle.request_stop(attempt, grace_s=0, preempted_by=None)
     Job.objects.filter(pk=job.pk).update(state=JobState.PREEMPTING)
     Attempt.objects.filter(pk=attempt.pk).update(stop_deadline=timezone.now() - timedelta(seconds=600))
+    # Its host is still heard: it may still run the job (a stop lost on a full disk, issue 41 item 3),
+    # so the job does not run elsewhere yet; its heartbeats send the stop again.
+    result = run(django_capture_on_commit_callbacks)
+    assert attempt.pk not in result.ended
+    assert Attempt.objects.get(pk=attempt.pk).state == AttemptState.STOPPING
+    # Once its lease has lapsed its copy is gone (fenced): the GPUs are free.
+    Node.objects.update(last_heartbeat=timezone.now() - timedelta(seconds=settings.NODE_LOST_AFTER_S - 1))
     result = run(django_capture_on_commit_callbacks)
     assert attempt.pk in result.ended
     assert Attempt.objects.get(pk=attempt.pk).outcome == Outcome.PREEMPTED
