@@ -19,7 +19,7 @@ import hashlib
 import json
 import re
 import unicodedata
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from typing import Any
@@ -262,8 +262,8 @@ def read(source: Any) -> tuple[Any, Errors]:
             source = source.decode("utf-8")
         except UnicodeDecodeError:
             return None, {"document": ["not UTF-8 text"]}
-    if not isinstance(source, str):
-        return source, {}
+    if not isinstance(source, str) or isinstance(source, HugeNumber):
+        return _checked(source)
     if len(source) > MAX_BYTES:
         return None, {"document": [f"larger than {MAX_BYTES // 1024} KiB, the most a layout may be"]}
     if not source.strip():
@@ -271,7 +271,7 @@ def read(source: Any) -> tuple[Any, Errors]:
     import yaml
 
     try:
-        return yaml.load(source, Loader=_loader()), {}  # noqa: S506 - a SafeLoader, see _loader
+        data = yaml.load(source, Loader=_loader())  # noqa: S506 - a SafeLoader, see _loader
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
@@ -281,6 +281,42 @@ def read(source: Any) -> tuple[Any, Errors]:
         return None, {"document": [f"not valid YAML: {e}"]}
     except RecursionError:
         return None, {"document": ["not a layout: nested too deeply"]}
+    return _checked(data)
+
+
+def _checked(data: Any) -> tuple[Any, Errors]:
+    huge = [f"{path}: {value}" for path, value in _walk(data) if isinstance(value, HugeNumber)]
+    return (None, {"document": huge}) if huge else (data, {})
+
+
+class HugeNumber(str):
+    """An integer the loader will not convert (Python refuses more than 4,300 digits; none is a layout
+    value): kept as its size, for a 400 that names its field rather than a 500."""
+
+    def __new__(cls, digits: int):
+        return super().__new__(
+            cls, f"a number of {digits:,} digits: at most {MAX_INT} ({len(str(MAX_INT))} digits)"
+        )
+
+
+def read_int(text: str) -> int | HugeNumber:
+    """An integer of YAML or JSON text (json's parse_int): a HugeNumber past Python's digit limit."""
+    try:
+        return int(text)
+    except ValueError:
+        return HugeNumber(sum(c.isdigit() for c in text))
+
+
+def _walk(data: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """Every value of decoded data with its path as the errors name it ("shares[1].capacity.a10g")."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            yield from _walk(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            yield from _walk(value, f"{path}[{i}]")
+    else:
+        yield path or "document", data
 
 
 _LOADER: type | None = None
@@ -305,6 +341,12 @@ def _loader() -> type:
                 )
             return super().compose_node(parent, index)
 
+        def construct_yaml_int(self, node):
+            try:
+                return super().construct_yaml_int(node)
+            except ValueError:  # past int's digit limit
+                return read_int(node.value)
+
         def construct_mapping(self, node, deep=False):
             seen: set[str] = set()
             for key_node, _ in node.value:
@@ -315,6 +357,9 @@ def _loader() -> type:
                         )
                     seen.add(key_node.value)
             return super().construct_mapping(node, deep)
+
+    # The constructors are a table per class, filled in with the base's functions: point it at ours.
+    LayoutLoader.add_constructor("tag:yaml.org,2002:int", LayoutLoader.construct_yaml_int)
 
     # The C loader composes in C (no compose_node to override): aliases are caught at construction.
     if base is not yaml.SafeLoader:

@@ -8,13 +8,13 @@ from django.urls import reverse
 from django_filters import rest_framework as filters
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import mixins, renderers, status, viewsets
+from rest_framework import exceptions, mixins, renderers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.api import ApiSchema, ApiViewMixin, IsAdmin, IsAdminOrReadOnly
+from config.api import ApiSchema, ApiViewMixin, IsAdmin, IsAdminOrReadOnly, StrictJSONParser
 from quotas import layout, layoutdoc, services, track_record, whatif
 from quotas.api.serializers import (
     AuditEntrySerializer,
@@ -256,6 +256,24 @@ def plan_payload(planned: LayoutPlan, request) -> dict:
     }
 
 
+class LayoutJSONParser(StrictJSONParser):
+    """A layout plan's body: an integer too long for Python (more than 4,300 digits, a ValueError) stays a
+    layoutdoc.HugeNumber, so that the plan answers a 400 under `document` naming its field."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        import json
+
+        from django.conf import settings
+
+        encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
+        try:
+            return json.loads(stream.read().decode(encoding), parse_int=layoutdoc.read_int)
+        except RecursionError as e:
+            raise exceptions.ParseError("JSON parse error - the document is nested too deeply.") from e
+        except ValueError as e:
+            raise exceptions.ParseError(f"JSON parse error - {e}") from e
+
+
 class LayoutViewSet(ApiViewMixin, viewsets.ViewSet):
     """The whole layout as one document, and plans of a new one."""
 
@@ -293,7 +311,12 @@ class LayoutViewSet(ApiViewMixin, viewsets.ViewSet):
         return response
 
     @extend_schema(request=LayoutPlanRequestSerializer, responses={201: LayoutPlanSerializer})
-    @action(detail=False, methods=["post"], renderer_classes=[renderers.JSONRenderer])
+    @action(
+        detail=False,
+        methods=["post"],
+        renderer_classes=[renderers.JSONRenderer],
+        parser_classes=[LayoutJSONParser],
+    )
     def plan(self, request):
         """POST /api/v1/layout/plan/: check and plan a layout (every problem at once, each under its
         path: {"shares[3].capacity.a10g": ["..."]}), or a rollback to a version."""

@@ -2,6 +2,8 @@
 under its path, a 400, never a 500; the diff and what it does now), POST .../plans/ID/apply/ (exactly
 what was planned, or a 409 when the layout changed since), versions and rollback."""
 
+import json
+
 import pytest
 import yaml
 
@@ -371,3 +373,23 @@ def test_a_plan_reads_back_with_its_whatif(as_alice, world, celery_eager, bob, v
 def test_an_unknown_format_is_406_not_404(as_alice, world):
     r = as_alice.get(URL, {"format": "xml"})
     assert r.status_code == 406 and r.json()["detail"] == "format must be json or yaml."
+
+
+HUGE = "9" * 5000
+TOO_LONG = f"shares[1].capacity.a10g: a number of 5,000 digits: at most {2**31 - 1} (10 digits)"
+
+
+@pytest.mark.parametrize("as_text", [True, False], ids=["document-as-text", "document-as-object"])
+def test_a_number_too_long_for_python_is_a_400_under_document_with_its_path(as_alice, world, as_text):
+    """Python refuses to read an integer of more than 4,300 digits (a ValueError: a 500, issue 41.9),
+    in the YAML/JSON text of a document as in a JSON body that holds the document itself."""
+    data = export(as_alice, "json")
+    data["shares"][1]["capacity"] = {"a10g": 7}
+    document = json.dumps(data).replace('"a10g": 7', f'"a10g": {HUGE}')
+    inner = json.dumps(document) if as_text else document
+    r = as_alice.post(
+        f"{URL}plan/", '{"whatif": false, "document": ' + inner + "}", content_type="application/json"
+    )
+    assert r.status_code == 400, r.content
+    assert r.json() == {"document": [TOO_LONG]}
+    assert not LayoutPlan.objects.exists()
