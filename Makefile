@@ -19,11 +19,13 @@ setup: $(STAMP)
 
 # Web, control worker, beat, two simulated GPU hosts and the demo traffic (DEMO=0: without it) on SQLite
 # and the file broker. A process that dies is restarted; Ctrl-C stops all (config/procman.py).
+# The web server's port: `make run PORT=8080` (Procfile.dev reads it).
 DEMO ?= 1
+PORT ?= 8000
 run: setup
-	@echo "gpuquota on http://127.0.0.1:8000/  (admin at /admin/)"
-	@$(BIN)/python manage.py credentials
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m config.procman Procfile.dev $(if $(filter 0,$(DEMO)),--without demo)
+	@echo "gpuquota on http://127.0.0.1:$(PORT)/  (admin at /admin/)"
+	@$(BIN)/python manage.py credentials --url http://127.0.0.1:$(PORT)/login/
+	PORT=$(PORT) PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m config.procman Procfile.dev $(if $(filter 0,$(DEMO)),--without demo)
 
 # The tests keep their files (broker, logs, agent state) apart from a `make run` in the same checkout.
 test: $(STAMP)

@@ -34,6 +34,23 @@ def test_make_run_demo_0_leaves_the_demo_process_out_as_the_readme_says():
     assert "--without demo" not in dry.stdout
 
 
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_run_port_changes_the_web_servers_port_as_the_readme_says():
+    assert "`make run PORT=8080`" in README
+    dry = subprocess.run(
+        ["make", "-n", "-o", ".venv/.installed", "run", "PORT=8080"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert "PORT=8080 " in dry.stdout and "http://127.0.0.1:8080/" in dry.stdout
+    web = next(line for line in (ROOT / "Procfile.dev").read_text().splitlines() if line.startswith("web:"))
+    shown = subprocess.run(
+        ["/bin/sh", "-c", f"echo {web.split(':', 1)[1]}"],
+        env={"PORT": "8080"},
+        capture_output=True,
+        text=True,
+    )
+    assert "127.0.0.1:8080 " in shown.stdout
+
+
 def test_the_readmes_module_commands_run_as_written_from_the_checkout(tmp_path):
     """`python -m quotas.…` finds `quotas` only from the checkout with the venv's Python: the README
     gives `.venv/bin/python -m` and says so; its commands then work as written."""
