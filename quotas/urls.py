@@ -19,6 +19,7 @@ urlpatterns = [
     path("shares/<str:name>/delete/", views.share_delete, name="share_delete"),
     path("layout/", views.share_layout, name="share_layout"),
     path("layout/plan/", views.share_layout_plan, name="share_layout_plan"),
+    path("layout/versions/", views.share_layout_versions, name="share_layout_versions"),
     path("layout/plans/<uuid:plan_id>/", views.share_layout_plan_show, name="share_layout_plan_show"),
     path("layout/plans/<uuid:plan_id>/apply/", views.share_layout_apply, name="share_layout_apply"),
     path("audit/", views.audit_log, name="audit"),

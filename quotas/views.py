@@ -694,6 +694,14 @@ LAYOUT_PARTS = {"plan": "quotas/partials/_layout_plan.html"}
 
 @require_GET
 @admin_required
+def share_layout_versions(request):
+    """/layout/versions/, as the README and `gpuquota shares history` name it: the versions table of
+    /layout/ (it was a 404)."""
+    return redirect(f"{reverse('share_layout')}#versions-h")
+
+
+@require_GET
+@admin_required
 def share_layout(request):
     """The whole layout to edit (or a file to upload), the versions to roll back to, the temporary
     changes still to end."""

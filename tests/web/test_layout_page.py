@@ -150,3 +150,15 @@ def test_the_whatif_box_unticked_plans_without_the_replay(as_alice, vision_share
     unticked, ticked = layout.LayoutPlan.objects.order_by("created_at")
     assert unticked.whatif_run == "" and ticked.whatif_run != ""
     assert 'type="hidden" name="whatif" value="0"' in as_alice.get("/layout/").content.decode()
+
+
+def test_the_versions_the_readme_names_and_a_layout_entry_in_the_navigation(as_alice, as_bob, vision_share):
+    # The README's /layout/versions/ was a 404, and nothing linked to /layout/.
+    r = as_alice.get("/layout/versions/")
+    assert r.status_code == 302 and r["Location"] == "/layout/#versions-h"
+    assert "/layout/versions/" in open("README.md").read()
+    page = as_alice.get("/layout/").content.decode()
+    assert '<a href="/layout/" aria-current="page">Layout</a>' in page
+    assert ">Shares</a>" in page and 'aria-current="page">Shares' not in page
+    assert 'href="/layout/"' not in as_bob.get("/teams/vision/").content.decode()  # admins only
+    assert as_bob.get("/layout/versions/").status_code == 403
