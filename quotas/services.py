@@ -493,16 +493,20 @@ def range_words(low: datetime | None, high: datetime | None, now: datetime | Non
     if low is None or high is None:
         return ""
     now = timezone.localtime(now or timezone.now())
-    low, high = timezone.localtime(low), timezone.localtime(high)
+    low = timezone.localtime(low)
+    return f"likely between {clock_words(low, now)} and {clock_words(high, now, day=max(low, now).date())}"
 
-    def clock(t: datetime, day) -> str:
-        if t <= now:
-            return "now"
-        if t.date() == day:
-            return f"{t:%H:%M}"
-        return f"{t:%a %H:%M}" if (t.date() - now.date()).days < 7 else f"{t:%Y-%m-%d %H:%M}"
 
-    return f"likely between {clock(low, now.date())} and {clock(high, max(low, now).date())}"
+def clock_words(t: datetime, now: datetime | None = None, *, day=None) -> str:
+    """An instant as a local clock time: "14:10" on `day` (default: today), "Tue 09:30" within the week,
+    the full date beyond; "now" once passed. One wording for an ETA and its range."""
+    now = timezone.localtime(now or timezone.now())
+    t = timezone.localtime(t)
+    if t <= now:
+        return "now"
+    if t.date() == (day or now.date()):
+        return f"{t:%H:%M}"
+    return f"{t:%a %H:%M}" if (t.date() - now.date()).days < 7 else f"{t:%Y-%m-%d %H:%M}"
 
 
 def stored_forecast(job):

@@ -49,6 +49,24 @@ def starts_in(eta: datetime | None, now: datetime | None = None) -> str:
 
 
 @register.filter
+def clock(t: datetime | None, now: datetime | None = None) -> str:
+    """An instant as a local clock time, as a likely range says it ("14:10", "Tue 09:30")."""
+    from quotas.services import clock_words
+
+    return clock_words(t, now) if t else ""
+
+
+@register.filter
+def shell(command) -> str:
+    """A command (a list of arguments) as a shell would take it back: quoted where it must be."""
+    import shlex
+
+    return (
+        shlex.join(str(arg) for arg in command) if isinstance(command, list | tuple) else str(command or "")
+    )
+
+
+@register.filter
 def duration(seconds: float | None) -> str:
     """Seconds in a few words: "42 s", "3 min", "2 h" (quotas.services.duration_words)."""
     from quotas.services import duration_words

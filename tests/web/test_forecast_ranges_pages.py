@@ -1,6 +1,7 @@
 """Pages show an estimate's likely range beside its ETA (job page, team queue), and each share's track
 record in words with its picture (team page, share page), or in words that there is none yet."""
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -40,6 +41,24 @@ def test_the_job_page_and_the_team_queue_show_an_estimates_range(as_bob, ranged)
     assert 'data-testid="eta-range"' in page and words.search(page)
     queue = hx(as_bob, "/teams/vision/?part=queue").content.decode()
     assert words.search(queue)
+
+
+def test_an_eta_with_a_range_is_a_clock_time_beside_clock_times(as_bob, ranged):
+    """ "in 59 minutes likely between 01:55 and 05:40" mixed a span with clock times (issue 42.6)."""
+    from quotas.services import clock_words
+
+    job, now = ranged
+    eta = clock_words(now + timedelta(minutes=40), now)
+    words = likely_between(now + timedelta(minutes=20), now + timedelta(minutes=70)).pattern
+    for page in (as_bob.get(f"/jobs/{job.pk}/"), hx(as_bob, "/teams/vision/?part=queue")):
+        text = re.sub(r"<[^>]+>", "", page.content.decode())
+        assert re.search(rf"at {eta}, {words} \(in 3\d\xa0minutes\)", text), text
+
+
+def test_the_command_is_shown_with_its_quoting(as_bob, bob, vision_share, nodes):
+    job = submit(bob, vision_share, command=["python", "train.py", "--name", "my run", "--lr=1e-3;echo"])
+    page = as_bob.get(f"/jobs/{job.pk}/").content.decode()
+    assert "<code>python train.py --name &#x27;my run&#x27; &#x27;--lr=1e-3;echo&#x27;</code>" in page
 
 
 def test_a_bound_shows_no_range_in_words(as_bob, ranged):
