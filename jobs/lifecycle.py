@@ -60,16 +60,26 @@ def mark_started(attempt_id: int, number: int, node: str) -> bool:
     )
     if not changed:
         return False
-    job_id = Attempt.objects.values_list("job_id", flat=True).get(pk=attempt_id)
+    job_id, placement = Attempt.objects.values_list("job_id", "placement").get(pk=attempt_id)
     transition(
         job_id,
         from_states=[JobState.ADMITTED],
         to_state=JobState.RUNNING,
         event=EventKind.STARTED,
-        reason=f"running on {node}",
+        reason=running_on(placement, node),
         attempt_number=number,
     )
     return True
+
+
+def running_on(placement, node: str) -> str:
+    """The STARTED event's words: every node of the attempt, in rank order ("running on gpu-a (rank 0),
+    gpu-b (rank 1)"), not only the one whose report came first; cut to the event's 300 characters."""
+    nodes = [p.get("node") for p in placement or () if isinstance(p, dict) and p.get("node")]
+    if len(nodes) <= 1:
+        return f"running on {nodes[0] if nodes else node}"
+    words = f"running on {len(nodes)} nodes: " + ", ".join(f"{n} (rank {r})" for r, n in enumerate(nodes))
+    return words if len(words) <= 300 else words[:296] + " ..."
 
 
 # --- checkpoints and the work an end loses (SEMANTICS "Checkpoints and safe points") ------------------

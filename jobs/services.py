@@ -876,12 +876,15 @@ def job_logs(
     job: Job,
     attempt: int | None = None,
     node: str | None = None,
+    rank: int | None = None,
     after: int | None = None,
     tail: int | None = None,
 ) -> dict[str, Any]:
-    """Log text of one attempt (default: the latest) on one node (default: its first, rank 0) as the
-    host shipped it. `after` is a cursor from an earlier read: only chunks after it are returned.
-    `tail` keeps the last N lines. Returns {attempt, node, nodes, text, cursor, more, finished}."""
+    """Log text of one attempt (default: the latest) on one node (`node`, or the node of `rank`;
+    default: its first, rank 0) as the host shipped it; `nodes` lists every rank's node, in rank order,
+    so each rank's log can be read. `after` is a cursor from an earlier read: only chunks after it are
+    returned. `tail` keeps the last N lines. Returns {attempt, node, rank, nodes, text, cursor, more,
+    finished}."""
     from jobs.choices import AttemptState
     from jobs.models import Attempt, LogChunk
 
@@ -890,6 +893,10 @@ def job_logs(
         errors["tail"] = f"tail is a number of lines from 1 to {MAX_TAIL_LINES}."
     if after is not None and after < -1:
         errors["after"] = "after is a cursor from an earlier read (-1 or more)."
+    if rank is not None and node is not None:
+        errors["rank"] = "Give a node or a rank, not both."
+    elif rank is not None and rank < 0:
+        errors["rank"] = "rank is a node's rank in the attempt, from 0."
     if errors:
         raise ValidationError(errors)
     attempts = list(Attempt.objects.filter(job=job).values_list("number", "placement", "state"))
@@ -898,6 +905,7 @@ def job_logs(
         "attempt": None,
         "attempts": numbers,
         "node": None,
+        "rank": None,
         "nodes": [],
         "text": "",
         "cursor": -1,
@@ -915,13 +923,26 @@ def job_logs(
         raise ValidationError({"attempt": f"Job {job.pk} has no attempt {attempt}; {have}."})
     number, placement, state = match[0]
     nodes = [p["node"] for p in placement]
+    if rank is not None:
+        if rank >= len(nodes):
+            raise ValidationError(
+                {"rank": f"Attempt {number} ran on {len(nodes)} node(s): ranks 0 to {len(nodes) - 1}."}
+            )
+        node = nodes[rank]
     if node is None:
         node = nodes[0] if nodes else None
     elif node not in nodes:
         raise ValidationError(
             {"node": f"Attempt {number} ran on {', '.join(nodes) or 'no node'}, not on {node}."}
         )
-    result = dict(empty, attempt=number, node=node, nodes=nodes, finished=state == AttemptState.ENDED)
+    result = dict(
+        empty,
+        attempt=number,
+        node=node,
+        rank=nodes.index(node) if node in nodes else None,
+        nodes=nodes,
+        finished=state == AttemptState.ENDED,
+    )
     chunks = LogChunk.objects.filter(attempt__job=job, attempt__number=number, node=node)
     if after is not None:
         chunks = chunks.filter(offset__gt=after)

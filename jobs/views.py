@@ -105,12 +105,25 @@ def job_page(request, pk):
         context.update(_job_context(request, job))
     if part in (None, "log"):
         context["log"] = services.job_logs(job=job, tail=LOG_TAIL_LINES)
+        context["rank_logs"] = rank_logs(job, context["log"])
     response = page_or_part(request, "jobs/job.html", JOB_PARTS, context)
     if part == "log" and context["log"]["finished"] and context["finished"]:
         response.status_code = STOP_POLLING  # the last words are in; nothing more will come
     elif part == "state" and context["finished"]:
         response.status_code = STOP_POLLING
     return response
+
+
+def rank_logs(job, first: dict) -> list[dict]:
+    """Every rank's last lines of the attempt whose rank 0 `first` is (a gang's traceback is often in
+    another rank's log than rank 0's), rank 0 first; just `first` for a one-node attempt."""
+    nodes = first["nodes"]
+    if len(nodes) <= 1:
+        return [first]
+    return [first] + [
+        services.job_logs(job=job, attempt=first["attempt"], node=node, tail=LOG_TAIL_LINES)
+        for node in nodes[1:]
+    ]
 
 
 def _int_or_none(value):

@@ -437,13 +437,18 @@ class LogQuerySerializer(serializers.Serializer):
     tail = serializers.IntegerField(required=False, min_value=-MAX_INT, max_value=MAX_INT)
     after = serializers.IntegerField(required=False, min_value=-MAX_INT, max_value=2**62)
     node = serializers.CharField(required=False, max_length=63)
+    rank = serializers.IntegerField(required=False, min_value=0, max_value=MAX_INT)
 
 
 class LogSerializer(serializers.Serializer):
     attempt = serializers.IntegerField(allow_null=True)
     attempts = serializers.ListField(child=serializers.IntegerField())
     node = serializers.CharField(allow_null=True)
-    nodes = serializers.ListField(child=serializers.CharField())
+    rank = serializers.IntegerField(allow_null=True, help_text="The node's rank in the attempt.")
+    nodes = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="Every rank's node, in rank order: ?node= or ?rank= reads its log.",
+    )
     text = serializers.CharField(allow_blank=True)
     cursor = serializers.IntegerField(help_text="Pass as ?after= to read only what came since.")
     more = serializers.BooleanField(help_text="More text follows: read again with ?after=cursor.")

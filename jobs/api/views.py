@@ -159,8 +159,9 @@ class JobViewSet(ApiViewMixin, viewsets.ModelViewSet):
     @extend_schema(parameters=[LogQuerySerializer], responses={200: LogSerializer})
     @action(detail=True, methods=["get"], filterset_class=None, pagination_class=None)
     def logs(self, request, pk=None):
-        """An attempt's output (default: the latest attempt, its first node). `tail` keeps the last N
-        lines; `after` (a cursor from an earlier read) returns only what came since."""
+        """An attempt's output (default: the latest attempt, its first node, rank 0; `node` or `rank`
+        picks another rank's: `nodes` lists them). `tail` keeps the last N lines; `after` (a cursor from
+        an earlier read) returns only what came since."""
         job = self.get_object()
         query = LogQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)

@@ -967,18 +967,61 @@ def cmd_priority(args, out) -> int:
 
 
 def cmd_logs(args, out) -> int:
+    """One rank's log (`--node`, `--rank`; a one-node job's only one), or every rank's of a multi-node
+    attempt, each line prefixed with its rank and node: a gang's traceback is often not in rank 0's."""
     client = args.client()
+    one = {"node": args.node, "rank": args.rank}
     if args.follow:
-        for text in client.follow_logs(args.job, tail=args.tail, poll_s=args.poll):
-            sys.stdout.write(text)
+        if args.node is not None or args.rank is not None:
+            for text in client.follow_logs(args.job, tail=args.tail, poll_s=args.poll, **one):
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            return 0
+        prefixed = RankPrefixes()
+        for rank, node, text, ranks in client.follow_every_rank(args.job, tail=args.tail, poll_s=args.poll):
+            sys.stdout.write(prefixed(rank, node, text) if ranks > 1 else prefixed.rest() + text)
             sys.stdout.flush()
+        sys.stdout.write(prefixed.rest())
         return 0
-    data = client.logs(args.job, attempt=args.attempt, tail=args.tail)
+    data = client.logs(args.job, attempt=args.attempt, tail=args.tail, **one)
+    ranks = [data]
+    if args.node is None and args.rank is None and len(data["nodes"]) > 1:
+        ranks += [
+            client.logs(args.job, attempt=data["attempt"], tail=args.tail, rank=rank)
+            for rank in range(1, len(data["nodes"]))
+        ]
     if args.json:
-        out(data)
-    else:
+        out(data if len(ranks) == 1 else ranks)
+    elif len(ranks) == 1:
         sys.stdout.write(data["text"])
+    else:
+        prefixed = RankPrefixes()
+        for rank, each in enumerate(ranks):
+            sys.stdout.write(prefixed(rank, each["node"], each["text"]) + prefixed.rest())
     return 0
+
+
+class RankPrefixes:
+    """Each line of a multi-node log with its rank and node in front (`[rank 1 gpu-b] ...`); a line
+    that comes in pieces is written once whole."""
+
+    def __init__(self) -> None:
+        self._partial: dict[int, tuple[str, str]] = {}
+
+    def __call__(self, rank: int, node: str, text: str) -> str:
+        if rank < 0:  # the client's own line (a new attempt)
+            return self.rest() + text
+        before = self._partial.pop(rank, ("", node))[0]
+        lines = (before + text).split("\n")
+        if lines[-1]:
+            self._partial[rank] = (lines[-1], node)
+        return "".join(f"[rank {rank} {node}] {line}\n" for line in lines[:-1])
+
+    def rest(self) -> str:
+        """The pieces of lines still waiting for their end (at the end of a log)."""
+        rest = "".join(f"[rank {r} {node}] {line}\n" for r, (line, node) in sorted(self._partial.items()))
+        self._partial.clear()
+        return rest
 
 
 def cmd_wait(args, out) -> int:
@@ -1079,6 +1122,9 @@ def _logs(p) -> None:
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     p.add_argument("--attempt", type=int)
     p.add_argument("--tail", type=int, help="only the last N lines")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--node", help="the log of the rank on this node (default: every rank's, prefixed)")
+    which.add_argument("--rank", type=int, help="the log of this rank of a multi-node job (0 is the first)")
     p.add_argument("--poll", type=float, default=2.0, help=argparse.SUPPRESS)
 
 

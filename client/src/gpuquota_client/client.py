@@ -427,19 +427,31 @@ class Client:
         tail: int | None = None,
         after: int | None = None,
         node: str | None = None,
+        rank: int | None = None,
     ) -> dict:
         params = {
             k: v
-            for k, v in {"attempt": attempt, "tail": tail, "after": after, "node": node}.items()
+            for k, v in {"attempt": attempt, "tail": tail, "after": after, "node": node, "rank": rank}.items()
             if v is not None
         }
         return self.request("GET", f"jobs/{int(job_id)}/logs/", params=params)
 
-    def follow_logs(self, job_id: int, *, tail: int | None = None, poll_s: float = 2.0) -> Iterator[str]:
-        """Yield log text as it arrives, attempt after attempt, until the job has finished."""
+    def follow_logs(
+        self,
+        job_id: int,
+        *,
+        tail: int | None = None,
+        poll_s: float = 2.0,
+        node: str | None = None,
+        rank: int | None = None,
+    ) -> Iterator[str]:
+        """Yield log text as it arrives, attempt after attempt, until the job has finished: of rank 0,
+        or of the rank given (`node` or `rank`)."""
         attempt, cursor, first = None, None, True
         while True:
-            data = self.logs(job_id, tail=tail if first else None, after=cursor, attempt=attempt)
+            data = self.logs(
+                job_id, tail=tail if first else None, after=cursor, attempt=attempt, node=node, rank=rank
+            )
             first = False
             if data["text"]:
                 yield data["text"]
@@ -455,6 +467,45 @@ class Client:
                 yield f"--- attempt {attempt} ---\n"
                 continue
             if job["state"] in TERMINAL_STATES and (data["finished"] or data["attempt"] is None):
+                return
+            time.sleep(poll_s)
+
+    def follow_every_rank(
+        self, job_id: int, *, tail: int | None = None, poll_s: float = 2.0
+    ) -> Iterator[tuple[int, str, str, int]]:
+        """Yield (rank, node, text, number of ranks) as each rank's log grows, interleaved as it arrives,
+        attempt after attempt, until the job has finished (a one-node attempt has rank 0 only)."""
+        attempt, cursors, first = None, {}, True
+        while True:
+            head = self.logs(job_id, tail=tail if first else None, attempt=attempt, after=cursors.get(0))
+            ranks = [head]
+            for rank in range(1, len(head["nodes"])):
+                ranks.append(
+                    self.logs(
+                        job_id,
+                        tail=tail if first else None,
+                        attempt=head["attempt"],
+                        rank=rank,
+                        after=cursors.get(rank),
+                    )
+                )
+            first = False
+            more = False
+            for rank, data in enumerate(ranks):
+                if data["text"]:
+                    yield rank, data["node"], data["text"], len(ranks)
+                cursors[rank] = data["cursor"]
+                more = more or data["more"]
+            if more:
+                continue
+            if head["attempt"] is not None:
+                attempt = head["attempt"]
+            job = self.job(job_id)
+            if job["attempt_count"] and attempt is not None and job["attempt_count"] > attempt:
+                attempt, cursors = job["attempt_count"], {}
+                yield -1, "", f"--- attempt {attempt} ---\n", 0
+                continue
+            if job["state"] in TERMINAL_STATES and (head["finished"] or head["attempt"] is None):
                 return
             time.sleep(poll_s)
 
