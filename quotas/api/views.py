@@ -156,8 +156,15 @@ class ShareViewSet(ApiViewMixin, viewsets.ModelViewSet):
 
 class AuditFilter(filters.FilterSet):
     object_type = filters.ChoiceFilter(
-        choices=[("share", "share"), ("team", "team"), ("node", "node"), ("layout", "layout")],
-        help_text="share, team, node or layout (a layout version: shares changed through a plan).",
+        choices=[
+            ("share", "share"),
+            ("team", "team"),
+            ("node", "node"),
+            ("gpu", "gpu"),
+            ("layout", "layout"),
+        ],
+        help_text="share, team, node, gpu (its health: a fault, a repair) or layout (a layout version: shares "
+        "changed through a plan).",
     )
     object_id = filters.CharFilter(help_text="The object's id.")
     object = filters.CharFilter(field_name="object_repr", help_text="The object's name.")
