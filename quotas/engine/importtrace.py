@@ -509,22 +509,49 @@ def _parser(prog: str = "python -m quotas.engine.importtrace") -> argparse.Argum
     p.add_argument("trace", help="the trace file ('-' reads standard input)")
     p.add_argument("--format", choices=FORMATS, help="default: from the header ('|' means sacct)")
     p.add_argument("--out", help="write the scenario here (default: standard output)")
-    p.add_argument("--nodes", type=int, default=168)
-    p.add_argument("--node-gpus", type=int, default=8)
-    p.add_argument("--gpu-type", default="a100")
+    # Every option with a default says it in --help (it said none).
+    p.add_argument("--nodes", type=int, default=168, help="nodes of the cluster (default: %(default)s)")
+    p.add_argument("--node-gpus", type=int, default=8, help="GPUs per node (default: %(default)s)")
+    p.add_argument("--gpu-type", default="a100", help="the nodes' GPU type (default: %(default)s)")
     p.add_argument("--start", help="window start: seconds from the first submission, or an ISO date")
     p.add_argument("--end", help="window end (exclusive), as --start")
-    p.add_argument("--top", type=int, default=8, help="groups with a share of their own (0: all)")
+    p.add_argument(
+        "--top", type=int, default=8, help="groups with a share of their own, 0: all (default: %(default)s)"
+    )
     p.add_argument("--layout", help="JSON list of shares (with optional 'groups') instead of --top")
-    p.add_argument("--group", choices=("account", "qos"), default="account", help="sacct: the share")
-    p.add_argument("--strategy", choices=policy.STRATEGIES, default=policy.LEND_AND_BORROW)
-    p.add_argument("--min-runtime", type=int, default=0, help="every share's min_runtime_s")
-    p.add_argument("--grace", type=int, default=30, help="settings.preemption_grace_s")
-    p.add_argument("--starvation", type=int, default=3600, help="settings.starvation_s")
-    p.add_argument("--checkpoint-fraction", type=float, default=0.0)
-    p.add_argument("--checkpoint-every", type=int, default=1800)
+    p.add_argument(
+        "--group",
+        choices=("account", "qos"),
+        default="account",
+        help="sacct: the share (default: %(default)s)",
+    )
+    p.add_argument(
+        "--strategy",
+        choices=policy.STRATEGIES,
+        default=policy.LEND_AND_BORROW,
+        help="every share's strategy (default: %(default)s)",
+    )
+    p.add_argument(
+        "--min-runtime", type=int, default=0, help="every share's min_runtime_s (default: %(default)s)"
+    )
+    p.add_argument("--grace", type=int, default=30, help="settings.preemption_grace_s (default: %(default)s)")
+    p.add_argument(
+        "--starvation", type=int, default=3600, help="settings.starvation_s (default: %(default)s)"
+    )
+    p.add_argument(
+        "--checkpoint-fraction",
+        type=float,
+        default=0.0,
+        help="the share of jobs that checkpoint, 0 to 1 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=1800,
+        help="seconds between a checkpointing job's checkpoints (default: %(default)s)",
+    )
     p.add_argument("--checkpoint-on-stop", action="store_true", help="checkpointing jobs save when stopped")
-    p.add_argument("--seed", type=int, default=1, help="the checkpoint draw's seed")
+    p.add_argument("--seed", type=int, default=1, help="the checkpoint draw's seed (default: %(default)s)")
     return p
 
 

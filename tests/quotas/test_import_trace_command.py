@@ -93,3 +93,13 @@ def test_its_usage_names_the_command(tmp_path):
         and "manage.py import_trace" in done.stdout
         and "--checkpoint-fraction" in done.stdout
     )
+
+
+def test_help_gives_every_default():
+    """`import_trace --help` gave no defaults (issue 42.6)."""
+    done = manage("--help")
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())  # argparse wraps the lines
+    for default in ("168", "8", "a100", "account", "LEND_AND_BORROW", "3600", "1800", "0.0"):
+        assert f"(default: {default})" in text, default
+    assert "--grace GRACE settings.preemption_grace_s (default: 30)" in text

@@ -387,6 +387,36 @@ def test_all_errors_are_reported_at_once():
     assert len(exc.value.errors) == 2
 
 
+def test_a_run_with_out_says_what_happened_in_a_line(tmp_path, capsys):
+    """`manage.py simulate S --out R` printed nothing on success (issue 42.6)."""
+    path, out = tmp_path / "s.json", tmp_path / "r.json"
+    path.write_text(json.dumps(GOOD))
+    assert main([str(path), "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"simulated {len(result['jobs'])} jobs over ")
+    assert f"utilisation {100 * result['cluster']['utilisation']:.1f}%; result in {out}\n" in printed
+    assert printed.count("\n") == 1
+
+
+def test_the_manage_py_command_says_it_too(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path, out = tmp_path / "s.json", tmp_path / "r.json"
+    path.write_text(json.dumps(GOOD))
+    done = subprocess.run(
+        [sys.executable, "manage.py", "simulate", str(path), "--out", str(out)],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("simulated ") and f"result in {out}" in done.stdout
+
+
 def test_the_result_file_has_sorted_keys_and_integer_times(tmp_path):
     path, out = tmp_path / "s.json", tmp_path / "r.json"
     path.write_text(json.dumps(GOOD))
