@@ -458,7 +458,7 @@ def compare(
         "shares": names,
         "before": [before_shares.get(n, {}).get("gpu_hours_run") or 0 for n in names],
         "after": [after["shares"].get(n, {}).get("gpu_hours_run") or 0 for n in names],
-        "y_title": "GPU-hours run in the week",
+        "y_title": "GPU-hours run in the replayed window",
         "waits": {
             "shares": names,
             "before": [before_shares.get(n, {}).get("wait_p95_s") or 0 for n in names],
@@ -589,15 +589,21 @@ class RunStatus:
 
     @property
     def window(self) -> dict[str, Any] | None:
-        """jobs replayed per part, left out, window start and end (from the first part that read it)."""
+        """jobs replayed per part, left out, window start and end and its length in seconds (from the first
+        part that read it)."""
         for p in self.parts:
             if p.get("total") is not None:
+                start, end = (
+                    datetime.fromisoformat(p["window_start"]),
+                    datetime.fromisoformat(self.spec["now"]),
+                )
                 return {
+                    "length_s": max(0.0, (end - start).total_seconds()),
                     "jobs": p["total"],
                     "left_out": p.get("left_out", 0),
                     "dropped": max((q.get("dropped") or 0) for q in self.parts),
-                    "start": datetime.fromisoformat(p["window_start"]),
-                    "end": datetime.fromisoformat(self.spec["now"]),
+                    "start": start,
+                    "end": end,
                     "reverts": self.spec.get("reverts", []),
                 }
         return None

@@ -71,7 +71,7 @@ def test_a_preview_shows_its_progress_then_the_result(page, alice, history, work
     expect(plots.first).to_be_visible()
     expect(page.locator("#whatif-result")).to_contain_text("Replayed 200 submissions")
     titles = [plots.nth(i).evaluate(AXES)["titles"]["y"] for i in range(2)]
-    assert titles == ["GPU-hours run in the week", "p95 wait (s)"], titles
+    assert titles == ["GPU-hours run in the replayed window", "p95 wait (s)"], titles
     screenshot(page, "whatif-result")
 
 

@@ -7,6 +7,7 @@ import pytest
 from django.core.management import call_command
 
 from quotas import whatif
+from quotas.services import duration_words
 from tests.web.conftest import logged_in
 
 pytestmark = pytest.mark.django_db
@@ -73,6 +74,9 @@ def test_a_preview_shows_progress_then_the_result_with_286(as_alice, history, he
     assert done.status_code == 286  # htmx stops polling
     assert 'data-testid="whatif-shares"' in body and 'data-plot="whatif"' in body and "hx-trigger" not in body
     assert "Replayed 120 submissions" in body
+    # The window's own length, not "the week" (a young cluster's window was 30 minutes: issue 42.6).
+    length = whatif.status(run_id).window["length_s"]
+    assert f"Every figure is over the replayed {duration_words(length)};" in body and "week" not in body
 
     page = as_alice.get(f"/whatif/{run_id}/")  # without htmx: a page of its own
     assert page.status_code == 200 and 'data-testid="whatif-shares"' in page.content.decode()
