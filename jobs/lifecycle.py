@@ -162,17 +162,27 @@ def duration_words(seconds: float) -> str:
     return f"{seconds // 60} min" if seconds < 7200 else f"{seconds // 3600} h"
 
 
+def gpu_time_words(gpu_seconds: float) -> str:
+    """GPU time in a few words: "45 GPU-s", "12 GPU-min", "3.5 GPU-h": the one wording of work run or
+    lost, in the job's events as on its page (the template filter gpu_time)."""
+    if gpu_seconds < 120:
+        return f"{gpu_seconds:.0f} GPU-s"
+    if gpu_seconds < 7200:
+        return f"{gpu_seconds / 60:.0f} GPU-min"
+    return f"{gpu_seconds / 3600:,.1f} GPU-h"
+
+
 def lost_words(attempt: Attempt, lost_s: float) -> str:
-    """The work an end threw away, as the job's events say it: "lost 2 GPUs × 4 min of work since its
-    last checkpoint at 12:03:05", or "since its start at 11:58:40 (no checkpoint)"."""
+    """The work an end threw away, as the job's events say it, in the words of its page's "work lost":
+    "lost 8 GPU-min of work on 2 GPUs since its last checkpoint at 12:03:05", or "since its start at
+    11:58:40 (no checkpoint)"."""
     gpus = sum(len(p.get("gpus", ())) for p in attempt.placement or ())
-    span = duration_words(lost_s / gpus) if gpus else "0 s"
     last, started = attempt.last_checkpoint_at, attempt.started_at
     if last is not None and (started is None or last > started):
         since = f"its last checkpoint at {timezone.localtime(last):%H:%M:%S}"
     else:
         since = f"its start at {timezone.localtime(started):%H:%M:%S} (no checkpoint)"
-    return f"lost {gpus} GPU{'s' if gpus != 1 else ''} × {span} of work since {since}"
+    return f"lost {gpu_time_words(lost_s)} of work on {gpus} GPU{'s' if gpus != 1 else ''} since {since}"
 
 
 def _release(attempt_id: int) -> None:

@@ -76,14 +76,11 @@ def duration(seconds: float | None) -> str:
 
 @register.filter
 def gpu_time(gpu_seconds: float | None) -> str:
-    """GPU time in a few words: "45 GPU-s", "12 GPU-min", "3.5 GPU-h" (work run or lost)."""
-    if gpu_seconds is None:
-        return ""
-    if gpu_seconds < 120:
-        return f"{gpu_seconds:.0f} GPU-s"
-    if gpu_seconds < 7200:
-        return f"{gpu_seconds / 60:.0f} GPU-min"
-    return f"{gpu_seconds / 3600:,.1f} GPU-h"
+    """GPU time in a few words: "45 GPU-s", "12 GPU-min", "3.5 GPU-h" (work run or lost), as the job's
+    events say it (jobs.lifecycle.gpu_time_words)."""
+    from jobs.lifecycle import gpu_time_words
+
+    return "" if gpu_seconds is None else gpu_time_words(gpu_seconds)
 
 
 _SHORT_S = 27 * 86400  # under 4 weeks timesince's words depend only on the whole minutes between

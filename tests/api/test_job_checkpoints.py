@@ -48,7 +48,7 @@ def test_the_api_gives_the_last_checkpoint_and_each_attempts_lost_work(as_bob, s
     assert first["gpu_seconds_run"] == pytest.approx(2 * 600, abs=3)
     assert second["gpu_seconds_lost"] is None and second["last_checkpoint_at"] == data["last_checkpoint_at"]
     preempted = [e for e in data["events"] if e["kind"] == "PREEMPTED"][0]
-    assert "lost 2 GPUs × 4 min of work since its last checkpoint at" in preempted["reason"]
+    assert "lost 8 GPU-min of work on 2 GPUs since its last checkpoint at" in preempted["reason"]
     assert preempted["detail"]["lost_cause"] == "reclaim"
 
 

@@ -15,6 +15,7 @@ from jobs.choices import AttemptState, EventKind, JobState, LostCause, Outcome, 
 from jobs.models import Attempt, GpuClaim, Job
 from jobs.services import job_submit
 from jobs.tasks import attempt_checkpoint, attempt_finished
+from quotas.templatetags.gpuquota import gpu_time
 
 CHECKPOINT = "jobs.tasks.attempt_checkpoint"
 
@@ -217,7 +218,10 @@ def test_a_node_lost_by_the_control_side_loses_the_work_since_its_last_checkpoin
     a.refresh_from_db()
     assert (a.lost_cause, round(a.gpu_seconds_lost)) == (LostCause.NODE_LOST, 120)
     event = job.events.get(kind=EventKind.NODE_LOST)
-    assert "lost 2 GPUs × 60 s of work since its last checkpoint at" in event.reason
+    # The job page's "work lost" words (the gpu_time filter), not "2 GPUs × 60 s" beside "2 GPU-min".
+    assert (
+        f"lost {gpu_time(a.gpu_seconds_lost)} of work on 2 GPUs since its last checkpoint at" in event.reason
+    )
     assert event.detail["lost_cause"] == "node_lost" and event.detail["gpu_seconds_lost"] == pytest.approx(
         120, abs=2
     )
@@ -233,7 +237,9 @@ def test_the_end_report_carries_the_checkpoint_saved_when_told_to_stop(job, node
     a.refresh_from_db()
     assert a.gpu_seconds_lost == pytest.approx(2, abs=2) and a.checkpoints == 10
     event = job.events.get(kind=EventKind.PREEMPTED)
-    assert "lost 2 GPUs × " in event.reason and "since its last checkpoint at" in event.reason
+    assert (
+        f"lost {gpu_time(a.gpu_seconds_lost)} of work on 2 GPUs since its last checkpoint at" in event.reason
+    )
     assert Job.objects.get(pk=job.pk).state == JobState.QUEUED
 
 
