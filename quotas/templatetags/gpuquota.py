@@ -67,6 +67,21 @@ def shell(command) -> str:
 
 
 @register.filter
+def gpu_hours(hours: float | None) -> str:
+    """GPU-hours as /usage/ prints them: one decimal, but a small amount keeps two significant digits
+    ("0.014", where one decimal said "0.0" of work that was there); nothing at all is "0"."""
+    import math
+
+    if hours is None:
+        return ""
+    if hours == 0:
+        return "0"
+    if abs(hours) >= 0.1:
+        return f"{hours:,.1f}"
+    return f"{hours:.{1 - math.floor(math.log10(abs(hours)))}f}"
+
+
+@register.filter
 def duration(seconds: float | None) -> str:
     """Seconds in a few words: "42 s", "3 min", "2 h" (quotas.services.duration_words)."""
     from quotas.services import duration_words

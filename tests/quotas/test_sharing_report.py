@@ -196,6 +196,30 @@ def test_the_usage_page_draws_and_tabulates_it(alice, history, at_now):
     assert 'href="/api/v1/usage/?format=csv&amp;days=1"' in page
 
 
+def test_the_usage_page_never_rounds_work_that_was_there_to_nothing(alice, vision_share, bob, at_now):
+    """A young cluster's 50 GPU-seconds of borrowing read "0.0" GPU-hours (issue 42.6)."""
+    from quotas.templatetags.gpuquota import gpu_hours
+
+    assert [gpu_hours(h) for h in (0, 0.0139, 0.0004, 0.1, 2.04, 1234.5)] == [
+        "0",
+        "0.014",
+        "0.00040",
+        "0.1",
+        "2.0",
+        "1,234.5",
+    ]
+    UsageSample.objects.create(
+        at=hours_ago(0.5), share=vision_share, gpu_type="a10g", own=1, borrowed=1, capacity=1
+    )
+    client = Client()
+    client.force_login(alice)
+    page = client.get("/usage/", {"days": 1}).content.decode()
+    borrowed = sharing.report(days=1, now=NOW).cluster.borrowed
+    assert 0 < borrowed < 0.05
+    assert f"{gpu_hours(borrowed)}</b> GPU-hours run on borrowed GPUs" in page
+    assert "<b>0.0</b>" not in page
+
+
 def test_the_usage_page_says_what_is_wrong_with_its_question(alice, vision_share):
     client = Client()
     client.force_login(alice)
