@@ -63,6 +63,7 @@ from quotas.engine.state import (  # noqa: F401
     _TypeBase,
     _Waiting,
 )
+from quotas.engine.tree import GroupSpec
 from quotas.engine.views import (  # noqa: F401
     ADMITTED_BORROWED,
     ADMITTED_OWN,
@@ -137,7 +138,15 @@ class Engine:
         running: Iterable[RunningView] = (),
         queued: Iterable[QueuedView] = (),
         starvation_s: float = 3600,
+        groups: Iterable[GroupSpec] = (),
+        fair_share_half_life_s: float = 0,
+        fair_reclaim: bool = False,
+        history: Mapping[tuple[str, str], float] | None = None,
     ) -> None:
+        self.groups = tuple(groups)
+        self.fair_share_half_life_s = fair_share_half_life_s
+        self.fair_reclaim = fair_reclaim
+        self.history: Mapping[tuple[str, str], float] = dict(history or {})
         self.nodes = tuple(nodes)
         self.shares = tuple(shares)
         self.running: dict[Hashable, RunningView] = {r.attempt_id: r for r in running}
@@ -155,6 +164,10 @@ class Engine:
             running=snapshot.running,
             queued=snapshot.queued,
             starvation_s=snapshot.starvation_s,
+            groups=snapshot.groups,
+            fair_share_half_life_s=snapshot.fair_share_half_life_s,
+            fair_reclaim=snapshot.fair_reclaim,
+            history=snapshot.history,
         )
 
     def snapshot(self, now: float, *, queued: bool = True) -> Snapshot:
@@ -165,6 +178,10 @@ class Engine:
             running=tuple(self.running.values()),
             queued=tuple(self.queued.values()) if queued else (),
             starvation_s=self.starvation_s,
+            groups=self.groups,
+            fair_share_half_life_s=self.fair_share_half_life_s,
+            fair_reclaim=self.fair_reclaim,
+            history=self.history,
         )
 
     def _state(self) -> tuple[_Shares, dict[str, _TypeBase]]:
@@ -227,6 +244,20 @@ class Engine:
 
     def set_starvation(self, starvation_s: float) -> None:
         self.starvation_s = starvation_s
+
+    def set_tree(
+        self, groups: Iterable[GroupSpec], *, fair_share_half_life_s: float = 0, fair_reclaim: bool = False
+    ) -> None:
+        """The organisation tree and the fair-sharing settings changed (a layout change): rebuilt at the
+        next pass, as for new shares."""
+        self.groups = tuple(groups)
+        self.fair_share_half_life_s = fair_share_half_life_s
+        self.fair_reclaim = fair_reclaim
+        self._sh = None
+
+    def set_history(self, history: Mapping[tuple[str, str], float]) -> None:
+        """The decayed borrowing history (tree.FairShareHistory.values) to rank borrowers by."""
+        self.history = dict(history)
 
     def add_queued(self, job: QueuedView) -> None:
         """A job joins the queue, or a queued job's view changes (priority, beneficiary): it keeps its

@@ -7,7 +7,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from quotas.engine.tree import GroupSpec
 
 RESERVE = "RESERVE"
 LEND = "LEND"
@@ -48,6 +51,10 @@ class ShareView:
     # An attempt of this share is protected (rule 10) until it has run this long since it started: no
     # reclaim or in-share pre-emption takes it before then.
     min_runtime_s: float = 0
+    # Its place in the organisation tree (tree.py): its group (None: directly under the cluster) and how
+    # strongly it competes for idle capacity with its siblings.
+    group: str | None = None
+    weight: float = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +114,13 @@ class Snapshot:
     running: tuple[RunningView, ...] = ()
     queued: tuple[QueuedView, ...] = ()
     starvation_s: float = 3600
+    # The organisation tree and fair sharing (SEMANTICS "Groups: the organisation tree", rules 5 and 11):
+    # the groups (tree.GroupSpec), the history's half-life (0: no history), whether fair reclaim is on,
+    # and the decayed borrowing history per (share or group name, gpu type) (tree.FairShareHistory).
+    groups: tuple[GroupSpec, ...] = ()
+    fair_share_half_life_s: float = 0
+    fair_reclaim: bool = False
+    history: Mapping[tuple[str, str], float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

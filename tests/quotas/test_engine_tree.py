@@ -1,0 +1,231 @@
+"""The organisation tree's pure parts (quotas/engine/tree.py): validation, nets and the cover per level,
+the decayed history, and the organisation view (SEMANTICS "Groups: the organisation tree")."""
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from quotas.engine.tree import (
+    BORROWING,
+    LENDING,
+    STARVED,
+    WITHIN,
+    FairShareHistory,
+    GroupSpec,
+    Tree,
+    fair_share_value,
+    nets,
+    organisation_view,
+    taken_from_outside,
+    validate_tree,
+)
+from quotas.engine.views import LEND, LEND_AND_BORROW, NodeView, QueuedView, RunningView, ShareView, Snapshot
+
+
+def share(name, cap, strategy=LEND_AND_BORROW, group=None, weight=1):
+    return ShareView(name=name, capacity={"a10g": cap}, strategy=strategy, group=group, weight=weight)
+
+
+def paths(groups, shares=()):
+    return [p for p, _ in validate_tree(groups, shares)]
+
+
+# -- validation ----------------------------------------------------------------------------------------
+
+
+def test_it_accepts_a_valid_tree():
+    groups = [GroupSpec("dept"), GroupSpec("team", "dept", weight=2, borrow_limit=50, lend_limit=100)]
+    assert validate_tree(groups, [share("p", 1, group="team")]) == []
+
+
+def test_it_names_an_unknown_parent():
+    assert paths([GroupSpec("team", "nope")]) == ["groups[0].parent"]
+
+
+def test_it_names_a_cycle_once():
+    errors = validate_tree([GroupSpec("a", "b"), GroupSpec("b", "a")], [])
+    assert len(errors) == 1 and errors[0][0] == "groups[0].parent" and "cycle" in errors[0][1]
+
+
+def test_it_refuses_a_fifth_level():
+    four = [GroupSpec("l1"), GroupSpec("l2", "l1"), GroupSpec("l3", "l2"), GroupSpec("l4", "l3")]
+    assert validate_tree(four, []) == []
+    errors = validate_tree([*four, GroupSpec("l5", "l4")], [])
+    assert [p for p, _ in errors] == ["groups[4].parent"] and "at most 4 levels" in errors[0][1]
+
+
+@pytest.mark.parametrize("weight", [0, -1, math.nan, math.inf, "2", True])
+def test_it_refuses_a_weight_that_is_not_positive(weight):
+    assert paths([GroupSpec("g", weight=weight)]) == ["groups[0].weight"]
+    assert paths([], [share("p", 1, weight=weight)]) == ["shares[0].weight"]
+
+
+@pytest.mark.parametrize(
+    "field,value,ok",
+    [
+        ("borrow_limit", -1, True),
+        ("borrow_limit", 0, True),
+        ("borrow_limit", 300, True),
+        ("borrow_limit", -2, False),
+        ("borrow_limit", 1.5, False),
+        ("lend_limit", 100, True),
+        ("lend_limit", 101, False),
+        ("lend_limit", -5, False),
+    ],
+)
+def test_it_checks_the_limits_range(field, value, ok):
+    assert paths([GroupSpec("g", **{field: value})]) == ([] if ok else [f"groups[0].{field}"])
+
+
+def test_it_refuses_a_name_a_share_has_and_duplicates_and_bad_names():
+    assert paths([GroupSpec("p")], [share("p", 1)]) == ["groups[0].name"]
+    assert paths([GroupSpec("g"), GroupSpec("g")]) == ["groups[1].name"]
+    assert paths([GroupSpec("Bad Name")]) == ["groups[0].name"]
+
+
+def test_it_names_a_share_in_an_unknown_group():
+    assert paths([], [share("p", 1, group="nope")]) == ["shares[0].group"]
+
+
+# -- nets and the cover ----------------------------------------------------------------------------------
+
+
+def two_departments():
+    groups = (GroupSpec("research", lend_limit=50), GroupSpec("product"))
+    shares = (
+        share("vision", 4, LEND, "research"),
+        share("language", 2, group="research"),
+        share("web", 2, group="product"),
+    )
+    return groups, shares
+
+
+def test_a_lend_limit_caps_what_a_department_offers():
+    # The worked example at t=0: web holds 5 (2 own, 3 borrowed), research is idle (6) but offers 3.
+    groups, shares = two_departments()
+    n = nets(Tree.build(groups, shares), "a10g", {"web": 5}, pool=0)
+    assert n.net["research"] == 6 and n.offer["research"] == 3
+    assert n.taken["product"] == 3 and n.top == 0 and n.shortfall[None] == 0
+    assert n.lent["research"] == 3
+    # One more borrowed GPU for web would be a shortfall of 1 at the top.
+    assert nets(Tree.build(groups, shares), "a10g", {"web": 6}, pool=0).shortfall[None] == 1
+
+
+def test_a_borrow_limit_is_a_shortfall_of_the_group():
+    groups = (GroupSpec("research", borrow_limit=50),)
+    shares = (share("a", 2, group="research"), share("b", 4, LEND))
+    n = nets(Tree.build(groups, shares), "a10g", {"a": 4}, pool=0)
+    assert n.taken["research"] == 2 and n.shortfall["research"] == 1 and n.shortfall[None] == 0
+
+
+def test_a_sibling_lends_inside_its_department_first():
+    # language borrows 1 from vision: the department takes nothing from outside.
+    groups, shares = two_departments()
+    n = nets(Tree.build(groups, shares), "a10g", {"language": 3, "web": 5}, pool=0)
+    assert n.taken["research"] == 0 and n.net["research"] == 3 and n.offer["research"] == 3
+    assert n.taken["language"] == 1
+
+
+def test_without_groups_the_cover_is_borrowed_against_idle_lendable():
+    shares = (share("a", 2), share("b", 2, LEND), share("r", 2, "RESERVE"))
+    n = nets(Tree.build((), shares), "a10g", {"a": 5}, pool=1)
+    # borrowed 3, idle lendable 2 (b) + 1 (pool): the cover holds exactly.
+    assert n.top == 0 and n.shortfall == {None: 0}
+
+
+# -- history --------------------------------------------------------------------------------------------
+
+
+def test_steady_borrowing_of_n_gives_a_history_of_n():
+    h = FairShareHistory(half_life_s=3600, at=0)
+    for t in range(600, 30 * 3600, 600):
+        h.advance(t, {("a", "a10g"): 5})
+    assert h.values[("a", "a10g")] == pytest.approx(5, rel=1e-3)
+
+
+def test_history_halves_in_one_half_life():
+    h = FairShareHistory(half_life_s=86400, at=0, values={("a", "a10g"): 4.0})
+    h.advance(86400, {})
+    assert h.values[("a", "a10g")] == pytest.approx(2.0)
+
+
+@given(st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 8)), min_size=1, max_size=20))
+def test_history_is_the_integral_however_the_steps_fall(steps):
+    # One call per step equals the formula: sum of x_i (2^-(T-t_i+1)/H - 2^-(T-t_i)/H)... computed
+    # in one go with the closed form of each interval.
+    half = 1000.0
+    h = FairShareHistory(half_life_s=half, at=0)
+    t, expected = 0, 0.0
+    for dt, x in steps:
+        h.advance(t + dt, {("a", "t"): x} if x else {})
+        expected = expected * 2 ** (-dt / half) + x * (1 - 2 ** (-dt / half))
+        t += dt
+    assert h.values.get(("a", "t"), 0.0) == pytest.approx(expected, abs=1e-5)
+
+
+def test_history_round_trips_as_plain_data():
+    h = FairShareHistory(half_life_s=60, at=10, values={("a", "a10g"): 1.5, ("dept", "h100"): 0.25})
+    again = FairShareHistory.from_dict(h.to_dict())
+    assert again.values == h.values and again.at == 10 and again.half_life_s == 60
+
+
+def test_no_half_life_keeps_no_history():
+    h = FairShareHistory(half_life_s=0)
+    assert h.advance(100, {("a", "a10g"): 3}) == {}
+
+
+def test_fair_share_value_divides_by_weight_and_capacity():
+    assert fair_share_value(3, 0, 1, 2) == 1.5  # product in the worked example
+    assert fair_share_value(3, 1, 2, 0) == 2.0  # capacity 0 counts as 1
+
+
+# -- the organisation view ---------------------------------------------------------------------------------
+
+
+def example_snapshot(history=None):
+    groups, shares = two_departments()
+    nodes = tuple(NodeView(f"n{i}", "a10g", 1) for i in range(1, 9))
+    running = tuple(
+        RunningView(f"w{i}#1", f"w{i}", "web", "a10g", 0, 0, 0, ((f"n{i}", (0,)),), i > 2)
+        for i in range(1, 6)
+    )
+    queued = (
+        QueuedView("w6", "web", "a10g", 1, 0, 0),
+        QueuedView("l1", "language", "a10g", 3, 0, 100),
+    )
+    return Snapshot(now=100, nodes=nodes, shares=shares, running=running, queued=queued, groups=groups)
+
+
+def test_the_view_says_who_borrows_lends_and_waits():
+    rows = {(r.name, r.gpu_type): r for r in organisation_view(example_snapshot())}
+    web, product, research = rows[("web", "a10g")], rows[("product", "a10g")], rows[("research", "a10g")]
+    assert (web.capacity, web.in_use, web.taken_from_outside) == (2, 5, 3)
+    assert product.fair_share_value == 1.5
+    assert research.lent_outside == 3
+    assert rows[("vision", "a10g")].state == WITHIN
+    # Both departments wait to borrow (l1 needs 3 of language's 2): weight 1 of 2 each of the 3 that
+    # borrowers may hold now (research's offer, all lent); research takes nothing yet: starved.
+    assert research.waiting_to_borrow and research.fair_part == 1.5 and research.competing_total_weight == 2
+    assert research.state == STARVED
+    assert product.state == BORROWING
+    assert rows[("language", "a10g")].depth == 1 and rows[("language", "a10g")].parent == "research"
+
+
+def test_a_department_that_only_lends_is_lending():
+    snapshot = example_snapshot()
+    snapshot = Snapshot(**{**{f: getattr(snapshot, f) for f in snapshot.__slots__}, "queued": ()})
+    rows = {r.name: r for r in organisation_view(snapshot)}
+    assert rows["research"].state == LENDING and rows["research"].fair_part is None
+    assert rows["web"].state == BORROWING and rows["web"].fair_part == 3  # alone among borrowers
+
+
+def test_the_view_reads_the_history_given():
+    rows = organisation_view(example_snapshot(), {("product", "a10g"): 1.0})
+    product = next(r for r in rows if r.name == "product")
+    assert product.history == 1.0 and product.fair_share_value == 2.0
+
+
+def test_taken_from_outside_feeds_the_history():
+    assert taken_from_outside(example_snapshot()) == {("web", "a10g"): 3, ("product", "a10g"): 3}
