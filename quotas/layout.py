@@ -220,7 +220,7 @@ def _check_against_database(errors: layoutdoc.Errors, live: Live, target: Layout
                     f'a share named "{spec.name}" exists now: "{spec.previous_name}" cannot be renamed onto it '
                     "(rename or remove that share in a plan of its own first)",
                 )
-            elif spec.previous_name not in current.shares and spec.name not in current.shares:
+            elif spec.previous_name not in current.shares:  # whether or not `name` exists: never ignored
                 layoutdoc.add_error(
                     errors,
                     f"{path}.previous_name",

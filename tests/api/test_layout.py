@@ -211,6 +211,12 @@ def _edit(client, **change):
             'no user named "zed"',
         ),
         (lambda d: d["shares"][1].update(until="2020-01-01T00:00"), "shares[1].until", "has passed"),
+        (
+            # `name` exists: the rename it asks for was ignored without a word (issue 42.6).
+            lambda d: d["shares"][1].update(previous_name="nope"),
+            "shares[1].previous_name",
+            'no share is named "nope" now: nothing to rename',
+        ),
     ],
     ids=[
         "unknown-field",
@@ -222,6 +228,7 @@ def _edit(client, **change):
         "rename-onto-an-existing-name",
         "unknown-user",
         "until-in-the-past",
+        "previous-name-of-no-share",
     ],
 )
 def test_each_invalid_layout_is_a_400_with_the_path(as_alice, world, edit, path, message):
