@@ -584,6 +584,22 @@ class _TypeBase:
             why = self._never[never_key]
         return why
 
+    def _too_few_whole_nodes(self, needed: int) -> str:
+        """A gang needs more whole nodes of the largest size than can take work: how many there are, and
+        why the others cannot ("only 1 are schedulable" said neither)."""
+        M = self.M
+        total = sum(1 for size in self.size if size == M)
+        ready = len(self.m_nodes)
+        words = f"needs {needed} whole {M}-GPU nodes; "
+        if total < needed:
+            words += f"the cluster has {total}"
+            return words + (f", {ready} of them schedulable" if ready < total else "")
+        others = "the other is" if total - ready == 1 else "the others are"
+        return (
+            words
+            + f"only {ready} of its {total} {'is' if ready == 1 else 'are'} schedulable ({others} cordoned, draining or lost)"
+        )
+
     def _invalid(self, g: int) -> str | None:
         """Why a job of g GPUs can never be placed on this type's nodes as they are, or None."""
         if g <= 0:
@@ -597,7 +613,7 @@ class _TypeBase:
             if g % M:
                 return f"{g} GPUs is more than one {M}-GPU node and not a multiple of it"
             if g // M > len(self.m_nodes):
-                return f"needs {g // M} whole {M}-GPU nodes; only {len(self.m_nodes)} are schedulable"
+                return self._too_few_whole_nodes(g // M)
             return None
         if g > self.maxk:
             if not self.maxk:

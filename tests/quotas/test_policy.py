@@ -701,7 +701,15 @@ def test_gang_request_that_is_not_whole_nodes_waits_with_a_reason():
     p = plan(snap([node("n1"), node("n2")], [share("a", 16)], queued=[job("g", "a", 12)]))
     assert p.waiting["g"] == "12 GPUs is more than one 8-GPU node and not a multiple of it"
     p = plan(snap([node("n1"), node("n2")], [share("a", 16)], queued=[job("g", "a", 24)]))
-    assert p.waiting["g"] == "needs 3 whole 8-GPU nodes; only 2 are schedulable"
+    assert p.waiting["g"] == "needs 3 whole 8-GPU nodes; the cluster has 2"
+    # Enough nodes, but not all take work: it says how many and why ("only 1 are schedulable" did not).
+    cordoned = [node("n1"), node("n2", schedulable=False), node("n3", schedulable=False)]
+    p = plan(snap(cordoned, [share("a", 16)], queued=[job("g", "a", 16)]))
+    assert p.waiting["g"] == (
+        "needs 2 whole 8-GPU nodes; only 1 of its 3 is schedulable (the others are cordoned, draining or lost)"
+    )
+    p = plan(snap(cordoned[:2], [share("a", 16)], queued=[job("g", "a", 24)]))
+    assert p.waiting["g"] == "needs 3 whole 8-GPU nodes; the cluster has 2, 1 of them schedulable"
 
 
 def test_single_node_job_takes_the_best_fit_and_the_lowest_free_indexes():
