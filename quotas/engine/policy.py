@@ -53,15 +53,15 @@ from collections.abc import Hashable, Iterable, Iterator, Mapping
 # The package's layout: views.py (what the policy sees and decides, and the accounting read from a
 # snapshot), state.py (a GPU type's pass state, kept by Engine), rules.py (one pass: rules 1-10). The names
 # below are this module's public interface, as before the split.
-from quotas.engine.rules import _Fit, _pass, _TypePass  # noqa: F401
+from quotas.engine.rules import NodeFit, TypePass, run_pass  # noqa: F401
 from quotas.engine.state import (  # noqa: F401
-    _MASKS,
-    _NODE_TABLES,
-    _Att,
-    _Shares,
-    _type_bases,
-    _TypeBase,
-    _Waiting,
+    MASKS,
+    NODE_TABLES,
+    LazyWaiting,
+    PassAttempt,
+    ShareIndex,
+    TypeState,
+    type_states,
 )
 from quotas.engine.tree import GroupSpec
 from quotas.engine.views import (  # noqa: F401
@@ -86,16 +86,19 @@ from quotas.engine.views import (  # noqa: F401
     ShareUsage,
     ShareView,
     Snapshot,
-    _borrow_cap,
-    _usage,
     at_time,
+    borrow_cap_gpus,
     borrowed_attempts,
     lending,
     never_fits,
     queue_key,
     usage,
+    usage_from,
     usage_rows,
 )
+
+# The old private name, for callers outside the engine that still use it (tests/faults/audit.py).
+_borrow_cap = borrow_cap_gpus
 
 
 def plan(snapshot: Snapshot) -> Plan:
@@ -114,9 +117,9 @@ def plan(snapshot: Snapshot) -> Plan:
 
     The same engine as `Engine.plan()`, built from the snapshot at once.
     """
-    sh = _Shares(snapshot.shares, snapshot.running, snapshot.queued)
-    bases = _type_bases(sh, snapshot.nodes, snapshot.running, snapshot.queued)
-    return _pass(bases, snapshot.now, snapshot.starvation_s)
+    sh = ShareIndex(snapshot.shares, snapshot.running, snapshot.queued)
+    bases = type_states(sh, snapshot.nodes, snapshot.running, snapshot.queued)
+    return run_pass(bases, snapshot.now, snapshot.starvation_s)
 
 
 class Engine:
@@ -152,8 +155,8 @@ class Engine:
         self.running: dict[Hashable, RunningView] = {r.attempt_id: r for r in running}
         self.queued: dict[Hashable, QueuedView] = {j.job_id: j for j in queued}
         self.starvation_s = starvation_s
-        self._sh: _Shares | None = None
-        self._bases: dict[str, _TypeBase] = {}
+        self._sh: ShareIndex | None = None
+        self._bases: dict[str, TypeState] = {}
         self._cluster: dict[str, int] | None = None  # schedulable GPUs per type
 
     @classmethod
@@ -184,19 +187,19 @@ class Engine:
             history=self.history,
         )
 
-    def _state(self) -> tuple[_Shares, dict[str, _TypeBase]]:
+    def _state(self) -> tuple[ShareIndex, dict[str, TypeState]]:
         if self._sh is None:
-            self._sh = _Shares(self.shares, self.running.values(), self.queued.values())
-            self._bases = _type_bases(self._sh, self.nodes, self.running.values(), self.queued.values())
+            self._sh = ShareIndex(self.shares, self.running.values(), self.queued.values())
+            self._bases = type_states(self._sh, self.nodes, self.running.values(), self.queued.values())
             self._cluster = None
         return self._sh, self._bases
 
     def plan(self, now: float) -> Plan:
-        return _pass(self._state()[1], now, self.starvation_s)
+        return run_pass(self._state()[1], now, self.starvation_s)
 
     def usage(self) -> dict[str, dict[str, ShareUsage]]:
         """usage(self.snapshot(now)) from the kept state, without a walk over the attempts."""
-        return _usage(*self._usage_inputs())
+        return usage_from(*self._usage_inputs())
 
     def usage_rows(self) -> Iterator[tuple[str, str, int, int, int, float]]:
         """usage()'s numbers as views.usage_rows() gives them, without building its objects."""
@@ -223,7 +226,7 @@ class Engine:
 
     # -- changes ---------------------------------------------------------------------------------------
 
-    def _base(self, gpu_type: str, share: str) -> _TypeBase | None:
+    def _base(self, gpu_type: str, share: str) -> TypeState | None:
         """The type's state to update in place, or None when the next pass rebuilds anyway."""
         sh = self._sh
         if sh is None:

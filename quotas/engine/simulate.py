@@ -81,6 +81,7 @@ from quotas.engine.policy import (
     ShareView,
     Snapshot,
 )
+from quotas.engine.reasons import WaitingReasons
 from quotas.engine.timeline import Timeline, percentile
 
 SUCCEEDED = "SUCCEEDED"
@@ -313,12 +314,12 @@ def simulate(
         return _Simulator(scenario, planner, **options).run()
     # Time the planner, the event handlers, the accounting and the forecast; "reasons" times the
     # policy's own waiting-reason writer (patched for the run only: the policy has no hooks).
-    wait = policy._TypePass._wait
-    policy._TypePass._wait = profile.timed("reasons (in passes)", wait)
+    wait = WaitingReasons._wait
+    WaitingReasons._wait = profile.timed("reasons (in passes)", wait)
     try:
         return _Simulator(scenario, planner, **options).run()
     finally:
-        policy._TypePass._wait = wait
+        WaitingReasons._wait = wait
 
 
 # The forecast's runtime guess for a job without max_runtime_s learns from the last rt.RECENT_SAMPLE

@@ -22,29 +22,29 @@ from quotas.engine.views import (
     QueuedView,
     RunningView,
     ShareView,
-    _borrow_cap,
-    _borrowed_order_key,
-    _lends,
-    _neg_priority,
-    _take_over,
-    _victim_key,
+    borrow_cap_gpus,
+    borrowed_order_key,
+    lends,
+    neg_priority,
     never_fits,
+    take_over,
+    victim_key,
 )
 
 # A queued job's status within one pass.
-_TODO, _ADMITTED, _EARMARKED, _BLOCKED, _DEFER, _RESERVED = range(6)
+TODO, ADMITTED, EARMARKED, BLOCKED, DEFERRED, RESERVED = range(6)
 
 
-class _Status(dict):
+class PassStatus(dict):
     """One share's statuses in a pass, by queue index: only the jobs the pass looked at are stored."""
 
     __slots__ = ()
 
     def __missing__(self, k: int) -> int:
-        return _TODO
+        return TODO
 
 
-class _Open:
+class OpenIndexes:
     """Queue indexes range(start, stop) of one share that phase C still has to place: all but the
     `decided` ones (phases A and B decide few). Never materialised unless walked: a long queue's
     tail costs nothing until its reasons are read."""
@@ -60,14 +60,14 @@ class _Open:
             if k not in d:
                 yield k
 
-    def part(self, start: int, stop: int | None = None) -> _Open:
-        return _Open(start, self.stop if stop is None else stop, self.decided)
+    def part(self, start: int, stop: int | None = None) -> OpenIndexes:
+        return OpenIndexes(start, self.stop if stop is None else stop, self.decided)
 
 
-_NO_LIMIT = 1 << 62
+NO_LIMIT = 1 << 62
 
 
-_MASKS: dict[tuple[int, ...], int] = {}  # GPU index tuple -> bit mask; a memo of _mask()
+MASKS: dict[tuple[int, ...], int] = {}  # GPU index tuple -> bit mask; a memo of _mask()
 
 
 def _mask(idxs: tuple[int, ...]) -> int:
@@ -76,14 +76,14 @@ def _mask(idxs: tuple[int, ...]) -> int:
         if x >= 0:
             m |= 1 << x
     if idxs.__class__ is tuple:
-        if len(_MASKS) > 65536:
-            _MASKS.clear()
-        _MASKS[idxs] = m
+        if len(MASKS) > 65536:
+            MASKS.clear()
+        MASKS[idxs] = m
     return m
 
 
 @dataclass(frozen=True, slots=True)
-class _NodeTable:
+class NodeTable:
     """One type's nodes as the pass indexes them: by name, each name once (the first in input order)."""
 
     names: list[str]
@@ -91,20 +91,20 @@ class _NodeTable:
     sched: list[bool]
     full: list[int]  # bit mask of the node's GPU indexes
     index: dict[str, int]
-    C: int
-    M: int
-    maxk: int
-    m_nodes: list[int]
+    schedulable_gpus: int
+    largest_node: int
+    largest_schedulable: int
+    largest_nodes: list[int]
 
 
-_NODE_TABLES: dict[str, tuple[tuple[NodeView, ...], _NodeTable]] = {}  # gpu type -> (nodes, table)
+NODE_TABLES: dict[str, tuple[tuple[NodeView, ...], NodeTable]] = {}  # gpu type -> (nodes, table)
 
 
-def _node_table(gpu_type: str, nodes: list[NodeView] | tuple[NodeView, ...]) -> _NodeTable:
+def node_table(gpu_type: str, nodes: list[NodeView] | tuple[NodeView, ...]) -> NodeTable:
     """Read-only node structures for one type, memoised on the (immutable) node views: the simulator
     and successive passes mostly see the same nodes. The pass never changes a table."""
     key = tuple(nodes)
-    hit = _NODE_TABLES.get(gpu_type)
+    hit = NODE_TABLES.get(gpu_type)
     # Equal tuples of the same objects compare by identity, element by element: no hashing.
     if hit is not None and hit[0] == key:
         return hit[1]
@@ -118,24 +118,24 @@ def _node_table(gpu_type: str, nodes: list[NodeView] | tuple[NodeView, ...]) -> 
     size = [max(0, n.gpus) for n in kept]
     sched = [n.schedulable and n.gpus > 0 for n in kept]
     M = max(size, default=0)  # the node size that decides single node vs gang
-    table = _NodeTable(
+    table = NodeTable(
         names=names,
         size=size,
         sched=sched,
         full=[(1 << sz) - 1 for sz in size],
         index={name: i for i, name in enumerate(names)},
-        C=sum(sz for sz, ok in zip(size, sched, strict=True) if ok),
-        M=M,
-        maxk=max((sz for sz, ok in zip(size, sched, strict=True) if ok), default=0),
-        m_nodes=[i for i in range(len(kept)) if sched[i] and size[i] == M],
+        schedulable_gpus=sum(sz for sz, ok in zip(size, sched, strict=True) if ok),
+        largest_node=M,
+        largest_schedulable=max((sz for sz, ok in zip(size, sched, strict=True) if ok), default=0),
+        largest_nodes=[i for i in range(len(kept)) if sched[i] and size[i] == M],
     )
-    if len(_NODE_TABLES) >= 64:
-        _NODE_TABLES.clear()
-    _NODE_TABLES[gpu_type] = (key, table)
+    if len(NODE_TABLES) >= 64:
+        NODE_TABLES.clear()
+    NODE_TABLES[gpu_type] = (key, table)
     return table
 
 
-class _Att:
+class PassAttempt:
     """A running attempt as the pass sees it (mutable: it may become a victim)."""
 
     __slots__ = ("view", "s", "gpus", "prio", "on", "victim", "bnow", "masks", "vkey", "bkey", "until")
@@ -150,11 +150,11 @@ class _Att:
         self.victim = False
         self.bnow = False  # in borrowed_attempts()
         self.masks: list[tuple[int, int]] = []  # [(node index, bit mask of the GPUs it holds there)]
-        self.vkey = _victim_key(view)  # rules 3 and 4's victim order (descending)
-        self.bkey = _borrowed_order_key(view)  # rule 8's order (descending)
+        self.vkey = victim_key(view)  # rules 3 and 4's victim order (descending)
+        self.bkey = borrowed_order_key(view)  # rule 8's order (descending)
 
 
-class _Out:
+class PassOutput:
     __slots__ = ("admissions", "preemptions", "waiting", "reserved", "later", "protected", "recheck_at")
 
     def __init__(self) -> None:
@@ -168,11 +168,11 @@ class _Out:
         self.later: list[tuple[Callable[[int, int], int], int, Iterable[int]]] = []
 
 
-class _Waiting(Mapping):
+class LazyWaiting(Mapping):
     """Plan.waiting, computed lazily: most plans (the simulator's, the forecast's later passes) are
     never asked why a job waits, and writing a sentence for every queued job on every pass made the
     pass cost grow with the queue. A reason left for later is one whose inputs no longer change once
-    the pass has moved past it (see _TypePass.run), so reading it after the pass gives the same
+    the pass has moved past it (see TypePass.run), so reading it after the pass gives the same
     sentence as writing it at once."""
 
     __slots__ = ("_done", "_later", "__weakref__")
@@ -205,7 +205,7 @@ class _Waiting(Mapping):
         return repr(self._all())
 
 
-class _Shares:
+class ShareIndex:
     """The shares as a pass indexes them, by name order. A share referenced by work but missing from
     the declared ones owns nothing and may borrow nothing (see _all_shares)."""
 
@@ -229,15 +229,15 @@ def _job_key(job: QueuedView) -> tuple:
     return (-job.priority, job.submitted_at, job.job_id)
 
 
-_KEY_MAX = (math.inf,)  # after every _job_key
+KEY_MAX = (math.inf,)  # after every _job_key
 
 
-class _TypeBase:
+class TypeState:
     """One GPU type's scheduling state as it stands between passes, kept up to date by events
     (`add_run`, `remove_run`, `add_job`, `remove_job`) instead of being rebuilt from a snapshot for
     every pass: node tables, GPUs in use per node, per share the GPUs held and in grace, the running
     attempts, the queue in rule 1's order with its suffix minima, and the victim orders (refreshed
-    for the shares whose attempts changed, when a pass first needs them). A pass (_TypePass) copies
+    for the shares whose attempts changed, when a pass first needs them). A pass (TypePass) copies
     the few small arrays it changes and reads the rest: it costs what it decides plus the shares it
     looks at, not the size of the queue.
 
@@ -246,7 +246,7 @@ class _TypeBase:
 
     def __init__(
         self,
-        sh: _Shares,
+        sh: ShareIndex,
         gpu_type: str,
         nodes: Iterable[NodeView],
         running: Iterable[RunningView],
@@ -254,28 +254,33 @@ class _TypeBase:
     ) -> None:
         self.sh = sh
         self.t = gpu_type
-        st = _node_table(gpu_type, tuple(nodes))
+        st = node_table(gpu_type, tuple(nodes))
         self.node_names, self.size, self.sched, self.full = st.names, st.size, st.sched, st.full
         self.node_index = st.index
-        self.C, self.M, self.maxk, self.m_nodes = st.C, st.M, st.maxk, st.m_nodes
+        self.schedulable_gpus, self.largest_node, self.largest_schedulable, self.largest_nodes = (
+            st.schedulable_gpus,
+            st.largest_node,
+            st.largest_schedulable,
+            st.largest_nodes,
+        )
         n_nodes = len(st.names)
 
         views = sh.views
         n = len(views)
-        self.cap = cap = [max(0, v.capacity.get(gpu_type, 0)) for v in views]
-        self.lender = [_lends(v.strategy) for v in views]
+        self.capacity = cap = [max(0, v.capacity.get(gpu_type, 0)) for v in views]
+        self.lender = [lends(v.strategy) for v in views]
         self.reserve = [v.strategy == RESERVE for v in views]
-        self.lab = [v.strategy == LEND_AND_BORROW for v in views]
+        self.may_borrow = [v.strategy == LEND_AND_BORROW for v in views]
         self.in_share = [v.in_share_preemption for v in views]
         # Rule 10: each share's protection window; `protects`: some share has one (else the pass never
         # looks at protection at all).
         self.min_run = [max(0, v.min_runtime_s) for v in views]
         self.protects = any(self.min_run)
-        limits = [_borrow_cap(v, c) for v, c in zip(views, cap, strict=True)]
-        self.bcap = [_NO_LIMIT if b is None else b for b in limits]
-        self.pool = max(0, self.C - sum(cap))
-        self.overcommitted = sum(cap) > self.C
-        # Why-it-waits sentences by blocker key (rules._TypePass._reason); they depend on the key, the
+        limits = [borrow_cap_gpus(v, c) for v, c in zip(views, cap, strict=True)]
+        self.borrow_cap = [NO_LIMIT if b is None else b for b in limits]
+        self.pool = max(0, self.schedulable_gpus - sum(cap))
+        self.overcommitted = sum(cap) > self.schedulable_gpus
+        # Why-it-waits sentences by blocker key (reasons.WaitingReasons._reason); they depend on the key, the
         # type, the node size and `overcommitted` only, all fixed for this base's life.
         self.reasons: dict[tuple, str] = {}
         self.lender_shares = [s for s in range(n) if self.lender[s] and cap[s] > 0]
@@ -286,7 +291,7 @@ class _TypeBase:
         self.pend_nodes: set[int] = set()
         self.held = [0] * n
         self.grace = [0] * n
-        self.atts: list[dict[Hashable, _Att]] = [{} for _ in range(n)]  # not pre-empting
+        self.atts: list[dict[Hashable, PassAttempt]] = [{} for _ in range(n)]  # not pre-empting
         self.pre: dict[
             Hashable, tuple
         ] = {}  # pre-empting: attempt id -> (share, masks, on, gpus, beneficiary)
@@ -304,11 +309,11 @@ class _TypeBase:
         # 4 read them from the end instead of sorting every attempt of a share that changed, on every
         # pass. `pgpus`: per share, GPUs held per priority (rule 4's quick capacity test).
         self.vkeys: list[list[tuple]] = [[] for _ in range(n)]
-        self.vatts: list[list[_Att]] = [[] for _ in range(n)]
+        self.vatts: list[list[PassAttempt]] = [[] for _ in range(n)]
         self.vnprio: list[list[int]] = [[] for _ in range(n)]
         self.pgpus: list[dict[int, int]] = [{} for _ in range(n)]
         self.bkeys: list[list[tuple]] = [[] for _ in range(n)]
-        self.batts: list[list[_Att]] = [[] for _ in range(n)]
+        self.batts: list[list[PassAttempt]] = [[] for _ in range(n)]
         for run in running:
             self.add_run(run, bulk=True)
         for s in range(n):
@@ -325,11 +330,13 @@ class _TypeBase:
         self._rebuild_buckets()
         # Nodes with all their GPUs free (only nodes of the largest size M can be): a blocked gang's
         # reason and node test ask for it, so it is kept here, and by each pass from here on.
-        self.whole = sum(1 for i in st.m_nodes if self.free[i] == st.M) if st.M else 0
+        self.whole = (
+            sum(1 for i in st.largest_nodes if self.free[i] == st.largest_node) if st.largest_node else 0
+        )
 
         # -- victim orders, refreshed for the shares in `dirty` when a pass first needs them
         self.dirty: set[int] = set(range(n))
-        self.vlist: list[list[_Att]] = [[] for _ in range(n)]
+        self.vlist: list[list[PassAttempt]] = [[] for _ in range(n)]
         self.vshares: list[int] = []
         self.rec = [0] * n_nodes
 
@@ -367,7 +374,7 @@ class _TypeBase:
         self.suf: list[list[int]] = []
         for qs in q:
             suf = [0] * len(qs)
-            m = _NO_LIMIT
+            m = NO_LIMIT
             for k in range(len(qs) - 1, -1, -1):
                 g = qs[k].gpus
                 if g < m:
@@ -378,7 +385,7 @@ class _TypeBase:
     # -- nodes ---------------------------------------------------------------------------------------
 
     def _rebuild_buckets(self) -> None:
-        self.bk = [[] for _ in range(self.maxk + 1)]
+        self.bk = [[] for _ in range(self.largest_schedulable + 1)]
         for i, f in enumerate(self.free):
             if f:
                 self.bk[f].append(i)  # ascending: already a heap
@@ -398,8 +405,8 @@ class _TypeBase:
     def _free_changed(self, i: int, d: int) -> None:
         v = self.free[i] + d
         self.free_total += d
-        if self.M:
-            self.whole += (v == self.M) - (self.free[i] == self.M)
+        if self.largest_node:
+            self.whole += (v == self.largest_node) - (self.free[i] == self.largest_node)
         self.free[i] = v
         if v:
             heapq.heappush(self.bk[v], i)  # the old entry goes stale; passes skip stale entries
@@ -421,7 +428,7 @@ class _TypeBase:
             i = node_index.get(name)
             if i is None:
                 continue  # a node gone from the snapshot: the GPUs still count as usage
-            m = _MASKS.get(idxs) if idxs.__class__ is tuple else None
+            m = MASKS.get(idxs) if idxs.__class__ is tuple else None
             if m is None:
                 m = _mask(idxs)
             m &= full[i]
@@ -455,7 +462,7 @@ class _TypeBase:
                     nodes[i] = nodes.get(i, 0) + 1
             self.pre[run.attempt_id] = (s, masks, on, gpus, b)
             return
-        att = _Att(run, s, on, gpus, run.started_at + self.min_run[s])
+        att = PassAttempt(run, s, on, gpus, run.started_at + self.min_run[s])
         att.masks = masks
         self.held[s] += gpus
         self.atts[s][run.attempt_id] = att
@@ -530,7 +537,7 @@ class _TypeBase:
             return  # never a candidate again: nothing to reorder
         s = self.sh.sidx[run.share]
         att = self.atts[s][run.attempt_id]
-        key = _victim_key(run)
+        key = victim_key(run)
         att.view = run
         if key == att.vkey:
             return
@@ -556,10 +563,10 @@ class _TypeBase:
                 a.bnow = False
                 for i, c in a.on:
                     rec[i] -= c
-            vl: list[_Att] = []
-            over = self.held[s] - self.cap[s]
+            vl: list[PassAttempt] = []
+            over = self.held[s] - self.capacity[s]
             if over > 0:
-                vl = _take_over(reversed(self.batts[s]), over)
+                vl = take_over(reversed(self.batts[s]), over)
                 for a in vl:
                     a.bnow = True
                     for i, c in a.on:
@@ -587,9 +594,9 @@ class _TypeBase:
     def _too_few_whole_nodes(self, needed: int) -> str:
         """A gang needs more whole nodes of the largest size than can take work: how many there are, and
         why the others cannot ("only 1 are schedulable" said neither)."""
-        M = self.M
+        M = self.largest_node
         total = sum(1 for size in self.size if size == M)
-        ready = len(self.m_nodes)
+        ready = len(self.largest_nodes)
         words = f"needs {needed} whole {M}-GPU nodes; "
         if total < needed:
             words += f"the cluster has {total}"
@@ -606,17 +613,17 @@ class _TypeBase:
             return "asks for no GPUs"
         if not self.size:
             return f"no {self.t} nodes in the cluster"
-        M = self.M
+        M = self.largest_node
         if M == 0:  # only GPU-less nodes of this type
             return f"no {self.t} node has any GPUs"
         if g > M:
             if g % M:
                 return f"{g} GPUs is more than one {M}-GPU node and not a multiple of it"
-            if g // M > len(self.m_nodes):
+            if g // M > len(self.largest_nodes):
                 return self._too_few_whole_nodes(g // M)
             return None
-        if g > self.maxk:
-            if not self.maxk:
+        if g > self.largest_schedulable:
+            if not self.largest_schedulable:
                 return f"no schedulable {self.t} nodes"
             return f"needs {g} GPUs on one node; no schedulable {self.t} node has that many"
         return None
@@ -711,7 +718,7 @@ class _TypeBase:
             del self.by_size[s][g]
         suf = self.suf[s]
         del suf[pos]
-        nxt = suf[pos] if pos < len(suf) else _NO_LIMIT
+        nxt = suf[pos] if pos < len(suf) else NO_LIMIT
         for k in range(pos - 1, -1, -1):
             g = q[k].gpus
             v = g if g < nxt else nxt
@@ -721,9 +728,9 @@ class _TypeBase:
             nxt = v
 
 
-def _type_bases(
-    sh: _Shares, nodes: Iterable[NodeView], running: Iterable[RunningView], queued: Iterable[QueuedView]
-) -> dict[str, _TypeBase]:
+def type_states(
+    sh: ShareIndex, nodes: Iterable[NodeView], running: Iterable[RunningView], queued: Iterable[QueuedView]
+) -> dict[str, TypeState]:
     """Every GPU type's state built at once from views (plan(snapshot), and an Engine's rebuild)."""
     by_nodes: dict[str, list[NodeView]] = {}
     for node in nodes:
@@ -735,9 +742,9 @@ def _type_bases(
     # single keys equal one sort on the tuple, about three times faster.
     order = sorted(queued, key=attrgetter("job_id"))
     order.sort(key=attrgetter("submitted_at"))
-    order.sort(key=_neg_priority)
+    order.sort(key=neg_priority)
     by_q: dict[str, list[QueuedView]] = {}
     for job in order:
         by_q.setdefault(job.gpu_type, []).append(job)
     types = sorted(set(by_nodes) | set(by_run) | set(by_q))
-    return {t: _TypeBase(sh, t, by_nodes.get(t, ()), by_run.get(t, ()), by_q.get(t, ())) for t in types}
+    return {t: TypeState(sh, t, by_nodes.get(t, ()), by_run.get(t, ()), by_q.get(t, ())) for t in types}

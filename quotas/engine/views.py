@@ -192,7 +192,7 @@ class ShareUsage:
     lent: float  # proportional share of all borrowed GPUs (SEMANTICS "Lent"); 0 for RESERVE
 
 
-def _plural(n: int, word: str) -> str:
+def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
@@ -200,11 +200,11 @@ def _plural(n: int, word: str) -> str:
 # Accounting shared by plan() and the helpers
 
 
-def _lends(strategy: str) -> bool:
+def lends(strategy: str) -> bool:
     return strategy in (LEND, LEND_AND_BORROW)
 
 
-def _neg_priority(job: QueuedView) -> int:
+def neg_priority(job: QueuedView) -> int:
     return -job.priority
 
 
@@ -214,14 +214,14 @@ def queue_key(job: QueuedView) -> tuple:
     return (not job.beneficiary, -job.priority, job.submitted_at, job.job_id)
 
 
-def _borrowed_order_key(run: RunningView) -> tuple:
+def borrowed_order_key(run: RunningView) -> tuple:
     # Sorted descending: attempts admitted as borrowed first, then the most recently started, then
     # later in queue order (rule 8). So a lowered capacity makes the newest work borrowed and an own
     # job ending turns the oldest borrowed attempt back into own.
     return (run.borrowed, run.started_at, run.submitted_at, run.job_id, run.attempt_id)
 
 
-def _victim_key(run: RunningView) -> tuple:
+def victim_key(run: RunningView) -> tuple:
     # Sorted descending (rules 3 and 4): lowest priority first, then the most recent safe point (the
     # least work lost; with no checkpoints, the most recently started), then later in queue order.
     return (-run.priority, run.safe_point, run.submitted_at, run.job_id, run.attempt_id)
@@ -233,19 +233,19 @@ def _borrowed_part(runs: list[RunningView], capacity: int) -> list[RunningView]:
     An attempt counts as borrowed if any of its GPUs is over capacity: a 4-GPU attempt in a share that
     borrows 2 is borrowed as a whole, because jobs are indivisible.
     """
-    return _over_capacity(runs, sum(r.gpus for r in runs) - max(0, capacity), _borrowed_order_key)
+    return _over_capacity(runs, sum(r.gpus for r in runs) - max(0, capacity), borrowed_order_key)
 
 
 def _over_capacity(items: Iterable[_T], over: int, key: Callable[[_T], tuple]) -> list[_T]:
     """The items (each with `.gpus`) that make up `over` GPUs over capacity, the last in rule 8's
     order (`key`, descending) first. The pass state keeps its attempts in that order and takes them
-    with _take_over, as this does."""
+    with take_over, as this does."""
     if over <= 0:
         return []
-    return _take_over(sorted(items, key=key, reverse=True), over)
+    return take_over(sorted(items, key=key, reverse=True), over)
 
 
-def _take_over(ordered: Iterable[_T], over: int) -> list[_T]:
+def take_over(ordered: Iterable[_T], over: int) -> list[_T]:
     """The first items of `ordered` (rule 8's order, descending) that make up `over` GPUs."""
     out: list[_T] = []
     for item in ordered:
@@ -266,7 +266,7 @@ def _all_shares(snapshot: Snapshot) -> dict[str, ShareView]:
     return shares
 
 
-def _borrow_cap(share: ShareView, capacity: int) -> int | None:
+def borrow_cap_gpus(share: ShareView, capacity: int) -> int | None:
     """GPUs of one type the share may borrow on top of its capacity; None = no limit."""
     if share.strategy != LEND_AND_BORROW:
         return 0
@@ -297,7 +297,7 @@ def never_fits(share: ShareView, gpu_type: str, gpus: int) -> str | None:
     own capacity plus what it may borrow), or None. Submit refuses such a job; plan() gives a queued
     one this reason (a capacity lowered after it was submitted)."""
     cap = max(0, share.capacity.get(gpu_type, 0))
-    extra = _borrow_cap(share, cap)
+    extra = borrow_cap_gpus(share, cap)
     if extra is None or gpus <= cap + extra:
         return None
     if share.strategy != LEND_AND_BORROW:
@@ -345,10 +345,10 @@ def usage(snapshot: Snapshot, *, count_preempting: bool = True) -> dict[str, dic
         for _, idx in run.placement:
             g += len(idx)
         used[key] = used.get(key, 0) + g
-    return _usage(_all_shares(snapshot), used, _schedulable_capacity(snapshot))
+    return usage_from(_all_shares(snapshot), used, _schedulable_capacity(snapshot))
 
 
-def _usage(
+def usage_from(
     shares: Mapping[str, ShareView], used: Mapping[tuple[str, str], int], cluster: Mapping[str, int]
 ) -> dict[str, dict[str, ShareUsage]]:
     """usage() from GPUs used per (share, type) and schedulable GPUs per type."""
@@ -379,7 +379,7 @@ def usage_rows(
             if not cap and not use:
                 continue
             own = min(use, cap)
-            lend = cap - own if _lends(share.strategy) else 0
+            lend = cap - own if lends(share.strategy) else 0
             rows.append((name, cap, use, own, lend))
             borrowed += use - own
             lendable += lend

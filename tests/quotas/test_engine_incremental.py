@@ -14,10 +14,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quotas.engine import policy, rules, tracegen
+from quotas.engine import policy, reasons, rules, tracegen
 from quotas.engine import scenario as sc
 from quotas.engine.policy import Engine, NodeView, QueuedView, RunningView, ShareView, plan
 from quotas.engine.simulate import simulate
+from quotas.engine.state import PassOutput
 
 from .test_policy_properties import SETTINGS, snapshots
 
@@ -276,11 +277,11 @@ def test_reasons_read_late_are_the_ones_written_at_once_along_a_generated_trace(
     def planner(snapshot):
         nonlocal compared
         lazy = policy.plan(snapshot)
-        rules.LAZY_REASONS = False
+        reasons.LAZY_REASONS = False
         try:
             eager = policy.plan(snapshot)
         finally:
-            rules.LAZY_REASONS = True
+            reasons.LAZY_REASONS = True
         assert dict(lazy.waiting) == dict(eager.waiting)
         compared += len(eager.waiting)
         return lazy
@@ -314,16 +315,16 @@ def test_a_starving_gangs_nodes_read_from_the_buckets_are_the_best_ranked_of_all
     """_most_available reads the nodes with the most GPUs free or being freed level by level; it must
     pick what ranking every node of the largest size picks (most available, then name)."""
     calls = []
-    most_available = rules._TypePass._most_available
+    most_available = rules.TypePass._most_available
 
     def checked(tp, k):
         got = most_available(tp, k)
-        ranked = sorted(tp.m_nodes, key=lambda i: (-(tp.free_u[i] + tp.pend_u[i]), i))[:k]
+        ranked = sorted(tp.largest_nodes, key=lambda i: (-(tp.free_u[i] + tp.pend_u[i]), i))[:k]
         assert got == ranked
         calls.append(k)
         return got
 
-    monkeypatch.setattr(rules._TypePass, "_most_available", checked)
+    monkeypatch.setattr(rules.TypePass, "_most_available", checked)
     for seed in (1, 2, 3):
         simulate(sc.parse(tracegen.generate(teams=4, gpus=64, jobs=600, seed=seed)))
     assert calls  # the case was reached (fewer than k nodes with any: the test below)
@@ -344,6 +345,6 @@ def test_a_node_with_gpus_being_freed_ranks_by_free_plus_freed_once():
             RunningView(attempt, attempt, "a", "a10g", 0, 0.0, 0.0, placement, False, preempting=preempting)
         )
     _, bases = engine._state()
-    tp = rules._TypePass(bases["a10g"], 10.0, 3600, set(), rules._Out())
+    tp = rules.TypePass(bases["a10g"], 10.0, 3600, set(), PassOutput())
     assert tp._most_available(2) == [0, 1]
     assert tp._most_available(3) == [0, 1, 2]  # n3 has nothing, and is next by name

@@ -12,8 +12,8 @@ from .test_policy_properties import SETTINGS, snapshots
 
 
 def cold_plan(snapshot: Snapshot) -> policy.Plan:
-    policy._NODE_TABLES.clear()
-    policy._MASKS.clear()
+    policy.NODE_TABLES.clear()
+    policy.MASKS.clear()
     return plan(snapshot)
 
 
@@ -21,7 +21,7 @@ def cold_plan(snapshot: Snapshot) -> policy.Plan:
 @given(st.lists(snapshots(), min_size=2, max_size=4))
 def test_a_plan_does_not_depend_on_what_was_planned_before(snaps):
     cold = [cold_plan(s) for s in snaps]
-    policy._NODE_TABLES.clear()
+    policy.NODE_TABLES.clear()
     warm = [plan(s) for s in snaps]
     assert warm == cold
 

@@ -208,16 +208,16 @@ def test_plan_never_raises_and_accounts_for_every_queued_job(snapshot):
 @SETTINGS
 @given(snapshots())
 def test_reasons_read_after_the_pass_are_the_ones_written_during_it(snapshot):
-    """Plan.waiting is lazy (rules.LAZY_REASONS): the reasons it computes when read must be the
+    """Plan.waiting is lazy (reasons.LAZY_REASONS): the reasons it computes when read must be the
     sentences the pass would have written at once, job for job."""
-    from quotas.engine import rules
+    from quotas.engine import reasons
 
     lazy = plan(snapshot)
-    rules.LAZY_REASONS = False
+    reasons.LAZY_REASONS = False
     try:
         eager = plan(snapshot)
     finally:
-        rules.LAZY_REASONS = True
+        reasons.LAZY_REASONS = True
     assert (lazy.admissions, lazy.preemptions, lazy.reserved) == (
         eager.admissions,
         eager.preemptions,

@@ -136,12 +136,12 @@ def _without_checkpoints(snapshot):
 def test_property_without_checkpoints_victims_are_the_old_orders(snapshot):
     snapshot = _without_checkpoints(snapshot)
     now = plan(snapshot)
-    original = state._victim_key
-    state._victim_key = _old_victim_key
+    original = state.victim_key
+    state.victim_key = _old_victim_key
     try:
         before = plan(snapshot)
     finally:
-        state._victim_key = original
+        state.victim_key = original
     assert now.preemptions == before.preemptions
     assert now.admissions == before.admissions
     assert now.reserved == before.reserved
@@ -152,12 +152,12 @@ def test_property_without_checkpoints_victims_are_the_old_orders(snapshot):
 def test_property_without_checkpoints_whole_plans_are_the_old_orders(snapshot):
     snapshot = _without_checkpoints(snapshot)
     now = plan(snapshot)
-    original = state._victim_key
-    state._victim_key = _old_victim_key
+    original = state.victim_key
+    state.victim_key = _old_victim_key
     try:
         before = plan(snapshot)
     finally:
-        state._victim_key = original
+        state.victim_key = original
     assert (now.admissions, now.preemptions, now.reserved) == (
         before.admissions,
         before.preemptions,
