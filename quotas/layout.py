@@ -535,8 +535,32 @@ def plan(
     return planned
 
 
+BEFORE_FIRST = 0  # `rollback 0`: the layout before version 1 (kept on version 1)
+
+
+def rollback_words(number: int) -> str:
+    return "the layout before version 1" if number == BEFORE_FIRST else f"version {number}"
+
+
 def plan_rollback(*, number: int, actor=None, run_whatif: bool = True) -> LayoutPlan:
-    """A plan back to the layout as version `number` left it (a plan like any other, with its effect)."""
+    """A plan back to the layout as version `number` left it, or with 0 to the layout before version 1
+    (a plan like any other, with its effect)."""
+    if number == BEFORE_FIRST:
+        first = LayoutVersion.objects.filter(number=1).first()
+        if first is None or first.before is None:
+            raise ValidationError(
+                {
+                    "rollback": [
+                        "no layout before version 1 on record"
+                        + (
+                            " (version 1 was applied before gpuquota kept it)"
+                            if first
+                            else " (no version yet)"
+                        )
+                    ]
+                }
+            )
+        return plan(source=first.before, actor=actor, run_whatif=run_whatif, rollback_to=BEFORE_FIRST)
     version = LayoutVersion.objects.filter(number=number).first()
     if version is None:
         latest = current_version()
@@ -572,8 +596,9 @@ def apply(*, plan_id, actor=None, now: datetime | None = None) -> Applied:
             from django.http import Http404
 
             raise Http404("No such plan.")
-        kind = VersionKind.ROLLBACK if planned.rollback_to else VersionKind.APPLY
-        note = f"rollback to version {planned.rollback_to}" if planned.rollback_to else ""
+        back = planned.rollback_to is not None  # 0 is the layout before version 1
+        kind = VersionKind.ROLLBACK if back else VersionKind.APPLY
+        note = f"rollback to {rollback_words(planned.rollback_to)}" if back else ""
         return _apply_locked(planned, actor=actor, now=now, kind=kind, note=note)
 
 
@@ -624,8 +649,10 @@ def _apply_locked(
             _write(live, target, now)
     except IntegrityError as e:  # a name taken meanwhile outside the lock (the Django admin)
         raise _conflict(f"The layout could not be written ({e}): nothing was applied. Plan again.") from e
+    number = (current_version() or 0) + 1
     version = LayoutVersion.objects.create(
-        number=(current_version() or 0) + 1,
+        number=number,
+        before=live.layout.to_data() if number == 1 else None,
         actor=user,
         actor_name=user.get_username() if user else "",
         kind=kind,

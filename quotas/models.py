@@ -334,6 +334,9 @@ class LayoutVersion(models.Model):
     kind = models.CharField(max_length=16, choices=VersionKind.choices, default=VersionKind.APPLY)
     diff = models.JSONField(default=list)
     document = models.JSONField()
+    # Version 1's only: the layout before it (as the seed, the admin or an older gpuquota left it), so that
+    # there is a rollback to it (`rollback 0`); null where version 1 was applied before it was kept.
+    before = models.JSONField(null=True, blank=True)
     hash = models.CharField(max_length=64)
     note = models.CharField(max_length=400, blank=True)
 

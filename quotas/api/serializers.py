@@ -147,7 +147,10 @@ class LayoutPlanRequestSerializer(StrictSerializer):
         help_text="The whole layout: YAML or JSON text (comments allowed), or the document itself.",
     )
     rollback = serializers.IntegerField(
-        required=False, min_value=1, max_value=MAX_INT, help_text="Plan back to the layout of this version."
+        required=False,
+        min_value=0,
+        max_value=MAX_INT,
+        help_text="Plan back to the layout of this version (0: the layout before version 1).",
     )
     whatif = serializers.BooleanField(default=True, help_text="Replay last week with it (the what-if).")
 

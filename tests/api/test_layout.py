@@ -347,6 +347,28 @@ def test_an_apply_is_one_version_and_one_audit_entry_with_the_whole_diff(as_alic
     assert as_alice.get(f"{URL}versions/").json()["results"][0]["number"] == 1
 
 
+def test_a_rollback_to_the_layout_before_version_1(as_alice, world):
+    """There was no rollback past version 1: the layout the seed, the admin or the share form had left
+    was nowhere (issue 42.6). Version 1 keeps it; `rollback: 0` plans back to it."""
+    before = export(as_alice, "json")
+    r = as_alice.post(f"{URL}plan/", {"rollback": 0, "whatif": False}, format="json")
+    assert r.status_code == 400 and r.json() == {
+        "rollback": ["no layout before version 1 on record (no version yet)"]
+    }
+    apply(as_alice, plan(as_alice, _edit(as_alice, capacity={"a10g": 3})).json()["id"])
+    apply(as_alice, plan(as_alice, _edit(as_alice, description="second")).json()["id"])
+    r = as_alice.post(f"{URL}plan/", {"rollback": 0, "whatif": False}, format="json")
+    assert r.status_code == 201, r.json()
+    back = r.json()
+    assert back["rollback_to"] == 0
+    assert apply(as_alice, back["id"]).json()["version"] == 3
+    assert LayoutVersion.objects.get(number=3).note == "rollback to the layout before version 1"
+    assert LayoutVersion.objects.get(number=3).kind == "rollback"
+    assert export(as_alice, "json") == before
+    # Kept once, on version 1 only.
+    assert list(LayoutVersion.objects.filter(before__isnull=False).values_list("number", flat=True)) == [1]
+
+
 def test_a_rollback_is_a_plan_like_any_other(as_alice, world):
     body = plan(as_alice, _edit(as_alice, capacity={"a10g": 3})).json()
     apply(as_alice, body["id"])

@@ -151,6 +151,9 @@ def test_history_and_rollback(as_admin, tmp_path):
     assert LayoutVersion.objects.count() == 1 and Share.objects.get(name="vision-main").capacity_map() == {
         "a10g": 6
     }
+    code, out, _ = as_admin("shares", "plan", "--rollback", "0", "--no-whatif")
+    assert code == 0 and "a rollback to the layout before version 1: 1 share: 1 changed (vision-main)" in out
+    assert "capacity.a10g 6 → 4" in out
 
 
 def test_a_member_may_not_read_the_layout_a_manager_reads_its_teams_part(

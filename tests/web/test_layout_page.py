@@ -2,7 +2,10 @@
 its path, the diff, what it does now and last week replayed with it; Apply; versions to roll back to;
 temporary changes on the shares page with when they end."""
 
+from pathlib import Path
+
 import pytest
+from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from quotas import layout
@@ -152,11 +155,23 @@ def test_the_whatif_box_unticked_plans_without_the_replay(as_alice, vision_share
     assert 'type="hidden" name="whatif" value="0"' in as_alice.get("/layout/").content.decode()
 
 
+def test_the_layout_before_version_1_has_its_rollback(as_alice, vision_share, language_share, nodes):
+    edited = current_yaml(as_alice).replace("capacity: {a10g: 4}", "capacity: {a10g: 3}")
+    planned = layout.plan(source=edited, run_whatif=False)
+    layout.apply(plan_id=planned.pk)
+    body = as_alice.get("/layout/").content.decode()
+    row = body.split('data-testid="layout-before-first">', 1)[1].split("</tr>", 1)[0]
+    assert "the layout before version 1" in row and 'name="rollback" value="0"' in row
+    response = as_alice.post("/layout/plan/", {"rollback": "0", "whatif": "0"}, HTTP_HX_REQUEST="true")
+    assert response.status_code == 200, response.content
+    assert "(a rollback to the layout before version 1)" in response.content.decode()
+
+
 def test_the_versions_the_readme_names_and_a_layout_entry_in_the_navigation(as_alice, as_bob, vision_share):
     # The README's /layout/versions/ was a 404, and nothing linked to /layout/.
     r = as_alice.get("/layout/versions/")
     assert r.status_code == 302 and r["Location"] == "/layout/#versions-h"
-    assert "/layout/versions/" in open("README.md").read()
+    assert "/layout/versions/" in (Path(settings.BASE_DIR) / "README.md").read_text()
     page = as_alice.get("/layout/").content.decode()
     assert '<a href="/layout/" aria-current="page">Layout</a>' in page
     assert ">Shares</a>" in page and 'aria-current="page">Shares' not in page

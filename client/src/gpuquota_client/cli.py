@@ -66,6 +66,13 @@ def parse_count(text: str) -> int:
     return int(text)
 
 
+def parse_version(text: str) -> int:
+    """A layout version: a whole number, 0 (the layout before version 1) or more."""
+    if not text.strip().isdigit():
+        raise _usage_error(f"{text!r} is not a version number (0 or more)")
+    return int(text)
+
+
 def parse_since(text: str):
     """'2h' (back from now), '2026-12-01' or '2026-12-01T09:30' (local time unless zoned) -> an aware
     datetime."""
@@ -487,7 +494,9 @@ def plan_lines(plan: dict) -> list[str]:
         if plan.get("base_version")
         else " (from the layout before any version)"
     )
-    if plan.get("rollback_to"):
+    if plan.get("rollback_to") == 0:
+        head += ", a rollback to the layout before version 1"
+    elif plan.get("rollback_to"):
         head += f", a rollback to version {plan['rollback_to']}"
     lines = [f"{head}: {plan['summary']}"]
     lines += [f"  {clean(c['words'])}" for c in plan["changes"]]
@@ -1152,7 +1161,10 @@ def _shares(p) -> None:
     )
     plan.add_argument("-f", "--file", metavar="FILE", help="the layout (YAML or JSON; - for stdin)")
     plan.add_argument(
-        "--rollback", type=parse_count, metavar="N", help="plan back to the layout of version N"
+        "--rollback",
+        type=parse_version,
+        metavar="N",
+        help="plan back to the layout of version N (0: the layout before version 1)",
     )
     plan.add_argument("--no-whatif", action="store_true", help="leave out the replay of last week")
     plan.add_argument("--no-wait", action="store_true", help="do not wait for the replay (read it later)")
