@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('quotas', '0010_forecast_ranges_and_track_record'),
+        ("quotas", "0010_forecast_ranges_and_track_record"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='layoutversion',
-            name='before',
+            model_name="layoutversion",
+            name="before",
             field=models.JSONField(blank=True, null=True),
         ),
     ]
