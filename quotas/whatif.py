@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -233,6 +234,54 @@ def with_layout(scenario: sc.Scenario, variant: Mapping[str, Any]) -> tuple[sc.S
         )
     events.sort(key=lambda e: e.at)
     return dataclasses.replace(scenario, shares=shares, jobs=tuple(jobs), events=tuple(events)), dropped
+
+
+def pending_reverts(now: datetime) -> list[dict[str, Any]]:
+    """The temporary changes applied and still to go back (TemporaryChange PENDING), as the replays take
+    them: {"share" (its name now), "after_s" (as long into the replay as it lasts from now), "fields"
+    ({path: [before, after]})}. Every variant, "as is" included, has them: the layout as it is now
+    goes back by itself (the "as is" replay kept the change for the whole week)."""
+    from quotas.models import TemporaryChange, TemporaryState
+
+    out = []
+    for change in (
+        TemporaryChange.objects.filter(state=TemporaryState.PENDING, until__gt=now)
+        .select_related("share")
+        .order_by("until", "pk")
+    ):
+        name = change.share.name if change.share is not None else change.share_name
+        seconds = math.ceil((change.until - now).total_seconds())
+        out.append({"share": name, "after_s": max(1, seconds), "fields": dict(change.fields)})
+    return out
+
+
+def with_pending_reverts(scenario: sc.Scenario, pending: Sequence[Mapping[str, Any]]) -> sc.Scenario:
+    """The scenario with each pending temporary change going back at its time: an update_share event
+    that sets back each field still holding the value the change gave it, as the revert itself does
+    (quotas.layout), in whatever the variant made of the share."""
+    shares = {s.name: s for s in scenario.shares}
+    until = scenario.settings.until_s
+    events = list(scenario.events)
+    for revert in pending:
+        share = shares.get(revert["share"])
+        if share is None or (until is not None and revert["after_s"] >= until):
+            continue  # a share the variant removes, or a change that outlasts the replay
+        capacity = dict(share.capacity)
+        update: dict[str, Any] = {}
+        for path, (before, after) in revert["fields"].items():
+            if path.startswith("capacity."):
+                gpu_type = path.split(".", 1)[1]
+                if capacity.get(gpu_type, 0) == (after or 0):
+                    capacity[gpu_type] = before or 0
+                    update["capacity"] = {t: n for t, n in sorted(capacity.items()) if n}
+            elif path in SCENARIO_SHARE_FIELDS and getattr(share, path) == after:
+                update[path] = before
+        if update:
+            events.append(
+                sc.Event(at=int(revert["after_s"]), kind=sc.UPDATE_SHARE, share=share.name, set=update)
+            )
+    events.sort(key=lambda e: e.at)
+    return dataclasses.replace(scenario, events=tuple(events))
 
 
 def window_seconds(scenario: sc.Scenario, start: datetime, now: datetime) -> float:
@@ -604,7 +653,8 @@ class RunStatus:
                     "dropped": max((q.get("dropped") or 0) for q in self.parts),
                     "start": start,
                     "end": end,
-                    "reverts": self.spec.get("reverts", []),
+                    # The plan's own temporary changes, then those applied already and still to go back.
+                    "reverts": [*self.spec.get("reverts", []), *p.get("pending", [])],
                 }
         return None
 
@@ -772,7 +822,10 @@ def run_part(run_id: str, index: int, *, isolated: bool) -> str:
             scenario, dropped = with_layout(scenario, changes["layout"])
         elif changes:
             scenario = with_change(scenario, spec["share"], changes)
+        pending = pending_reverts(now)
+        scenario = with_pending_reverts(scenario, pending)
         part.update(
+            pending=[{"share": r["share"], "after_s": r["after_s"]} for r in pending],
             state=REPLAYING,
             total=len(scenario.jobs),
             left_out=left_out,

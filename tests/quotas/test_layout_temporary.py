@@ -220,3 +220,34 @@ def test_in_the_whatif_a_temporary_change_is_an_update_share_event_and_its_rever
     timeline = simulate.simulate(again).timeline
     times, values = timeline.series[("vision-train", "a100", "capacity")]
     assert list(zip(times, values, strict=True)) == [(0, 48), (86400, 32)]
+
+
+def test_the_whatifs_as_is_has_the_pending_reverts_of_changes_applied_already(train, monkeypatch):
+    """A change applied with an until goes back by itself: the "as is" replay kept it for the whole week
+    (issue 42.6). Every variant gets the revert, as the revert itself does: a field only if it still
+    holds the value the change gave it."""
+    apply_change("vision-train", until="1d", capacity={"a100": 48, "a10g": 2})
+    now = timezone.now()
+    [pending] = whatif.pending_reverts(now)
+    assert pending["share"] == "vision-train" and pending["fields"] == {"capacity.a100": [32, 48]}
+    assert abs(pending["after_s"] - 86400) < 120
+    base = sc.Scenario(
+        settings=sc.Settings(until_s=3 * 86400),
+        nodes=(sc.Node("n1", "a100", 8),),
+        shares=(sc.Share("vision-train", "vision", {"a100": 48, "a10g": 2}),),
+        jobs=(sc.Job("j1", "vision-train", 0, 60, 1, "a100"),),
+    )
+    [event] = whatif.with_pending_reverts(base, [pending]).events
+    assert (event.kind, event.share, event.set) == (
+        sc.UPDATE_SHARE,
+        "vision-train",
+        {"capacity": {"a100": 32, "a10g": 2}},
+    )
+    # A variant that changes the field again (a plan, a preview) keeps its own value: nothing to set back.
+    changed = whatif.with_change(base, "vision-train", {"capacity": {"a100": 40, "a10g": 2}})
+    assert whatif.with_pending_reverts(changed, [pending]).events == ()
+    # The as-is replay of a run has it, and the run says so beside its figures.
+    monkeypatch.setattr(whatif, "_enqueue", lambda run_id, index: None)  # no worker: run it here
+    run_id = whatif.start_preview(share="vision-train", changes={"strategy": "RESERVE", "borrow_limit": -1})
+    whatif.run_part(run_id, 0, isolated=False)
+    assert [r["share"] for r in whatif.status(run_id).window["reverts"]] == ["vision-train"]
