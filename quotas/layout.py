@@ -385,6 +385,7 @@ def now_effects(live: Live, target: Layout) -> dict[str, Any]:
                 {
                     "gpu_type": gpu_type,
                     "assigned": a,
+                    "was": b,
                     "ready": r,
                     "words": f"{gpu_type}: the shares would hold {a} GPUs{was}, {r} are READY"
                     + (f", over-committed by {a - r}" if r else ": no READY node has this type")
@@ -585,9 +586,24 @@ class Applied:
     told: int = 0  # queued jobs told they can never run
 
 
-def apply(*, plan_id, actor=None, now: datetime | None = None) -> Applied:
+def overcommit_added(planned: LayoutPlan) -> list[dict[str, Any]]:
+    """The over-commits a plan adds to (its shares would hold more GPUs of a type than are READY, and
+    more than they hold now): what the one-share form asks "Save anyway" for. An over-commit the plan
+    leaves as it is needs no confirmation."""
+
+    def adds(o: Mapping[str, Any]) -> bool:
+        if "was" in o:
+            return o["assigned"] > o["was"]
+        return "(as now)" not in o.get("words", "")  # a plan made before "was" was kept
+
+    return [o for o in (planned.effects or {}).get("overcommit") or () if adds(o)]
+
+
+def apply(*, plan_id, actor=None, now: datetime | None = None, overcommit_ok: bool = False) -> Applied:
     """Apply a plan exactly as planned, in one transaction, or refuse (jobs.services.Conflict) when it
-    was applied already, the layout changed since it was made, or one of its `until`s has passed."""
+    was applied already, the layout changed since it was made, or one of its `until`s has passed. A plan
+    that adds to an over-commit is applied only with `overcommit_ok` (ValidationError under "confirm"
+    naming it), as the one-share form asks "Save anyway"."""
     now = now or timezone.now()
     with transaction.atomic():
         lock()
@@ -596,6 +612,17 @@ def apply(*, plan_id, actor=None, now: datetime | None = None) -> Applied:
             from django.http import Http404
 
             raise Http404("No such plan.")
+        added = overcommit_added(planned) if planned.state == PlanState.PLANNED else []
+        if added and not overcommit_ok:
+            raise ValidationError(
+                {
+                    "confirm": [
+                        "this plan over-commits "
+                        + "; ".join(o["words"] for o in added)
+                        + ". Nothing was applied: confirm to apply it anyway"
+                    ]
+                }
+            )
         back = planned.rollback_to is not None  # 0 is the layout before version 1
         kind = VersionKind.ROLLBACK if back else VersionKind.APPLY
         note = f"rollback to {rollback_words(planned.rollback_to)}" if back else ""

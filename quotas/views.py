@@ -769,11 +769,18 @@ def share_layout_plan_show(request, plan_id):
 @require_POST
 @admin_required
 def share_layout_apply(request, plan_id):
-    """Apply a plan as planned, or refuse (409, in words) when the layout changed since."""
+    """Apply a plan as planned, or refuse (409, in words) when the layout changed since. A plan that adds
+    to an over-commit comes back with why and an "Apply anyway" button (confirm=1)."""
     try:
-        applied = layout.apply(plan_id=plan_id, actor=request.user)
+        applied = layout.apply(
+            plan_id=plan_id, actor=request.user, overcommit_ok=request.POST.get("confirm") == "1"
+        )
     except job_services.Conflict as e:
         return HttpResponse(str(e), status=409, content_type="text/plain; charset=utf-8")
+    except ValidationError as e:
+        planned = get_object_or_404(LayoutPlan, pk=plan_id)
+        context = {**_plan_context(planned), "confirm": e.message_dict.get("confirm", [])}
+        return render(request, LAYOUT_PARTS["plan"], context, status=400)
     context = {"applied": applied, **_plan_context(applied.plan)}
     return render(request, LAYOUT_PARTS["plan"], context)
 

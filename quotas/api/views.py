@@ -357,7 +357,12 @@ class LayoutPlanViewSet(ApiViewMixin, mixins.RetrieveModelMixin, viewsets.Generi
         """Apply the plan exactly as planned, in one transaction; 409 when it was applied already, the
         layout changed since it was made, or one of its `until`s has passed."""
         planned = self.get_object()
-        applied = layout.apply(plan_id=planned.pk, actor=request.user)
+        # A plan that adds to an over-commit is applied only with {"confirm": true} (else a 400 under
+        # "confirm" naming it), as the one-share form's "Save anyway".
+        confirm = request.data.get("confirm") if isinstance(request.data, dict) else None
+        if confirm not in (None, True, False):
+            raise exceptions.ValidationError({"confirm": ["true or false"]})
+        applied = layout.apply(plan_id=planned.pk, actor=request.user, overcommit_ok=bool(confirm))
         summary = layoutdoc.summary(applied.plan.diff)
         if applied.version is None:
             detail = "Nothing to apply: the layout already is as planned."

@@ -34,8 +34,9 @@ def plan(client, document, **extra):
     return client.post(f"{URL}plan/", {"document": document, "whatif": False, **extra}, format="json")
 
 
-def apply(client, plan_id):
-    return client.post(f"{URL}plans/{plan_id}/apply/")
+def apply(client, plan_id, *, confirm=False):
+    """confirm: the plan over-commits a GPU type, and goes ahead anyway."""
+    return client.post(f"{URL}plans/{plan_id}/apply/", {"confirm": True} if confirm else None, format="json")
 
 
 def without_comments(text: str) -> list[str]:
@@ -95,7 +96,7 @@ def test_export_edit_plan_apply_export_gives_the_edited_file(as_alice, world):
         body["summary"]
         == "3 shares: 1 added (vision-batch), 2 changed (language-main, vision-main); 1 team: 1 changed (vision)"
     )
-    r = apply(as_alice, body["id"])
+    r = apply(as_alice, body["id"], confirm=True)  # h100: no READY node has it
     assert r.status_code == 200, r.content
     assert r.json()["version"] == 1 and r.json()["detail"].startswith("Applied as version 1")
     after = export(as_alice)
@@ -142,8 +143,8 @@ def test_a_plan_shows_the_diff_field_by_field_and_what_happens_now(as_alice, wor
     assert over["words"].startswith(
         "a10g: the shares would hold 42 GPUs (now 6), 8 are READY, over-committed by 34"
     )
-    # Applied: the queued job is told, in its own history.
-    r = apply(as_alice, body["id"])
+    # Applied (over-committed: confirmed): the queued job is told, in its own history.
+    r = apply(as_alice, body["id"], confirm=True)
     assert r.json()["told"] == 1
     event = JobEvent.objects.get(job=queued, kind=EventKind.SHARE_CHANGED)
     assert event.reason.startswith("layout version 1: vision-main is RESERVE with 2 a10g")
@@ -422,3 +423,27 @@ def test_a_number_too_long_for_python_is_a_400_under_document_with_its_path(as_a
     assert r.status_code == 400, r.content
     assert r.json() == {"document": [TOO_LONG]}
     assert not LayoutPlan.objects.exists()
+
+
+def test_a_plan_that_over_commits_is_applied_only_when_confirmed(as_alice, world):
+    """The one-share form asks "Save anyway" for an over-commit; a layout plan applied one without a
+    word (issue 42.6). 8 a10g are READY; vision-main's 4 -> 10 holds 12."""
+    body = plan(as_alice, _edit(as_alice, capacity={"a10g": 10})).json()
+    [over] = body["now"]["overcommit"]
+    assert (over["assigned"], over["was"], over["ready"]) == (12, 6, 8)
+    r = apply(as_alice, body["id"])
+    assert r.status_code == 400
+    [message] = r.json()["confirm"]
+    assert message.startswith(
+        "this plan over-commits a10g: the shares would hold 12 GPUs (now 6), 8 are READY"
+    )
+    assert message.endswith("Nothing was applied: confirm to apply it anyway")
+    assert Share.objects.get(name="vision-main").capacity_map() == {"a10g": 4}
+    assert (
+        as_alice.post(f"{URL}plans/{body['id']}/apply/", {"confirm": "yes"}, format="json").status_code == 400
+    )
+    r = as_alice.post(f"{URL}plans/{body['id']}/apply/", {"confirm": True}, format="json")
+    assert r.status_code == 200 and r.json()["version"] == 1
+    # An over-commit a plan leaves as it is (or lowers) needs no confirmation.
+    body = plan(as_alice, _edit(as_alice, description="still over")).json()
+    assert apply(as_alice, body["id"]).status_code == 200

@@ -79,6 +79,22 @@ def test_export_edit_plan_apply_export_gives_the_edited_file(as_admin, tmp_path)
     assert code == 2 and err.strip() == "gpuquota: This plan was applied already (version 1)."
 
 
+def test_a_plan_that_over_commits_is_applied_only_with_overcommit(as_admin, tmp_path):
+    path = tmp_path / "layout.yaml"
+    as_admin("shares", "export", "-o", path)
+    path.write_text(path.read_text().replace("capacity: {a10g: 4}", "capacity: {a10g: 10}"))
+    code, out, err = as_admin("shares", "plan", "-f", path, "--no-whatif")
+    assert code == 0 and "over-committed: a10g: the shares would hold 12 GPUs (now 6), 8 are READY" in out, (
+        err
+    )
+    plan_id = out.strip().splitlines()[-1].split()[-1]
+    code, _, err = as_admin("shares", "apply", plan_id)
+    assert code == 2 and "this plan over-commits a10g" in err
+    assert err.strip().endswith(f"(gpuquota shares apply {plan_id} --overcommit)")
+    code, out, err = as_admin("shares", "apply", plan_id, "--overcommit")
+    assert code == 0 and out.startswith("Applied as version 1"), err
+
+
 def test_a_bad_layout_is_exit_2_with_every_problem_under_its_path(as_admin, tmp_path):
     path = tmp_path / "layout.yaml"
     as_admin("shares", "export", "-o", path)

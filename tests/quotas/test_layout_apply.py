@@ -79,14 +79,16 @@ def test_a_failure_anywhere_in_the_apply_leaves_the_old_layout_whole(
     else:
         monkeypatch.setattr(TemporaryChange.objects, "bulk_create", boom)
     with pytest.raises(RuntimeError, match="injected failure"):
-        layout.apply(plan_id=planned.pk, actor=alice)
+        layout.apply(overcommit_ok=True, plan_id=planned.pk, actor=alice)
     assert where != "a share's capacity" or calls["n"] == 11
     assert layout.load_live().layout.hash() == before_hash and snapshot_of_rows() == before_rows
     assert not LayoutVersion.objects.exists() and not AuditEntry.objects.filter(object_type="layout").exists()
     assert not TemporaryChange.objects.exists()
     assert LayoutPlan.objects.get(pk=planned.pk).state == PlanState.PLANNED
     monkeypatch.undo()
-    applied = layout.apply(plan_id=planned.pk, actor=alice)  # the same plan applies once the fault is gone
+    applied = layout.apply(
+        overcommit_ok=True, plan_id=planned.pk, actor=alice
+    )  # the same plan applies once the fault is gone
     assert applied.version.number == 1 and layout.load_live().layout.hash() == applied.version.hash
 
 
@@ -97,7 +99,7 @@ def test_fifty_shares_are_applied_in_one_transaction(
     fifty_shares(vision)
     planned = changed_plan(alice)
     with django_capture_on_commit_callbacks(execute=True):
-        applied = layout.apply(plan_id=planned.pk, actor=alice)
+        applied = layout.apply(overcommit_ok=True, plan_id=planned.pk, actor=alice)
     assert no_messages == [("pass", "layout version 1")]  # one version: one pass asked for
     assert Share.objects.filter(strategy="LEND").count() == 20
     assert applied.version.diff == planned.diff and len(planned.diff) == 21
@@ -114,7 +116,7 @@ def write_then_hang(*args, **kwargs):
     print("WRITTEN", flush=True)
     time.sleep(120)
 layout._write = write_then_hang
-layout.apply(plan_id=os.environ["PLAN_ID"])
+layout.apply(overcommit_ok=True, plan_id=os.environ["PLAN_ID"])  # no READY node: all over-commits
 """
 
 
@@ -159,7 +161,9 @@ def test_the_process_applying_killed_mid_apply_leaves_the_old_layout_whole(visio
     assert layout.load_live().layout.hash() == before_hash and snapshot_of_rows() == before_rows
     assert not LayoutVersion.objects.exists()
     assert LayoutPlan.objects.get(pk=planned.pk).state == PlanState.PLANNED
-    applied = layout.apply(plan_id=planned.pk, actor=alice)  # the lock went with the process
+    applied = layout.apply(
+        overcommit_ok=True, plan_id=planned.pk, actor=alice
+    )  # the lock went with the process
     assert applied.version.number == 1
 
 
@@ -182,7 +186,7 @@ def test_two_plans_applied_at_the_same_moment_one_wins_the_other_is_refused(visi
     def run(name, planned):
         try:
             barrier.wait()
-            outcomes[name] = layout.apply(plan_id=planned.pk, actor=alice).version.number
+            outcomes[name] = layout.apply(overcommit_ok=True, plan_id=planned.pk, actor=alice).version.number
         except Conflict as e:
             outcomes[name] = str(e)
         finally:
@@ -212,7 +216,7 @@ def test_plans_never_applied_go_after_30_days_applied_ones_stay(no_messages, vis
     make_share(vision, "s", capacity={"a10g": 1})
     data = layout.load_live().layout.to_data()
     old, applied, fresh = (layout.plan(source=data, run_whatif=False) for _ in range(3))
-    layout.apply(plan_id=applied.pk)
+    layout.apply(overcommit_ok=True, plan_id=applied.pk)
     LayoutPlan.objects.filter(pk__in=[old.pk, applied.pk]).update(
         created_at=timezone.now() - timedelta(days=31)
     )

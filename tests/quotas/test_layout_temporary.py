@@ -27,13 +27,16 @@ def entry(data, name):
     return next(s for s in data["shares"] if s["name"] == name)
 
 
+# No node is READY here: every capacity over-commits, which these tests are not about (overcommit_ok).
 def apply_change(share_name, until=None, actor=None, **values):
     data = live_data()
     e = entry(data, share_name)
     e.update(values)
     if until is not None:
         e["until"] = until
-    return layout.apply(plan_id=layout.plan(source=data, actor=actor, run_whatif=False).pk, actor=actor)
+    return layout.apply(
+        overcommit_ok=True, plan_id=layout.plan(source=data, actor=actor, run_whatif=False).pk, actor=actor
+    )
 
 
 @pytest.fixture
@@ -114,7 +117,7 @@ def test_a_share_removed_meanwhile_skips_its_revert(train):
     [change] = TemporaryChange.objects.all()
     data = live_data()
     data["shares"] = [s for s in data["shares"] if s["name"] != "vision-train"]
-    layout.apply(plan_id=layout.plan(source=data, run_whatif=False).pk)
+    layout.apply(overcommit_ok=True, plan_id=layout.plan(source=data, run_whatif=False).pk)
     [done] = layout.revert_due(now=change.until)
     assert (done.state, done.outcome) == (TemporaryState.SKIPPED, "nothing set back: the share was removed")
 
@@ -133,7 +136,7 @@ def test_a_share_added_until_a_time_stops_taking_work_then(no_messages, vision):
     data["shares"].append({"name": "audio", "team": "vision", "capacity": {"a10g": 4}, "until": "30d"})
     planned = layout.plan(source=data, run_whatif=False)
     assert planned.temporary[0]["fields"] == {"capacity.a10g": [0, 4], "state": ["DISABLED", "ENABLED"]}
-    layout.apply(plan_id=planned.pk)
+    layout.apply(overcommit_ok=True, plan_id=planned.pk)
     [done] = layout.revert_due(now=timezone.now() + timedelta(days=31))
     audio = Share.objects.get(name="audio")
     assert done.state == TemporaryState.REVERTED and audio.state == "DISABLED" and audio.capacity_map() == {}
@@ -144,7 +147,7 @@ def test_the_beat_task_sets_a_change_back_at_its_time_celery_eager(train, celery
     data = live_data()
     entry(data, "vision-train")["capacity"] = {"a100": 48, "a10g": 2}
     entry(data, "vision-train")["until"] = (timezone.now() + timedelta(seconds=2)).isoformat()
-    layout.apply(plan_id=layout.plan(source=data, run_whatif=False).pk)
+    layout.apply(overcommit_ok=True, plan_id=layout.plan(source=data, run_whatif=False).pk)
     task = app.tasks["quotas.tasks.revert_temporary_changes"]
     assert task.apply().get() == 0  # not yet
     time.sleep(2.1)
@@ -184,7 +187,7 @@ def test_an_apply_after_its_until_passed_is_refused(train):
     entry(data, "vision-train")["until"] = "1m"
     planned = layout.plan(source=data, run_whatif=False)
     with pytest.raises(Conflict, match="which has passed: nothing was applied"):
-        layout.apply(plan_id=planned.pk, now=timezone.now() + timedelta(minutes=2))
+        layout.apply(overcommit_ok=True, plan_id=planned.pk, now=timezone.now() + timedelta(minutes=2))
 
 
 def test_in_the_whatif_a_temporary_change_is_an_update_share_event_and_its_revert(train):

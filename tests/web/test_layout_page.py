@@ -155,6 +155,20 @@ def test_the_whatif_box_unticked_plans_without_the_replay(as_alice, vision_share
     assert 'type="hidden" name="whatif" value="0"' in as_alice.get("/layout/").content.decode()
 
 
+def test_a_plan_that_over_commits_asks_apply_anyway(as_alice, vision_share, language_share, nodes):
+    edited = current_yaml(as_alice).replace("capacity: {a10g: 4}", "capacity: {a10g: 10}")
+    planned = layout.plan(source=edited, run_whatif=False)
+    response = as_alice.post(f"/layout/plans/{planned.pk}/apply/", HTTP_HX_REQUEST="true")
+    body = response.content.decode()
+    assert response.status_code == 400 and 'data-testid="layout-confirm"' in body
+    assert "this plan over-commits a10g" in body and "Apply anyway" in body
+    assert Share.objects.get(name="vision-main").capacity_map() == {"a10g": 4}
+    response = as_alice.post(f"/layout/plans/{planned.pk}/apply/", {"confirm": "1"}, HTTP_HX_REQUEST="true")
+    assert response.status_code == 200 and Share.objects.get(name="vision-main").capacity_map() == {
+        "a10g": 10
+    }
+
+
 def test_the_layout_before_version_1_has_its_rollback(as_alice, vision_share, language_share, nodes):
     edited = current_yaml(as_alice).replace("capacity: {a10g: 4}", "capacity: {a10g: 3}")
     planned = layout.plan(source=edited, run_whatif=False)

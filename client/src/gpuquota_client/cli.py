@@ -613,7 +613,17 @@ def cmd_shares_apply(args, out) -> int:
 
     if not re.match(PLAN_ID_RE, args.plan.strip()):
         raise UsageError(f"{args.plan!r} is not a plan id (`gpuquota shares plan` prints it: Apply it: ...)")
-    applied = args.client().layout_apply(args.plan.strip())
+    from gpuquota_client.client import ApiError
+
+    try:
+        applied = args.client().layout_apply(args.plan.strip(), confirm=args.overcommit)
+    except ApiError as e:
+        confirm = (e.data or {}).get("confirm") if isinstance(e.data, dict) else None
+        if e.status != 400 or not confirm:
+            raise
+        raise UsageError(
+            " ".join(confirm) + f" (gpuquota shares apply {args.plan.strip()} --overcommit)"
+        ) from None
     out(
         applied
         if args.json
@@ -1173,6 +1183,11 @@ def _shares(p) -> None:
         "apply", help="apply a plan exactly as planned (refused if the layout changed since)"
     )
     apply.add_argument("plan", metavar="PLAN", help="the plan's id, as `gpuquota shares plan` printed it")
+    apply.add_argument(
+        "--overcommit",
+        action="store_true",
+        help="apply it although it over-commits a GPU type (the plan says so; refused without this)",
+    )
     history = sub.add_parser("history", help="the layout's versions and the temporary changes still to end")
     history.add_argument("--limit", type=parse_count, default=20, metavar="N", help="the last N versions")
 

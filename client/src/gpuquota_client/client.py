@@ -595,8 +595,12 @@ class Client:
     def layout_plan_get(self, plan_id: str) -> dict:
         return self.request("GET", f"layout/plans/{plan_id}/")
 
-    def layout_apply(self, plan_id: str) -> dict:
-        return self.request("POST", f"layout/plans/{plan_id}/apply/")
+    def layout_apply(self, plan_id: str, *, confirm: bool = False) -> dict:
+        """Apply a plan; one that adds to an over-commit only with confirm=True (else a 400 under
+        "confirm" that names it)."""
+        return self.request(
+            "POST", f"layout/plans/{plan_id}/apply/", json={"confirm": True} if confirm else None
+        )
 
     def layout_versions(self, limit: int = 20) -> list[dict]:
         return self.request("GET", "layout/versions/", params={"limit": limit})["results"]
