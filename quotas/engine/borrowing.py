@@ -42,7 +42,7 @@ class BorrowingRules:
             and not self.no_borrow
             and self.qkey[s][k] <= self.held_for[s]
             and self.held[s] + max(self.grace[s], self.pend[s]) + g <= self.capacity[s] + self.borrow_cap[s]
-            and self._deficit_if(s, g) <= 0
+            and not self._borrow_breaks(s, g)
             and (g > self.largest_node or self._max_free() >= g)
             and self._place(g) is not None
         )
@@ -64,10 +64,8 @@ class BorrowingRules:
             return self._wait(s, k, ("limit", *self._own_numbers(s, g), borrowed, self.borrow_cap[s]))
         if self.no_borrow:
             return self._wait(s, k, ("paused",))  # rule 10: a job waits for protection
-        if self._deficit_if(s, g) > 0:
-            # What others could lend: the share's own idle GPUs are part of the lendable total.
-            spare = -self._deficit() - (max(0, self.capacity[s] - use) if self.lender[s] else 0)
-            return self._wait(s, k, ("slack", *self._own_numbers(s, g), spare))
+        if self._borrow_breaks(s, g):
+            return self._wait(s, k, self._cover_key(s, g, use))
         placement = None if g <= self.largest_node and self._max_free() < g else self._place(g)
         if placement is None:
             return self._blocked_on_placement(s, k, 0)
@@ -87,7 +85,7 @@ class BorrowingRules:
             below = 0  # every later job is held too
         elif use + g > limit:
             below = limit - use + 1
-        elif self._deficit_if(s, g) > 0:
+        elif self._borrow_breaks(s, g):
             below = g  # a bigger job would break the cover at least as much
         else:
             # No node for it (or it is the starving head and now holds one): a bigger job fits no node
@@ -111,13 +109,18 @@ class BorrowingRules:
         q, keys, out, reason = self.q[s], self.qkey[s], self.out.waiting, self._reason
         cap, held_for, bcap = self.capacity[s], self.held_for[s], self.borrow_cap[s]
         used, borrowed = min(use, cap), max(0, use - cap)
-        spare = -self._deficit() - (max(0, cap - use) if self.lender[s] else 0)
         # After an unplaced job, a bigger one that passes the cover check (it grows with the size)
         # waits for a node: its sentence, per size, with the nodes as they are now.
         place: dict[int, tuple] = {}
         if unplaced:
-            deficit_if, place_key = self._deficit_if, self._place_key
-            place = {x: place_key(x) for x in self.by_size[s] if x >= g0 and deficit_if(s, x) <= 0}
+            breaks, place_key = self._borrow_breaks, self._place_key
+            place = {x: place_key(x) for x in self.by_size[s] if x >= g0 and not breaks(s, x)}
+        if self.tree is None:
+            spare = -self._deficit() - (max(0, cap - use) if self.lender[s] else 0)
+        else:  # the limit that binds depends on the size: each size's sentence, with the numbers of now
+            spare = max(0, self.top_sum)
+            cover_key = self._cover_key
+            place.update((x, cover_key(s, x, use)) for x in self.by_size[s] if x >= g0 and x not in place)
 
         def why(s: int, k: int) -> None:
             g = q[k].gpus
@@ -160,3 +163,28 @@ class BorrowingRules:
 
     def _borrow_ratio(self, s: int) -> float:
         return self._borrowed(s) / max(1, self.capacity[s])
+
+    def _borrow_order(self, s: int) -> tuple:
+        """Rule 5's heap key for share s: flat, fewest borrowed GPUs relative to capacity (ties: name);
+        with groups, weights or history, its path's fair-share values from the top down."""
+        return self._fair_key(s) if self.fair else self._borrow_ratio(s)
+
+    def _cover_key(self, s: int, g: int, use: int) -> tuple:
+        """The reason key of a job of g GPUs of share s that the cover stops borrowing: flat, the idle
+        lendable GPUs left (the share's own idle ones are part of the lendable total, not for it);
+        with groups, the limit that binds: a group's borrow limit, or what the top still offers."""
+        block = self._borrow_block(s, g)
+        if block is None:  # flat
+            spare = -self._deficit() - (max(0, self.capacity[s] - use) if self.lender[s] else 0)
+            return ("slack", *self._own_numbers(s, g), spare)
+        if block[0] == "group":
+            x = block[1]
+            taken = -self.node_net[x]
+            return (
+                "group_limit",
+                *self._own_numbers(s, g),
+                self.tree.names[x],
+                self.node_borrow_cap[x],
+                taken if taken > 0 else 0,
+            )
+        return ("slack", *self._own_numbers(s, g), block[1])

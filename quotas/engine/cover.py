@@ -4,13 +4,189 @@ and who a borrowed admission draws from. A part of rules.TypePass."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from quotas.engine.views import (
     UNASSIGNED,
 )
 
 
 class CoverAccounting:
-    """Per-share numbers and the cover (rule 3), kept incrementally as the pass decides."""
+    """Per-share numbers and the cover (rule 3), kept incrementally as the pass decides.
+
+    Flat (no groups): the cover is one number, `_deficit()`: borrowed in all minus idle lendable in all
+    (clamped to the hardware). With groups (SEMANTICS "Groups: the organisation tree") it holds per
+    level: each node's net (a share's idle lendable minus its borrowed GPUs; a group's sum of what its
+    children offer, capped by their lend limits, and need) is kept up the tree as shares change, and
+    the shortfalls are the hardware's (borrowed beyond what the hardware can hold, as flat), the top's
+    (the top-level offers and the unassigned pool short of the needs) and each group's (taken from
+    outside beyond its borrow limit). A decision may make none of those on its share's path larger
+    (`_cover_tol`, `_covered`); a borrowing may leave none of them above 0 (`_borrow_breaks`)."""
+
+    # -- the tree -----------------------------------------------------------------------------------------
+
+    def _tree_setup(self, history: Mapping[tuple[str, str], float], fair_reclaim: bool) -> None:
+        sh_tree = self.sh.tree
+        self.history = history
+        self.fair_reclaim = fair_reclaim
+        # Rule 5 and rule 3's order by fair-share value (weights or history); the cover per level (groups).
+        self.fair = sh_tree is not None or bool(history)
+        self.tree = sh_tree if sh_tree is not None and sh_tree.has_groups else None
+        if sh_tree is None:
+            return
+        base = self.base
+        self.node_capacity = base.node_capacity
+        if self.tree is None:
+            return
+        tree = self.tree
+        self.node_lend_cap = base.node_lend_cap
+        self.node_borrow_cap = base.node_borrow_cap
+        total = len(tree.names)
+        self.node_net = [0] * total
+        self.node_offer = [0] * total  # what a node contributes to its parent's net: its net, capped
+        for s in range(tree.n_shares):
+            n = self._share_net(s)
+            self.node_net[s] = n
+            self.node_offer[s] = n  # a share has no lend limit
+        for g in tree.depth_order:  # deepest first: children before parents
+            n = 0
+            for c in tree.children[g]:
+                n += self.node_offer[c]
+            self.node_net[g] = n
+            cap = self.node_lend_cap[g]
+            self.node_offer[g] = cap if n > cap else n
+        self.top_sum = self.pool + sum(self.node_offer[x] for x in tree.top)
+
+    def _share_net(self, s: int, more: int = 0) -> int:
+        u = self.held[s] + self.pend[s] + more
+        c = self.capacity[s]
+        if u > c:
+            return c - u
+        return c - u if self.lender[s] else 0
+
+    def _tree_update(self, s: int) -> None:
+        """Share s's numbers changed: its net and every ancestor's, as far as the change reaches."""
+        tree = self.tree
+        net, offer, parent, lend_cap = self.node_net, self.node_offer, tree.parent, self.node_lend_cap
+        n = self._share_net(s)
+        d = n - offer[s]
+        net[s] = offer[s] = n
+        p = parent[s]
+        while d and p >= 0:
+            n = net[p] + d
+            net[p] = n
+            cap = lend_cap[p]
+            o = cap if n > cap else n
+            d = o - offer[p]
+            offer[p] = o
+            p = parent[p]
+        if d:
+            self.top_sum += d
+
+    def _hw_short(self, d_own: int = 0, d_borrowed: int = 0, d_reserve: int = 0) -> int:
+        """Borrowed GPUs beyond what the hardware can hold (flat's clamp, as a shortfall of its own)."""
+        hw = self.schedulable_gpus - self.own_total - d_own - self.reserve_idle - d_reserve
+        over = self.borrowed_total + d_borrowed - (hw if hw > 0 else 0)
+        return over if over > 0 else 0
+
+    def _shortfalls(self, s: int) -> tuple[int, ...]:
+        """The shortfalls on share s's path: the hardware's, the top's, then each group's, top down."""
+        net, bcap = self.node_net, self.node_borrow_cap
+        top = -self.top_sum
+        out = [self._hw_short(), top if top > 0 else 0]
+        for g in self.tree.path[s]:
+            over = -net[g] - bcap[g]
+            out.append(over if over > 0 else 0)
+        return tuple(out)
+
+    def _shortfalls_if(self, s: int, more: int) -> tuple[int, ...]:
+        """_shortfalls(s) if share s held `more` GPUs more, without changing anything."""
+        tree = self.tree
+        u = self.held[s] + self.pend[s]
+        c = self.capacity[s]
+        own0 = u if u < c else c
+        own1 = u + more if u + more < c else c
+        d_own = own1 - own0
+        d_borrowed = (u + more - own1) - (u - own0)
+        hw = self._hw_short(d_own, d_borrowed, -d_own if self.reserve[s] else 0)
+        net, offer, lend_cap, bcap = self.node_net, self.node_offer, self.node_lend_cap, self.node_borrow_cap
+        d = self._share_net(s, more) - offer[s]
+        groups = []
+        for g in reversed(tree.path[s]):  # bottom up
+            n = net[g] + d
+            over = -n - bcap[g]
+            groups.append(over if over > 0 else 0)
+            cap = lend_cap[g]
+            o = cap if n > cap else n
+            d = o - offer[g]
+        top = -(self.top_sum + d)
+        return (hw, top if top > 0 else 0, *reversed(groups))
+
+    def _cover_tol(self, s: int) -> int | tuple[int, ...]:
+        """What a decision for share s may not make larger: the shortfall(s) now (0 where the cover holds)."""
+        if self.tree is None:
+            d = self._deficit()
+            return d if d > 0 else 0
+        return self._shortfalls(s)
+
+    def _covered(self, s: int, tol: int | tuple[int, ...]) -> bool:
+        """No shortfall on share s's path is larger than `tol` (one number for all, or one per level)."""
+        if self.tree is None:
+            return self._deficit() <= tol
+        now = self._shortfalls(s)
+        if tol.__class__ is int:
+            return max(now) <= tol
+        return all(a <= b for a, b in zip(now, tol, strict=True))
+
+    def _borrow_breaks(self, s: int, g: int) -> bool:
+        """Would share s borrowing g more GPUs leave a shortfall (rule 5: the cover, per level)?"""
+        if self.tree is None:
+            return self._deficit_if(s, g) > 0
+        return max(self._shortfalls_if(s, g)) > 0
+
+    def _borrow_block(self, s: int, g: int) -> tuple[str, int] | None:
+        """With groups: which level stops share s borrowing g GPUs: ("group", node) for a group's borrow
+        limit (the lowest such group), ("top", spare) for the top (what is offered there and unused), or
+        None. (The hardware's clamp reads as the top's.)"""
+        if self.tree is None:
+            return None
+        short = self._shortfalls_if(s, g)
+        path = self.tree.path[s]
+        for i in range(len(path) - 1, -1, -1):
+            if short[2 + i] > 0:
+                return ("group", path[i])
+        if short[0] > 0 or short[1] > 0:
+            return ("top", max(0, self.top_sum))
+        return None
+
+    # -- fair-share values (rules 3, 5 and 11) --------------------------------------------------------------
+
+    def _node_value(self, x: int) -> float:
+        """SEMANTICS' fair-share value of node x of this type: (taken from outside + history) / (weight x
+        max(1, capacity))."""
+        tree = self.sh.tree
+        taken = max(0, -self.node_net[x]) if self.tree is not None else self._borrowed(x)
+        h = self.history.get((tree.names[x], self.t), 0.0) if self.history else 0.0
+        c = self.node_capacity[x]
+        return (taken + h) / (tree.weight[x] * (c if c > 1 else 1))
+
+    def _fair_key(self, s: int) -> tuple:
+        """Rule 5's order for share s: its path's values and names from the top down (the lowest value
+        at the top goes first, then the same inside it, down to the share; ties: name)."""
+        tree = self.sh.tree
+        if tree is None:  # history alone, no weights or groups
+            return (self._history_value(s), self.sh.names[s])
+        names = tree.names
+        key: list = []
+        for x in (*tree.path[s], s) if self.tree is not None else (s,):
+            key.append(self._node_value(x))
+            key.append(names[x])
+        return tuple(key)
+
+    def _history_value(self, s: int) -> float:
+        taken = self.held[s] + self.pend[s] - self.capacity[s]
+        h = self.history.get((self.sh.names[s], self.t), 0.0)
+        return ((taken if taken > 0 else 0) + h) / max(1, self.capacity[s])
 
     def _contrib(self, s: int, sign: int) -> None:
         u = self.held[s] + self.pend[s]
@@ -30,6 +206,8 @@ class CoverAccounting:
         self.pend[s] += dp
         self.grace[s] += dg
         self._contrib(s, 1)
+        if self.tree is not None:
+            self._tree_update(s)
 
     def _deficit(self) -> int:
         """Borrowed minus idle-lendable GPUs (> 0: the cover of rule 3 is broken).

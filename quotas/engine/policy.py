@@ -67,6 +67,7 @@ from quotas.engine.tree import GroupSpec
 from quotas.engine.views import (  # noqa: F401
     ADMITTED_BORROWED,
     ADMITTED_OWN,
+    FAIR_SHARE,
     LEND,
     LEND_AND_BORROW,
     PRIORITY,
@@ -117,9 +118,9 @@ def plan(snapshot: Snapshot) -> Plan:
 
     The same engine as `Engine.plan()`, built from the snapshot at once.
     """
-    sh = ShareIndex(snapshot.shares, snapshot.running, snapshot.queued)
+    sh = ShareIndex(snapshot.shares, snapshot.running, snapshot.queued, snapshot.groups)
     bases = type_states(sh, snapshot.nodes, snapshot.running, snapshot.queued)
-    return run_pass(bases, snapshot.now, snapshot.starvation_s)
+    return run_pass(bases, snapshot.now, snapshot.starvation_s, snapshot.history, snapshot.fair_reclaim)
 
 
 class Engine:
@@ -189,13 +190,13 @@ class Engine:
 
     def _state(self) -> tuple[ShareIndex, dict[str, TypeState]]:
         if self._sh is None:
-            self._sh = ShareIndex(self.shares, self.running.values(), self.queued.values())
+            self._sh = ShareIndex(self.shares, self.running.values(), self.queued.values(), self.groups)
             self._bases = type_states(self._sh, self.nodes, self.running.values(), self.queued.values())
             self._cluster = None
         return self._sh, self._bases
 
     def plan(self, now: float) -> Plan:
-        return run_pass(self._state()[1], now, self.starvation_s)
+        return run_pass(self._state()[1], now, self.starvation_s, self.history, self.fair_reclaim)
 
     def usage(self) -> dict[str, dict[str, ShareUsage]]:
         """usage(self.snapshot(now)) from the kept state, without a walk over the attempts."""

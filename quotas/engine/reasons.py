@@ -81,6 +81,9 @@ class WaitingReasons:
                         if borrowed >= bcap
                         else f"{own}, would borrow {would}{already}, limit {bcap}"
                     )
+                elif kind == "group_limit":
+                    name, bcap, taken = key[4], key[5], key[6]
+                    why = f"{own}; group {name} may take {bcap} {t} from outside: {taken} taken"
                 elif kind == "slack":
                     spare = key[4]
                     why = (

@@ -58,14 +58,13 @@ class OwnCapacityRules:
         waits for those GPUs (rule 9)."""
         job = self.q[s][k]
         g = job.gpus
-        d = self._deficit()
-        tol = d if d > 0 else 0  # never make the cover worse; restore it if it held
+        tol = self._cover_tol(s)  # never make the cover worse; restore it if it held
         if self._place_failed(g):
             return self._blocked_on_placement(s, k, tol)
         self._taken = {}
         self._chg(s, dp=g)
         fits = None
-        if self._deficit() <= tol:
+        if self._covered(s, tol):
             # Rule 9 with nothing to take: where the cover holds and a node fits (free or being-freed
             # GPUs), the minimal set is empty; _minimal_victims would say so after building its walk.
             placement = self._place(g, None, True, self.ben_nodes.get(job.job_id))
@@ -160,8 +159,7 @@ class OwnCapacityRules:
         p = job.priority
         if sum(gpus for prio, gpus in self.pgpus[s].items() if prio < p) < over:
             return DEFERRED  # even all of them (victims taken this pass included) leave it over capacity
-        d = self._deficit()
-        tol = d if d > 0 else 0
+        tol = self._cover_tol(s)
         self._taken = {}
         self._chg(s, dp=g)
 
@@ -321,7 +319,7 @@ class OwnCapacityRules:
     def _starving(self, job: QueuedView) -> bool:
         return self.now - job.submitted_at > self.starvation_s
 
-    def _reserve_starving(self, s: int, k: int, tol: int) -> int:
+    def _reserve_starving(self, s: int, k: int, tol: int | tuple[int, ...]) -> int:
         """The share's head has waited too long: hold the node(s) it needs next (those closest to
         fitting it) so backfill cannot take them, and its GPUs in the share's accounting if the cover
         allows. q[s][k] is not in `pend[s]` when this is called."""
@@ -339,7 +337,7 @@ class OwnCapacityRules:
                         best = key
             placement = [(best[1], g)]
         self._chg(s, dp=g)
-        if self._deficit() > tol:
+        if not self._covered(s, tol):
             self._chg(s, dp=-g)
         hold = []
         for i, c in placement:
@@ -353,7 +351,7 @@ class OwnCapacityRules:
         self.held_for[s] = min(self.held_for[s], self.qkey[s][k])
         return RESERVED
 
-    def _blocked_on_placement(self, s: int, k: int, tol: int) -> int:
+    def _blocked_on_placement(self, s: int, k: int, tol: int | tuple[int, ...]) -> int:
         job = self.q[s][k]
         if self._starving(job) and self._is_head(s, k):
             return self._reserve_starving(s, k, tol)

@@ -51,7 +51,13 @@ from quotas.engine.views import (
 __all__ = ["NodeFit", "ProtectionClaim", "TypePass", "run_pass"]
 
 
-def run_pass(bases: Mapping[str, TypeState], now: float, starvation_s: float) -> Plan:
+def run_pass(
+    bases: Mapping[str, TypeState],
+    now: float,
+    starvation_s: float,
+    history: Mapping[tuple[str, str], float] | None = None,
+    fair_reclaim: bool = False,
+) -> Plan:
     out = PassOutput()
     beneficiaries: set[Hashable] = set()
     for base in bases.values():
@@ -65,7 +71,7 @@ def run_pass(bases: Mapping[str, TypeState], now: float, starvation_s: float) ->
         if not base.qinfo:
             continue  # nothing queued of this type: nothing to admit, nothing to pre-empt for
         lazy = len(out.later)
-        tp = TypePass(base, now, starvation_s, beneficiaries, out)
+        tp = TypePass(base, now, starvation_s, beneficiaries, out, history, fair_reclaim)
         tp.run()
         for a in tp.marked:
             a.victim = False  # the attempts outlive the pass; its decisions are in `out`
@@ -105,7 +111,14 @@ class TypePass(OwnCapacityRules, BorrowingRules, VictimWalk, CoverAccounting, No
     """
 
     def __init__(
-        self, base: TypeState, now: float, starvation_s: float, beneficiaries: set[Hashable], out: PassOutput
+        self,
+        base: TypeState,
+        now: float,
+        starvation_s: float,
+        beneficiaries: set[Hashable],
+        out: PassOutput,
+        history: Mapping[tuple[str, str], float] | None = None,
+        fair_reclaim: bool = False,
     ) -> None:
         self.base = base
         self.sh = base.sh
@@ -176,6 +189,9 @@ class TypePass(OwnCapacityRules, BorrowingRules, VictimWalk, CoverAccounting, No
         for s in range(n_shares):
             self._contrib(s, 1)
         self.own_room_at_start = [self.capacity[s] - held[s] - grace[s] for s in range(n_shares)]
+        # -- the organisation tree (cover.py): None for a flat layout with every weight 1 and no history,
+        # where every rule runs as before the tree existed
+        self._tree_setup(history or {}, fair_reclaim)
 
         # -- memos: a shape that could not be placed even with reclaim stays so until GPUs being freed
         # are added to the unreserved pool (epoch), since free GPUs and candidates only shrink.
@@ -257,7 +273,7 @@ class TypePass(OwnCapacityRules, BorrowingRules, VictimWalk, CoverAccounting, No
         lazy = self.out.later if reasons.LAZY_REASONS else None
         for s, ks in pending.items():
             if self.may_borrow[s] and not self.no_borrow:
-                heap.append((self._borrow_ratio(s), s))
+                heap.append((self._borrow_order(s), s))
             elif lazy is None:
                 for k in ks:
                     self._borrow(s, k)
@@ -268,8 +284,17 @@ class TypePass(OwnCapacityRules, BorrowingRules, VictimWalk, CoverAccounting, No
                 lazy.append((self._borrow, s, ks))
         heapq.heapify(heap)
         ptr = dict.fromkeys(pending, 0)
+        fair = self.fair
         while heap:
-            _, s = heapq.heappop(heap)
+            key, s = heapq.heappop(heap)
+            if fair and heap:
+                # A sibling's borrowing raised the values of their common groups: this share's key in
+                # the heap may be stale (values only grow in phase C), so it goes back if it is now
+                # behind the next one.
+                now_key = self._borrow_order(s)
+                if now_key != key and (now_key, s) > heap[0]:
+                    heapq.heappush(heap, (now_key, s))
+                    continue
             ks = pending[s]
             k, n, decided = ptr[s], ks.stop, ks.decided
             limit = self.capacity[s] + self.borrow_cap[s]
@@ -287,7 +312,7 @@ class TypePass(OwnCapacityRules, BorrowingRules, VictimWalk, CoverAccounting, No
                 if self._borrow(s, k) == ADMITTED:
                     k += 1
                     if heap:
-                        key = (self._borrow_ratio(s), s)
+                        key = (self._borrow_order(s), s)
                         if key > heap[0]:
                             heapq.heappush(heap, key)
                             break

@@ -13,8 +13,10 @@ that runs this long without finishing ends the job FAILED).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,6 +25,7 @@ from types import MappingProxyType
 from typing import Any
 
 from quotas.engine import policy
+from quotas.engine.tree import MAX_LIMIT, GroupSpec, validate_tree
 
 ENABLED = "ENABLED"
 DISABLED = "DISABLED"
@@ -30,8 +33,9 @@ SHARE_STATES = (ENABLED, DISABLED)
 
 UPDATE_SHARE = "update_share"
 UPDATE_JOB = "update_job"
+UPDATE_GROUP = "update_group"
 CANCEL = "cancel"
-EVENT_KINDS = (UPDATE_SHARE, UPDATE_JOB, CANCEL)
+EVENT_KINDS = (UPDATE_SHARE, UPDATE_JOB, CANCEL, UPDATE_GROUP)
 
 MAX_PRIORITY = 9999
 SHARE_NAME_RE = re.compile(r"[a-z0-9-]{1,63}")
@@ -52,6 +56,8 @@ class Settings:
     preemption_grace_s: int = 30
     starvation_s: int = 3600
     until_s: int | None = None
+    fair_share_half_life_s: int = 0
+    fair_reclaim: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +79,22 @@ class Share:
     in_share_preemption: bool = False
     min_runtime_s: int = 0
     state: str = ENABLED
+    group: str | None = None
+    weight: float = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """A group of the organisation tree (SEMANTICS "Groups: the organisation tree")."""
+
+    name: str
+    parent: str | None = None
+    weight: float = 1
+    borrow_limit: int = policy.UNLIMITED
+    lend_limit: int = policy.UNLIMITED
+
+    def spec(self) -> GroupSpec:
+        return GroupSpec(self.name, self.parent, self.weight, self.borrow_limit, self.lend_limit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +121,7 @@ class Event:
     kind: str
     job: str | None = None
     share: str | None = None
+    group: str | None = None
     set: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
@@ -110,6 +133,7 @@ class Scenario:
     jobs: tuple[Job, ...]
     events: tuple[Event, ...] = ()
     description: str = ""
+    groups: tuple[Group, ...] = ()
 
     def grace_s(self, job: Job) -> int:
         if job.preemption_grace_s is None:
@@ -129,6 +153,7 @@ class Scenario:
         data: dict[str, Any] = {
             "settings": plain(self.settings),
             "nodes": [plain(n) for n in self.nodes],
+            **({"groups": [plain(g) for g in self.groups]} if self.groups else {}),
             "shares": [plain(s) for s in self.shares],
             "jobs": [plain(j) for j in self.jobs],
             "events": [
@@ -211,6 +236,17 @@ def _bool(value: Any):
     return value, None
 
 
+def _weight(value: Any):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        return None, f"must be a positive number, got {value!r}"
+    return value, None
+
+
 def _capacity(value: Any):
     if not isinstance(value, Mapping):
         return None, 'must be an object {"gpu_type": gpus}'
@@ -227,6 +263,15 @@ _SETTINGS_FIELDS = {
     "preemption_grace_s": (False, _int(0)),
     "starvation_s": (False, _int(0)),
     "until_s": (False, _int(0, nullable=True)),
+    "fair_share_half_life_s": (False, _int(0)),
+    "fair_reclaim": (False, _bool),
+}
+_GROUP_FIELDS = {
+    "name": (True, _string(SHARE_NAME_RE)),
+    "parent": (False, _string(SHARE_NAME_RE, nullable=True)),
+    "weight": (False, _weight),
+    "borrow_limit": (False, _int(policy.UNLIMITED, MAX_LIMIT)),
+    "lend_limit": (False, _int(policy.UNLIMITED, 100)),
 }
 _NODE_FIELDS = {
     "name": (True, _string()),
@@ -244,6 +289,8 @@ _SHARE_FIELDS = {
     "in_share_preemption": (False, _bool),
     "min_runtime_s": (False, _int(0)),
     "state": (False, _choice(SHARE_STATES)),
+    "group": (False, _string(SHARE_NAME_RE, nullable=True)),
+    "weight": (False, _weight),
 }
 _JOB_FIELDS = {
     "id": (True, _string()),
@@ -264,15 +311,26 @@ _JOB_FIELDS = {
 # What update_share / update_job may set: the share fields a running system can change, and priority.
 _SHARE_UPDATES = {
     k: _SHARE_FIELDS[k]
-    for k in ("capacity", "strategy", "borrow_limit", "in_share_preemption", "min_runtime_s", "state")
+    for k in (
+        "capacity",
+        "strategy",
+        "borrow_limit",
+        "in_share_preemption",
+        "min_runtime_s",
+        "state",
+        "group",
+        "weight",
+    )
 }
+_GROUP_UPDATES = {k: _GROUP_FIELDS[k] for k in ("parent", "weight", "borrow_limit", "lend_limit")}
 _JOB_UPDATES = {"priority": _JOB_FIELDS["priority"]}
 _EVENT_FIELDS = {
     UPDATE_SHARE: ("share", _SHARE_UPDATES),
     UPDATE_JOB: ("job", _JOB_UPDATES),
     CANCEL: ("job", None),
+    UPDATE_GROUP: ("group", _GROUP_UPDATES),
 }
-_TOP_FIELDS = ("settings", "nodes", "shares", "jobs", "events", "description")
+_TOP_FIELDS = ("settings", "nodes", "groups", "shares", "jobs", "events", "description")
 
 
 class _Parser:
@@ -328,9 +386,14 @@ class _Parser:
             description = ""
         settings = Settings(**(self.fields("settings", data.get("settings", {}), _SETTINGS_FIELDS) or {}))
         nodes = self.nodes(self.items(data, "nodes"))
+        groups = self.groups(data.get("groups", []))
         shares = self.shares(self.items(data, "shares"))
         jobs = self.jobs(self.items(data, "jobs"), nodes, {s.name for s in shares})
-        events = self.events(self.items(data, "events"), {s.name for s in shares}, jobs)
+        events = self.events(
+            self.items(data, "events"), {s.name for s in shares}, jobs, {g.name for g in groups}
+        )
+        if not self.errors:
+            self.tree(groups, shares, events)
         if self.errors:
             raise ScenarioError(self.errors)
         return Scenario(
@@ -340,6 +403,7 @@ class _Parser:
             jobs=tuple(jobs),
             events=tuple(events),
             description=description,
+            groups=tuple(groups),
         )
 
     def nodes(self, raw: list[Any]) -> list[Node]:
@@ -360,6 +424,44 @@ class _Parser:
                 self.error(where, f"lost_at ({node.lost_at}) must be later than ready_at ({node.ready_at})")
             nodes.append(node)
         return nodes
+
+    def groups(self, raw: Any) -> list[Group]:
+        if not isinstance(raw, list):
+            self.error("groups", "must be a list")
+            return []
+        groups = []
+        for i, item in enumerate(raw):
+            name = item.get("name") if isinstance(item, Mapping) else None
+            where = f"groups[{i}]" + (f" ({name})" if isinstance(name, str) else "")
+            got = self.fields(where, item, _GROUP_FIELDS)
+            if got is None or "name" not in got:
+                continue
+            groups.append(Group(**got))
+        return groups
+
+    def tree(self, groups: list[Group], shares: list[Share], events: list[Event]) -> None:
+        """The tree must be valid as given and after every event that changes it (SEMANTICS: a cycle, an
+        unknown group, a fifth level are refused), each problem named with its field."""
+        problems = validate_tree([g.spec() for g in groups], shares)
+        for path, message in problems:
+            where, field_name = _tree_where(path, groups, shares)
+            self.error(where, f"{field_name}: {message}" if field_name else message)
+        if problems:
+            return
+        by_group = {g.name: g for g in groups}
+        by_share = {s.name: s for s in shares}
+        for i, event in sorted(enumerate(events), key=lambda e: e[1].at):
+            if event.kind == UPDATE_GROUP:
+                by_group[event.group] = dataclasses.replace(by_group[event.group], **event.set)
+            elif event.kind == UPDATE_SHARE and event.set.keys() & {"group", "weight"}:
+                by_share[event.share] = dataclasses.replace(by_share[event.share], **event.set)
+            else:
+                continue
+            after = validate_tree([g.spec() for g in by_group.values()], list(by_share.values()))
+            for path, message in after:
+                self.error(f"events[{i}] ({event.kind} at {event.at}) set", f"{path}: {message}")
+            if after:
+                return
 
     def shares(self, raw: list[Any]) -> list[Share]:
         shares, seen = [], set()
@@ -402,7 +504,9 @@ class _Parser:
             jobs.append(job)
         return jobs
 
-    def events(self, raw: list[Any], share_names: set[str], jobs: list[Job]) -> list[Event]:
+    def events(
+        self, raw: list[Any], share_names: set[str], jobs: list[Job], group_names: set[str] = frozenset()
+    ) -> list[Event]:
         submit_at = {j.id: j.submit_at for j in jobs}
         events = []
         for i, item in enumerate(raw):
@@ -423,6 +527,9 @@ class _Parser:
                 continue
             if target == "share" and got["share"] not in share_names:
                 self.error(where, f'share "{got["share"]}" is not defined')
+                continue
+            if target == "group" and got["group"] not in group_names:
+                self.error(where, f'group "{got["group"]}" is not defined')
                 continue
             if target == "job":
                 if got["job"] not in submit_at:
@@ -445,6 +552,15 @@ class _Parser:
                 got["set"] = MappingProxyType(values)
             events.append(Event(**got))
         return events
+
+
+def _tree_where(path: str, groups: list[Group], shares: list[Share]) -> tuple[str, str]:
+    """validate_tree's path (`groups[1].parent`) as this module names fields: (`groups[1] (team)`,
+    `parent`)."""
+    head, _, field_name = path.partition(".")
+    kind, _, rest = head.partition("[")
+    items = groups if kind == "groups" else shares
+    return f"{head} ({items[int(rest.rstrip(']'))].name})", field_name
 
 
 def _shape_problem(job: Job, sizes: Mapping[int, int] | None) -> str | None:

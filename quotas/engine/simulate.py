@@ -83,6 +83,7 @@ from quotas.engine.policy import (
 )
 from quotas.engine.reasons import WaitingReasons
 from quotas.engine.timeline import Timeline, percentile
+from quotas.engine.tree import FairShareHistory, Tree, nets
 
 SUCCEEDED = "SUCCEEDED"
 FAILED = "FAILED"
@@ -96,9 +97,9 @@ NODE_LOST = "NODE_LOST"
 _END, _GRACE, _LOST, _READY, _SUBMIT, _EVENT, _RECHECK, _TICK = range(8)
 
 # Lost work by cause (the result's shares[].lost_gpu_seconds), from a pre-emption's reason or a lost node.
-LOST_RECLAIM, LOST_PRIORITY, LOST_NODE = "reclaim", "priority", "node_lost"
-LOST_CAUSES = (LOST_RECLAIM, LOST_PRIORITY, LOST_NODE)
-_CAUSE = {policy.RECLAIM: LOST_RECLAIM, policy.PRIORITY: LOST_PRIORITY}
+LOST_RECLAIM, LOST_PRIORITY, LOST_FAIR, LOST_NODE = "reclaim", "priority", "fair_share", "node_lost"
+LOST_CAUSES = (LOST_RECLAIM, LOST_PRIORITY, LOST_FAIR, LOST_NODE)
+_CAUSE = {policy.RECLAIM: LOST_RECLAIM, policy.PRIORITY: LOST_PRIORITY, policy.FAIR_SHARE: LOST_FAIR}
 
 # Passes at one instant that still decide something new: beyond this the policy is looping.
 MAX_PASSES_PER_INSTANT = 1000
@@ -199,16 +200,22 @@ class SimResult:
     rejected: dict[str, str] = field(default_factory=dict)
     # Policy decisions that were odd but applicable (e.g. one pre-emption listed twice in a plan).
     warnings: list[str] = field(default_factory=list)
+    # Per group: GPU-seconds its subtree took from outside itself and lent outside itself (SCENARIO.md
+    # result `groups`); None when the scenario has no groups.
+    groups: dict[str, dict[str, int]] | None = None
 
     def attempts(self) -> list[AttemptRecord]:
         return [a for job in self.jobs.values() for a in job.attempts]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "jobs": {job_id: rec.to_dict() for job_id, rec in self.jobs.items()},
             "shares": self.shares,
             "cluster": self.cluster,
         }
+        if self.groups is not None:
+            out["groups"] = self.groups
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, indent=1) + "\n"
@@ -322,6 +329,70 @@ def simulate(
         WaitingReasons._wait = wait
 
 
+class _OrgAccounting:
+    """The organisation tree's numbers along a run: per group the GPUs its subtree takes from and lends
+    outside itself at each instant (integrated into the result's `groups` block), and the decayed
+    borrowing history (tree.FairShareHistory) that each pass reads. Usage counts GPUs in grace, as
+    SEMANTICS' usage does."""
+
+    def __init__(self, sim: _Simulator) -> None:
+        self.sim = sim
+        self.tree: Tree | None = None
+        self.at = 0
+        self.taken: dict[tuple[str, str], int] = {}  # (name, type) -> GPUs taken from outside now
+        self.lent: dict[tuple[str, str], float] = {}
+        self.from_outside_s: dict[str, float] = {g: 0.0 for g in sim.groups}
+        self.lent_outside_s: dict[str, float] = {g: 0.0 for g in sim.groups}
+        self.history = FairShareHistory(sim.settings.fair_share_half_life_s)
+
+    def before_pass(self, now: int) -> None:
+        if self.history.half_life_s:
+            self.sim.engine.set_history(self.history.advance(now, self.taken))
+
+    def account(self, t: int) -> None:
+        """After instant t: integrate what held since the last change, then read the new numbers."""
+        dt = t - self.at
+        if dt:
+            for (name, _), gpus in self.taken.items():
+                if name in self.from_outside_s:
+                    self.from_outside_s[name] += gpus * dt
+            for (name, _), gpus in self.lent.items():
+                if name in self.lent_outside_s:
+                    self.lent_outside_s[name] += gpus * dt
+        self.at = t
+        sim = self.sim
+        if self.tree is None:
+            self.tree = Tree.build([g.spec() for g in sim.groups.values()], list(sim.share_views.values()))
+        used: dict[str, dict[str, int]] = {}
+        pools: dict[str, int] = {}
+        for share, gpu_type, capacity, use, _, _ in sim.engine.usage_rows():
+            if share == policy.UNASSIGNED:
+                pools[gpu_type] = capacity
+            elif use:
+                used.setdefault(gpu_type, {})[share] = use
+        taken: dict[tuple[str, str], int] = {}
+        lent: dict[tuple[str, str], float] = {}
+        for gpu_type in used.keys() | pools.keys():
+            n = nets(self.tree, gpu_type, used.get(gpu_type, {}), pools.get(gpu_type, 0))
+            for name, gpus in n.taken.items():
+                if gpus:
+                    taken[(name, gpu_type)] = gpus
+            for name, gpus in n.lent.items():
+                if gpus:
+                    lent[(name, gpu_type)] = gpus
+        self.taken, self.lent = taken, lent
+
+    def result(self, end: int) -> dict[str, dict[str, int]]:
+        self.account(end)
+        return {
+            name: {
+                "gpu_seconds_from_outside": round(self.from_outside_s[name]),
+                "gpu_seconds_lent_outside": round(self.lent_outside_s[name]),
+            }
+            for name in sorted(self.from_outside_s)
+        }
+
+
 # The forecast's runtime guess for a job without max_runtime_s learns from the last rt.RECENT_SAMPLE
 # successful attempts of its share and of its name, else is DEFAULT_RUNTIME_S (as in production).
 DEFAULT_RUNTIME_S = 3600
@@ -365,9 +436,18 @@ class _Simulator:
         self.running: dict[str, _Run] = {}
         # What the policy sees, kept by the engine between passes; the simulator reports each change
         # to it (rviews and qviews are the engine's own views, read here, never written).
+        settings = scenario.settings
+        self.groups = {g.name: g for g in scenario.groups}
         self.engine = policy.Engine(
-            shares=self.share_views.values(), starvation_s=scenario.settings.starvation_s
+            shares=self.share_views.values(),
+            starvation_s=settings.starvation_s,
+            groups=[g.spec() for g in self.groups.values()],
+            fair_share_half_life_s=settings.fair_share_half_life_s,
+            fair_reclaim=settings.fair_reclaim,
         )
+        # The organisation tree's accounting (the result's `groups` block, and the history that rule 5
+        # reads): None for a flat layout, which then costs nothing here.
+        self.org = _OrgAccounting(self) if scenario.groups or settings.fair_share_half_life_s else None
         self.rviews: Mapping[str, RunningView] = self.engine.running
         self.qviews: Mapping[str, QueuedView] = self.engine.queued
         decide = self._engine_plan if planner is None else self._snapshot_plan
@@ -532,6 +612,8 @@ class _Simulator:
             self.on_pass(self.now)
         if self.checkpoints:
             self.report_checkpoints()
+        if self.org is not None:
+            self.org.before_pass(self.now)
         return self.engine.plan(self.now)
 
     def _snapshot_plan(self) -> Plan:
@@ -540,6 +622,8 @@ class _Simulator:
             self.on_pass(self.now)
         if self.checkpoints:
             self.report_checkpoints()
+        if self.org is not None:
+            self.org.before_pass(self.now)
         return self.planner(self.snapshot())
 
     @staticmethod
@@ -551,6 +635,8 @@ class _Simulator:
             borrow_limit=share.borrow_limit,
             in_share_preemption=share.in_share_preemption,
             min_runtime_s=share.min_runtime_s,
+            group=share.group,
+            weight=share.weight,
         )
 
     def queue(self, job: _Job) -> None:
@@ -709,6 +795,20 @@ class _Simulator:
             self.share_specs[share.name] = share
             self.share_views[share.name] = self._share_view(share)
             self.engine.set_shares(self.share_views.values())
+            if self.org is not None:
+                self.org.tree = None
+            self.invalidate(usage=True)
+            return
+        if event.kind == sc.UPDATE_GROUP:
+            self.groups[event.group] = dataclasses.replace(self.groups[event.group], **event.set)
+            settings = self.settings
+            self.engine.set_tree(
+                [g.spec() for g in self.groups.values()],
+                fair_share_half_life_s=settings.fair_share_half_life_s,
+                fair_reclaim=settings.fair_reclaim,
+            )
+            if self.org is not None:
+                self.org.tree = None
             self.invalidate(usage=True)
             return
         job = self.jobs[event.job]
@@ -937,6 +1037,8 @@ class _Simulator:
         for key, gpus in self.cluster_caps.items():
             values[key] = values.get(key, 0) + gpus
         self.timeline.record(t, values)
+        if self.org is not None:
+            self.org.account(t)
 
     def result(self, end: int, cut: bool) -> SimResult:
         self.timeline.end = end
@@ -974,6 +1076,7 @@ class _Simulator:
         }
         if self.forecasting:
             cluster["forecast_error"] = forecast_error(jobs.values())
+        groups = self.org.result(end) if self.org is not None and self.scenario.groups else None
         waiting = {
             job_id: str(self.last_waiting.get(job_id, "no reason given"))
             for job_id, record in jobs.items()
@@ -982,6 +1085,7 @@ class _Simulator:
         return SimResult(
             jobs=jobs,
             shares=shares,
+            groups=groups,
             cluster=cluster,
             timeline=self.timeline,
             waiting=waiting,

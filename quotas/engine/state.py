@@ -8,10 +8,11 @@ import heapq
 import math
 import weakref
 from bisect import bisect_left
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
+from quotas.engine.tree import GroupSpec, TreeIndex, limit_gpus
 from quotas.engine.views import (
     LEND_AND_BORROW,
     RESERVE,
@@ -209,10 +210,14 @@ class ShareIndex:
     """The shares as a pass indexes them, by name order. A share referenced by work but missing from
     the declared ones owns nothing and may borrow nothing (see _all_shares)."""
 
-    __slots__ = ("known", "names", "views", "sidx")
+    __slots__ = ("known", "names", "views", "sidx", "tree")
 
     def __init__(
-        self, declared: Iterable[ShareView], running: Iterable[RunningView], queued: Iterable[QueuedView]
+        self,
+        declared: Iterable[ShareView],
+        running: Iterable[RunningView],
+        queued: Iterable[QueuedView],
+        groups: Sequence[GroupSpec] = (),
     ):
         shares = {s.name: s for s in declared}
         self.known = set(shares)
@@ -222,6 +227,11 @@ class ShareIndex:
         self.names = sorted(shares)
         self.views = [shares[n] for n in self.names]
         self.sidx = {n: i for i, n in enumerate(self.names)}
+        # The organisation tree (tree.TreeIndex), or None for a flat layout with every weight 1: then
+        # every rule runs exactly as it did before the tree existed.
+        self.tree: TreeIndex | None = None
+        if groups or any(v.weight != 1 for v in self.views):
+            self.tree = TreeIndex(self.views, tuple(groups))
 
 
 def _job_key(job: QueuedView) -> tuple:
@@ -284,6 +294,18 @@ class TypeState:
         # type, the node size and `overcommitted` only, all fixed for this base's life.
         self.reasons: dict[tuple, str] = {}
         self.lender_shares = [s for s in range(n) if self.lender[s] and cap[s] > 0]
+        # The tree's numbers of this type (see cover.py): each node's capacity and its limits in GPUs.
+        tree = sh.tree
+        if tree is not None and tree.has_groups:
+            self.node_capacity = tree.capacities(cap)
+            self.node_lend_cap = [
+                limit_gpus(lim, c) for lim, c in zip(tree.lend_limit, self.node_capacity, strict=True)
+            ]
+            self.node_borrow_cap = [
+                limit_gpus(lim, c) for lim, c in zip(tree.borrow_limit, self.node_capacity, strict=True)
+            ]
+        elif tree is not None:
+            self.node_capacity = list(cap)
 
         # -- running attempts
         self.used = [0] * n_nodes  # GPUs in use per node, a bit mask

@@ -337,7 +337,7 @@ class FairShareHistory:
 
 def taken_from_outside(snapshot: Snapshot) -> dict[tuple[str, str], int]:
     """(share or group name, type) -> GPUs its subtree takes from outside itself now (positive only): what
-    `FairShareHistory.advance` is fed after a pass. GPUs in grace count as being freed (the cover's view)."""
+    `FairShareHistory.advance` is fed after a pass. Usage counts GPUs in grace (SEMANTICS' usage)."""
     out: dict[tuple[str, str], int] = {}
     tree, per_type = _accounting(snapshot)
     for gpu_type, (n, _, _) in per_type.items():
@@ -349,7 +349,7 @@ def taken_from_outside(snapshot: Snapshot) -> dict[tuple[str, str], int]:
 
 def _accounting(snapshot: Snapshot) -> tuple[Tree, dict[str, tuple[Nets, dict[str, int], int]]]:
     """The tree and, per type, its nets, the GPUs each share uses (grace not counted) and the pool."""
-    u = usage(snapshot, count_preempting=False)
+    u = usage(snapshot)
     shares = [s for s in snapshot.shares]
     known = {s.name for s in shares}
     # A share named only by work owns nothing and borrows what it holds (views._all_shares).
@@ -523,3 +523,79 @@ __all__ = [
     "taken_from_outside",
     "validate_tree",
 ]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The tree over a pass's share indexes (state.ShareIndex), for the rules
+
+
+class TreeIndex:
+    """The organisation tree as the pass indexes it: nodes 0..n-1 are the shares in ShareIndex order,
+    n.. the groups by name. `parent[x]` (-1: under the cluster), `children[x]`, `path[s]` (a share's
+    groups from the top down), `depth_order` (groups deepest first, for sums bottom-up), `weight[x]`,
+    `names[x]`, and the groups' limits in percent (-1 for shares: a share's borrow limit is its own
+    rule). A tree that `validate_tree` rejects never reaches a pass (the layout and the scenario refuse
+    it); should one come in a hostile snapshot, its groups are ignored (a flat layout)."""
+
+    __slots__ = (
+        "n_shares",
+        "names",
+        "parent",
+        "children",
+        "top",
+        "path",
+        "depth_order",
+        "weight",
+        "borrow_limit",
+        "lend_limit",
+        "has_groups",
+    )
+
+    def __init__(self, shares: Sequence[ShareView], groups: Sequence[GroupSpec]) -> None:
+        if groups and validate_tree(groups, shares):
+            groups = ()
+        n = len(shares)
+        ordered = sorted(groups, key=lambda g: g.name)
+        self.n_shares = n
+        self.has_groups = bool(ordered)
+        self.names = [s.name for s in shares] + [g.name for g in ordered]
+        gidx = {g.name: n + i for i, g in enumerate(ordered)}
+        self.parent = [gidx.get(s.group, -1) if s.group is not None else -1 for s in shares]
+        self.parent += [gidx[g.parent] if g.parent is not None else -1 for g in ordered]
+        total = len(self.names)
+        self.children: list[list[int]] = [[] for _ in range(total)]
+        self.top: list[int] = []
+        for x in range(total):
+            p = self.parent[x]
+            (self.children[p] if p >= 0 else self.top).append(x)
+        self.path: list[tuple[int, ...]] = []
+        depth = [0] * total
+        for x in range(total):
+            up, p = [], self.parent[x]
+            while p >= 0:
+                up.append(p)
+                p = self.parent[p]
+            depth[x] = len(up)
+            if x < n:
+                self.path.append(tuple(reversed(up)))
+        self.depth_order = sorted(range(n, total), key=lambda x: -depth[x])
+        self.weight = [float(s.weight) for s in shares] + [float(g.weight) for g in ordered]
+        self.borrow_limit = [UNLIMITED] * n + [g.borrow_limit for g in ordered]
+        self.lend_limit = [UNLIMITED] * n + [g.lend_limit for g in ordered]
+
+    def capacities(self, share_capacity: Sequence[int]) -> list[int]:
+        """Per node, the capacity of one type: a share's own, a group's its subtree's sum."""
+        caps = list(share_capacity) + [0] * (len(self.names) - self.n_shares)
+        for s, c in enumerate(share_capacity):
+            for g in self.path[s]:
+                caps[g] += c
+        return caps
+
+    def common_depth(self, a: int, b: int) -> int:
+        """How many groups shares a and b have in common (0: only the cluster): rule 3's distance, the
+        fewer the further."""
+        pa, pb = self.path[a], self.path[b]
+        i = 0
+        while i < len(pa) and i < len(pb) and pa[i] == pb[i]:
+            i += 1
+        return i

@@ -74,13 +74,23 @@ class VictimWalk:
             st[1].remove(a)
 
     def _reclaim_candidates(self, s_job: int) -> Iterator[PassAttempt]:
-        """Rule 3's order: borrowed attempts of the other shares, the share with the most borrowed GPUs
-        first (counted now, when the reclaim starts; ties: share name), inside a share lowest priority
-        first, then the most recent safe point, then later in queue order (rule 8)."""
-        order = sorted(
-            (s for s in self.vshares if s != s_job and self._borrowed(s) > 0),
-            key=lambda s: (-self._borrowed(s), s),  # share indexes follow name order
-        )
+        """Rule 3's order: borrowed attempts of the other shares, the shares furthest from s_job in the
+        organisation tree first (the fewest groups in common), then the share with the most borrowed
+        GPUs ÷ its weight (counted now, when the reclaim starts, without history; ties: share name),
+        inside a share lowest priority first, then the most recent safe point, then later in queue
+        order (rule 8). Flat, with every weight 1: the most borrowed first."""
+        tree = self.sh.tree
+        if tree is None:
+            order = sorted(
+                (s for s in self.vshares if s != s_job and self._borrowed(s) > 0),
+                key=lambda s: (-self._borrowed(s), s),  # share indexes follow name order
+            )
+        else:
+            common, weight = tree.common_depth, tree.weight
+            order = sorted(
+                (s for s in self.vshares if s != s_job and self._borrowed(s) > 0),
+                key=lambda s: (common(s_job, s), -self._borrowed(s) / weight[s], s),
+            )
         now = self.now if self._exclude else None  # rule 10: protected attempts are no candidates
         for s in order:
             lst = self.vlist[s]
@@ -127,7 +137,7 @@ class VictimWalk:
         self,
         s: int,
         g: int,
-        tol: int,
+        tol: int | tuple[int, ...],
         walk_inputs: Callable[[], tuple[Iterator[tuple[PassAttempt, str]], dict[int, int] | None]],
         own_limit: bool,
         fits: bool | None = None,
@@ -180,7 +190,7 @@ class VictimWalk:
         self,
         s: int,
         g: int,
-        tol: int,
+        tol: int | tuple[int, ...],
         cands: Iterator[tuple[PassAttempt, str]],
         own_limit: bool,
         ins: dict[int, int] | None = None,
@@ -206,7 +216,7 @@ class VictimWalk:
         def can_run() -> bool:
             return (
                 (not own_limit or self.held[s] + self.pend[s] <= self.capacity[s])
-                and self._deficit() <= tol
+                and self._covered(s, tol)
                 and fit.ok()
             )
 
@@ -221,7 +231,7 @@ class VictimWalk:
                         continue  # reclaim never takes a share's own capacity (beyond one indivisible job)
                 if (
                     reach is not None
-                    and self._deficit() <= tol
+                    and self._covered(s, tol)
                     and (not own_limit or self.held[s] + self.pend[s] <= self.capacity[s])
                     and not any(i in reach for i, _ in a.on)
                 ):
@@ -237,7 +247,7 @@ class VictimWalk:
                 "own"
                 if own_limit and self.held[s] + self.pend[s] > self.capacity[s]
                 else "cover"
-                if self._deficit() > tol
+                if not self._covered(s, tol)
                 else "place"
             )
             for a, _ in reversed(taken):

@@ -19,6 +19,7 @@ STRATEGIES = (RESERVE, LEND, LEND_AND_BORROW)
 
 RECLAIM = "RECLAIM"
 PRIORITY = "PRIORITY"
+FAIR_SHARE = "FAIR_SHARE"  # rule 11: fair reclaim
 
 ADMITTED_OWN = "ADMITTED_OWN"
 ADMITTED_BORROWED = "ADMITTED_BORROWED"
@@ -138,7 +139,7 @@ class Preemption:
     attempt_id: Hashable
     job_id: Hashable
     share: str
-    reason: str  # RECLAIM or PRIORITY
+    reason: str  # RECLAIM, PRIORITY or FAIR_SHARE
     beneficiary_job_id: Hashable
     beneficiary_share: str
 

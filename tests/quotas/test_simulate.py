@@ -435,7 +435,12 @@ def test_the_result_file_has_sorted_keys_and_integer_times(tmp_path):
         "preempted_jobs",
         "lost_gpu_seconds",
     }
-    assert result["shares"]["p"]["lost_gpu_seconds"] == {"reclaim": 0, "priority": 0, "node_lost": 0}
+    assert result["shares"]["p"]["lost_gpu_seconds"] == {
+        "reclaim": 0,
+        "priority": 0,
+        "fair_share": 0,
+        "node_lost": 0,
+    }
     times = [a[k] for j in result["jobs"].values() for a in j["attempts"] for k in ("start", "end")]
     assert all(isinstance(t, int) for t in times)
 

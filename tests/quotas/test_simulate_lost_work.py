@@ -55,9 +55,9 @@ def _lost(result):
 def test_lost_work_is_counted_per_share_by_cause():
     result = simulate(_scenario())
     assert _lost(result) == {
-        "a": {"reclaim": 0, "priority": 2 * 700, "node_lost": 0},  # a-lo ran 300..1000 on 2 GPUs
-        "b": {"reclaim": 2 * 300, "priority": 0, "node_lost": 0},  # b1 ran 0..300
-        "c": {"reclaim": 0, "priority": 0, "node_lost": 400},  # c1 ran 100..500 on the lost node
+        "a": {"reclaim": 0, "priority": 2 * 700, "fair_share": 0, "node_lost": 0},  # a-lo ran 300..1000 on 2 GPUs
+        "b": {"reclaim": 2 * 300, "priority": 0, "fair_share": 0, "node_lost": 0},  # b1 ran 0..300
+        "c": {"reclaim": 0, "priority": 0, "fair_share": 0, "node_lost": 400},  # c1 ran 100..500 on the lost node
     }
     assert result.cluster["lost_gpu_seconds"] == 1400 + 600 + 400
 
@@ -65,18 +65,18 @@ def test_lost_work_is_counted_per_share_by_cause():
 def test_only_the_work_since_the_last_checkpoint_is_lost():
     result = simulate(_scenario(every=120))
     assert _lost(result) == {
-        "a": {"reclaim": 0, "priority": 2 * (700 % 120), "node_lost": 0},
-        "b": {"reclaim": 2 * (300 % 120), "priority": 0, "node_lost": 0},
-        "c": {"reclaim": 0, "priority": 0, "node_lost": 400 % 120},
+        "a": {"reclaim": 0, "priority": 2 * (700 % 120), "fair_share": 0, "node_lost": 0},
+        "b": {"reclaim": 2 * (300 % 120), "priority": 0, "fair_share": 0, "node_lost": 0},
+        "c": {"reclaim": 0, "priority": 0, "fair_share": 0, "node_lost": 400 % 120},
     }
 
 
 def test_a_job_that_saves_when_told_to_stop_loses_nothing_to_preemption_but_does_to_a_lost_node():
     result = simulate(_scenario(on_stop=True))
     assert _lost(result) == {
-        "a": {"reclaim": 0, "priority": 0, "node_lost": 0},
-        "b": {"reclaim": 0, "priority": 0, "node_lost": 0},
-        "c": {"reclaim": 0, "priority": 0, "node_lost": 400},
+        "a": {"reclaim": 0, "priority": 0, "fair_share": 0, "node_lost": 0},
+        "b": {"reclaim": 0, "priority": 0, "fair_share": 0, "node_lost": 0},
+        "c": {"reclaim": 0, "priority": 0, "fair_share": 0, "node_lost": 400},
     }
     # What it saved is kept: a-lo resumes with 700 s of its 5,000 done.
     a_lo = result.jobs["a-lo"].attempts
@@ -99,7 +99,7 @@ def test_a_lost_node_loses_the_work_since_the_last_save_even_one_made_at_a_stop(
             "checkpoint_on_stop": True,
         }
     )
-    assert _lost(simulate(data))["c"] == {"reclaim": 0, "priority": 0, "node_lost": 500}
+    assert _lost(simulate(data))["c"] == {"reclaim": 0, "priority": 0, "fair_share": 0, "node_lost": 500}
 
 
 def test_checkpoint_on_stop_must_be_true_or_false_and_the_error_names_the_job(tmp_path, capsys):
@@ -127,7 +127,7 @@ def test_property_lost_work_per_share_adds_up_to_the_clusters_and_to_its_attempt
     result = simulate(data)
     spec = {j["id"]: j for j in data["jobs"]}
     expected: dict[str, dict[str, int]] = {
-        s["name"]: {"reclaim": 0, "priority": 0, "node_lost": 0} for s in data["shares"]
+        s["name"]: {"reclaim": 0, "priority": 0, "fair_share": 0, "node_lost": 0} for s in data["shares"]
     }
     for job_id, job in result.jobs.items():
         every = spec[job_id].get("checkpoint_every_s")
