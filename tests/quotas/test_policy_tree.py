@@ -1,0 +1,519 @@
+"""The organisation tree in the rules (SEMANTICS "Groups: the organisation tree", rules 3, 5, 9, 10): the
+worked example step by step, a table test per sentence of the contract, and properties on random trees."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from quotas.engine import policy
+from quotas.engine import scenario as sc
+from quotas.engine.simulate import simulate
+from quotas.engine.tree import GroupSpec, Tree, nets
+from quotas.engine.views import (
+    LEND,
+    LEND_AND_BORROW,
+    RECLAIM,
+    RESERVE,
+    NodeView,
+    QueuedView,
+    RunningView,
+    ShareView,
+    Snapshot,
+    borrowed_attempts,
+    usage,
+)
+
+FIXTURES = Path(__file__).resolve().parent / "scenarios"
+
+
+def attempts(result, job_id):
+    return [
+        (a.start, a.end, a.outcome, a.borrowed, a.preempted_by, a.preemption_reason)
+        for a in result.jobs[job_id].attempts
+    ]
+
+
+# -- the worked example ------------------------------------------------------------------------------------
+
+
+def test_two_departments_with_a_lend_limit_go_as_the_readme_says():
+    scenario = sc.load(FIXTURES / "two-departments-lend-limit.json")
+    steps: dict[int, object] = {}
+    result = simulate(scenario, on_pass=lambda t: steps.setdefault(t, None))
+    run = {j: attempts(result, j) for j in result.jobs}
+    # t=0: w1, w2 own; w3-w5 borrow (research offers min(6, 3)); w6 waits: research's lend limit.
+    assert run["w1"] == run["w2"] == [(0, 1000, "SUCCEEDED", False, None, None)]
+    assert run["w3"] == [(0, 1000, "SUCCEEDED", True, None, None)]
+    # t=100: l1, l2 own; l3 borrows the last free GPU from vision inside research (value 0 < 1.5).
+    assert run["l1"] == run["l2"] == [(100, 1100, "SUCCEEDED", False, None, None)]
+    assert run["l3"] == [(100, 1100, "SUCCEEDED", True, None, None)]
+    # t=200: v1, v2 reclaim from web (another department) before language: w5 for v1, w4 for v2.
+    assert run["w5"] == [
+        (0, 200, "PREEMPTED", True, "v1", "RECLAIM"),
+        (1000, 2000, "SUCCEEDED", False, None, None),
+    ]
+    assert run["w4"] == [
+        (0, 200, "PREEMPTED", True, "v2", "RECLAIM"),
+        (1000, 2000, "SUCCEEDED", False, None, None),
+    ]
+    assert run["v1"] == run["v2"] == [(200, 1200, "SUCCEEDED", False, None, None)]
+    # t=1000: w6 borrows the 1 GPU research now offers.
+    assert run["w6"] == [(1000, 2000, "SUCCEEDED", True, None, None)]
+    # product took 3 (0-200), 1 (200-1000), 1 (1000-2000) from outside; research lent it all.
+    assert result.groups == {
+        "product": {"gpu_seconds_from_outside": 2400, "gpu_seconds_lent_outside": 0},
+        "research": {"gpu_seconds_from_outside": 0, "gpu_seconds_lent_outside": 2400},
+    }
+    assert result.shares["web"]["lost_gpu_seconds"]["reclaim"] == 2 * 200
+
+
+def test_at_t0_w6_waits_naming_the_lend_limit_that_binds():
+    data = json.loads((FIXTURES / "two-departments-lend-limit.json").read_text())
+    data["settings"]["until_s"] = 50
+    result = simulate(data)
+    assert result.jobs["w6"].final == "QUEUED"
+    assert "only 0 idle lendable a10g" in result.waiting["w6"] or "nothing idle" in result.waiting["w6"]
+
+
+def test_the_fixture_is_the_shared_one():
+    shared = Path(__file__).resolve().parents[2].parent / "shared" / "scenarios"
+    if not (shared / "two-departments-lend-limit.json").exists():
+        pytest.skip("shared/ is not here")
+    assert json.loads((shared / "two-departments-lend-limit.json").read_text()) == json.loads(
+        (FIXTURES / "two-departments-lend-limit.json").read_text()
+    )
+
+
+# -- table tests: one per sentence -------------------------------------------------------------------------
+
+
+def nodes(n, gpus=1, gpu_type="a10g"):
+    return tuple(NodeView(f"n{i}", gpu_type, gpus) for i in range(1, n + 1))
+
+
+def share(name, cap, strategy=LEND_AND_BORROW, group=None, weight=1, **kw):
+    return ShareView(name=name, capacity={"a10g": cap}, strategy=strategy, group=group, weight=weight, **kw)
+
+
+def run(attempt, share_name, node, *, borrowed=False, started=0.0, priority=0):
+    return RunningView(
+        attempt, attempt, share_name, "a10g", priority, started, started, ((node, (0,)),), borrowed
+    )
+
+
+def queued(job_id, share_name, gpus=1, submitted=10.0, priority=0):
+    return QueuedView(job_id, share_name, "a10g", gpus, priority, submitted)
+
+
+def admitted(p):
+    return {a.job_id: a.borrowed for a in p.admissions}
+
+
+def test_a_group_borrow_limit_stops_its_subtree_and_says_so():
+    # research (capacity 2) may take 50% = 1 GPU from outside; its share a borrows 1 already.
+    snap = Snapshot(
+        now=10,
+        nodes=nodes(4),
+        shares=(share("a", 2, group="research"), share("b", 2, LEND)),
+        groups=(GroupSpec("research", borrow_limit=50),),
+        running=(run("a1", "a", "n1"), run("a2", "a", "n2"), run("a3", "a", "n3", borrowed=True)),
+        queued=(queued("a4", "a"),),
+    )
+    p = policy.plan(snap)
+    assert admitted(p) == {}
+    assert p.waiting["a4"].endswith("group research may take 1 a10g from outside: 1 taken")
+
+
+def test_without_a_limit_the_same_job_borrows():
+    snap = Snapshot(
+        now=10,
+        nodes=nodes(4),
+        shares=(share("a", 2, group="research"), share("b", 2, LEND)),
+        groups=(GroupSpec("research"),),
+        running=(run("a1", "a", "n1"), run("a2", "a", "n2"), run("a3", "a", "n3", borrowed=True)),
+        queued=(queued("a4", "a"),),
+    )
+    assert admitted(policy.plan(snap)) == {"a4": True}
+
+
+def test_a_sibling_borrows_inside_a_department_whose_lend_limit_is_used_up():
+    # research lends at most 0 outside: product cannot borrow its idle GPU, language (inside) can.
+    groups = (GroupSpec("research", lend_limit=0), GroupSpec("product"))
+    shares = (
+        share("vision", 2, LEND, "research"),
+        share("language", 0, group="research"),
+        share("web", 0, group="product"),
+    )
+    snap = Snapshot(now=10, nodes=nodes(2), shares=shares, groups=groups, queued=(queued("w1", "web"),))
+    assert admitted(policy.plan(snap)) == {}
+    snap = Snapshot(now=10, nodes=nodes(2), shares=shares, groups=groups, queued=(queued("l1", "language"),))
+    assert admitted(policy.plan(snap)) == {"l1": True}
+
+
+def test_borrowers_are_chosen_top_down_by_fair_share_value():
+    # One GPU to borrow. dept-a (capacity 4) takes 1 from outside: value 1/4; dept-b (capacity 1) takes
+    # 1: value 1. Inside dept-b, b-small takes nothing (value 0, the lowest of any share): flat, it would
+    # go first; top-down, dept-a goes first and b-small waits.
+    groups = (GroupSpec("dept-a"), GroupSpec("dept-b"))
+    shares = (
+        share("a", 4, group="dept-a"),
+        share("b", 1, group="dept-b"),
+        share("b-small", 0, group="dept-b"),
+        share("lender", 2, LEND),
+    )
+    running = tuple(run(f"a{i}", "a", f"n{i}", borrowed=i == 5) for i in range(1, 6))
+    running += (run("b1", "b", "n6"), run("b2", "b", "n7", borrowed=True))
+    jobs = (queued("x", "b-small"), queued("y", "a"))
+    snap = Snapshot(now=10, nodes=nodes(8), shares=shares, groups=groups, running=running, queued=jobs)
+    p = policy.plan(snap)
+    assert admitted(p) == {"y": True}
+    assert "nothing idle to borrow" in p.waiting["x"]
+    flat = Snapshot(now=10, nodes=nodes(8), shares=shares, running=running, queued=jobs)
+    assert admitted(policy.plan(flat)) == {"x": True}
+
+
+def test_weights_split_idle_capacity_two_to_one():
+    # Six idle GPUs of a lender; heavy (weight 2) and light (weight 1), both capacity 1, wait with many
+    # 1-GPU jobs: they borrow alternately by value (taken / weight), ending 4 to 2.
+    shares = (share("heavy", 1, weight=2), share("light", 1), share("lender", 6, LEND))
+    jobs = [queued(f"h{i}", "heavy", submitted=i) for i in range(8)] + [
+        queued(f"l{i}", "light", submitted=i) for i in range(8)
+    ]
+    running = (run("h-own", "heavy", "n1"), run("l-own", "light", "n2"))
+    snap = Snapshot(now=10, nodes=nodes(8), shares=shares, running=running, queued=tuple(jobs))
+    got = admitted(policy.plan(snap))
+    assert sum(1 for j in got if j.startswith("h")) == 4 and sum(1 for j in got if j.startswith("l")) == 2
+
+
+def test_memory_a_share_idle_for_days_goes_ahead_of_one_that_borrowed_all_week():
+    # Half-life 1 day: steady borrowing of 4 a10g all week leaves a history of about 4; the share that
+    # was idle has none. Both wait with equal weights and capacities: the idle one gets its weighted part
+    # of the 4 GPUs that free (2 each would be the split without history; with it, the idle one first).
+    day = 86400
+    from quotas.engine.tree import FairShareHistory
+
+    history = FairShareHistory(half_life_s=day, at=0)
+    for t in range(3600, 7 * day, 3600):
+        history.advance(t, {("busy", "a10g"): 4})
+    values = history.advance(7 * day, {})
+    assert values[("busy", "a10g")] == pytest.approx(3.86, rel=0.01)  # 4 x (1 - 2^-7), an hour idle
+    shares = (share("busy", 2), share("idle", 2), share("lender", 4, LEND))
+    jobs = [queued(f"b{i}", "busy", submitted=7 * day - 100 + i) for i in range(6)] + [
+        queued(f"i{i}", "idle", submitted=7 * day - 50 + i) for i in range(6)
+    ]  # (submitted just now: no starving head goes first, rule 6)
+    running = (
+        run("b-1", "busy", "n1"),
+        run("b-2", "busy", "n2"),
+        run("i-1", "idle", "n3"),
+        run("i-2", "idle", "n4"),
+    )
+    base = dict(now=7 * day, nodes=nodes(8), shares=shares, running=running, queued=tuple(jobs))
+    without = admitted(policy.plan(Snapshot(**base)))
+    assert sorted(without) == ["b0", "b1", "i0", "i1"]  # no memory: 2 and 2, busy first on ties by name
+    with_history = admitted(policy.plan(Snapshot(**base, fair_share_half_life_s=day, history=values)))
+    # busy's value starts at 3.86/2: idle borrows until its value passes that (4 GPUs); busy gets none.
+    assert sorted(with_history) == ["i0", "i1", "i2", "i3"]
+
+
+def test_reclaim_takes_from_the_furthest_share_first_then_most_borrowed_per_weight():
+    # owner (research) needs its GPU back; sibling (research) borrows 2, far (product) borrows 1: the
+    # far one goes first although the sibling borrows more.
+    groups = (GroupSpec("research"), GroupSpec("product"))
+    shares = (
+        share("owner", 2, LEND, "research"),
+        share("sibling", 0, group="research"),
+        share("far", 0, group="product"),
+    )
+    running = (
+        run("s1", "sibling", "n1", borrowed=True),
+        run("s2", "sibling", "n2", borrowed=True),
+    )
+    running_far = (run("f1", "far", "n3", borrowed=True),)
+    snap = Snapshot(
+        now=10,
+        nodes=nodes(3),
+        shares=shares,
+        groups=groups,
+        running=running + running_far,
+        queued=(queued("o1", "owner"),),
+        # the pool: 1 unassigned GPU (3 nodes, capacity 2) lends to far
+    )
+    p = policy.plan(snap)
+    assert [(x.attempt_id, x.reason) for x in p.preemptions] == [("f1", RECLAIM)]
+
+
+def test_without_groups_weights_order_reclaim_by_borrowed_per_weight():
+    shares = (share("owner", 3, LEND), share("heavy", 0, weight=4), share("light", 0))
+    running = (
+        run("h1", "heavy", "n1", borrowed=True),
+        run("h2", "heavy", "n2", borrowed=True),
+        run("l1", "light", "n3", borrowed=True),
+    )
+    snap = Snapshot(now=10, nodes=nodes(3), shares=shares, running=running, queued=(queued("o1", "owner"),))
+    # heavy borrows 2 / weight 4 = 0.5 < light 1 / 1: light goes first (flat: heavy, the most borrowed).
+    assert [x.attempt_id for x in policy.plan(snap).preemptions] == ["l1"]
+    flat = Snapshot(
+        now=10,
+        nodes=nodes(3),
+        shares=(share("owner", 3, LEND), share("heavy", 0), share("light", 0)),
+        running=running,
+        queued=(queued("o1", "owner"),),
+    )
+    assert [x.attempt_id for x in policy.plan(flat).preemptions] == ["h2"]
+
+
+def test_a_lowered_lend_limit_stops_nothing_but_owners_take_back_first():
+    # The broken cover: research lent 3 to product, then its lend limit drops to 0. Nothing is stopped,
+    # no new borrowing of product starts, and vision's own job reclaims only what its admission adds.
+    data = json.loads((FIXTURES / "two-departments-lend-limit.json").read_text())
+    data["jobs"] = [j for j in data["jobs"] if j["share"] == "web"] + [
+        {"id": "v1", "share": "vision", "submit_at": 300, "duration_s": 1000, "gpus": 1, "gpu_type": "a10g"}
+    ]
+    for j in data["jobs"]:
+        if j["id"] == "w6":
+            j["submit_at"] = 200
+    data["events"] = [{"at": 100, "kind": "update_group", "group": "research", "set": {"lend_limit": 0}}]
+    result = simulate(data)
+    assert [a.outcome for a in result.jobs["w3"].attempts] == ["SUCCEEDED"]  # not stopped at 100
+    assert result.jobs["w6"].first_start >= 1000  # no new borrowing on the shortfall
+    # v1: research offers 0 but product takes 3: admitting v1 adds nothing to that shortfall (its GPU
+    # was idle and not lendable any more), so it starts at once with no victim.
+    assert attempts(result, "v1") == [(300, 1300, "SUCCEEDED", False, None, None)]
+    assert all(a.preemption_reason is None for j in result.jobs.values() for a in j.attempts)
+
+
+def test_an_invalid_tree_is_an_invalid_scenario_naming_the_field(tmp_path):
+    from quotas.engine.simulate import main
+
+    data = json.loads((FIXTURES / "two-departments-lend-limit.json").read_text())
+    data["groups"][0]["parent"] = "nope"
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(data))
+    assert main([str(path), "--out", str(tmp_path / "r.json")]) == 2
+    with pytest.raises(sc.ScenarioError, match=r"groups\[0\] \(research\): parent: unknown group"):
+        sc.parse(data)
+
+
+# -- properties on random trees ------------------------------------------------------------------------------
+
+
+@st.composite
+def tree_scenarios(draw):
+    """A random tree of depth 1-4 with limits and weights, shares under it, 1-GPU and 2-GPU nodes, and
+    jobs; no layout change and no node lost, so the cover must hold before every pass."""
+    n_groups = draw(st.integers(1, 6))
+    groups = []
+    depth = {}
+    for i in range(n_groups):
+        options = [None] + [g["name"] for g in groups if depth[g["name"]] < 4]
+        parent = draw(st.sampled_from(options))
+        name = f"g{i}"
+        depth[name] = 1 if parent is None else depth[parent] + 1
+        groups.append(
+            {
+                "name": name,
+                "parent": parent,
+                "weight": draw(st.sampled_from([1, 2, 0.5, 3])),
+                "borrow_limit": draw(st.sampled_from([-1, 0, 50, 100, 200])),
+                "lend_limit": draw(st.sampled_from([-1, 0, 50, 100])),
+            }
+        )
+    n_shares = draw(st.integers(2, 6))
+    shares = []
+    for i in range(n_shares):
+        shares.append(
+            {
+                "name": f"s{i}",
+                "capacity": {"a10g": draw(st.integers(0, 4))},
+                "strategy": draw(st.sampled_from([LEND_AND_BORROW, LEND_AND_BORROW, LEND, RESERVE])),
+                "group": draw(st.sampled_from([None] + [g["name"] for g in groups])),
+                "weight": draw(st.sampled_from([1, 2, 0.5])),
+                "in_share_preemption": draw(st.booleans()),
+                "min_runtime_s": draw(st.sampled_from([0, 0, 200])),
+            }
+        )
+    n_nodes = draw(st.integers(2, 6))
+    node_list = [
+        {"name": f"n{i}", "gpu_type": "a10g", "gpus": draw(st.sampled_from([1, 2]))} for i in range(n_nodes)
+    ]
+    largest = max(n["gpus"] for n in node_list)
+    jobs = []
+    for i in range(draw(st.integers(1, 18))):
+        jobs.append(
+            {
+                "id": f"j{i}",
+                "share": draw(st.sampled_from([s["name"] for s in shares])),
+                "submit_at": draw(st.integers(0, 600)),
+                "duration_s": draw(st.integers(50, 900)),
+                "gpus": draw(st.integers(1, largest)),
+                "gpu_type": "a10g",
+                "priority": draw(st.integers(0, 2)),
+            }
+        )
+    return {
+        "settings": {
+            "preemption_grace_s": draw(st.sampled_from([0, 30])),
+            "fair_share_half_life_s": draw(st.sampled_from([0, 600])),
+        },
+        "nodes": node_list,
+        "groups": groups,
+        "shares": shares,
+        "jobs": jobs,
+    }
+
+
+def shortfalls(snapshot: Snapshot) -> dict:
+    """Per level: the cover's shortfall (grace counted as freed), from the tree's own accounting."""
+    u = usage(snapshot, count_preempting=False)
+    tree = Tree.build(snapshot.groups, snapshot.shares)
+    used = {name: by_type["a10g"].used for name, by_type in u.items() if "a10g" in by_type}
+    used.pop("(unassigned)", None)
+    pool = u.get("(unassigned)", {}).get("a10g")
+    n = nets(tree, "a10g", used, pool.capacity if pool else 0)
+    return {k: v for k, v in n.shortfall.items() if v}
+
+
+def share_limits_hold(snapshot: Snapshot) -> bool:
+    u = usage(snapshot)
+    for s in snapshot.shares:
+        row = u.get(s.name, {}).get("a10g")
+        if row is None:
+            continue
+        cap = policy.borrow_cap_gpus(s, row.capacity)
+        if cap is not None and row.used > row.capacity + cap:
+            return False
+    return True
+
+
+PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@PROPERTY
+@given(tree_scenarios())
+def test_property_no_group_takes_or_lends_beyond_its_limits_after_any_pass(data):
+    checked = []
+
+    def planner(snapshot):
+        # The state every pass starts from is what the passes before it left (plus ends and submits).
+        assert shortfalls(snapshot) == {}, snapshot.now
+        assert share_limits_hold(snapshot)
+        p = policy.plan(snapshot)
+        gone = {x.attempt_id for x in p.preemptions}
+        borrowed = borrowed_attempts(snapshot)
+        for x in p.preemptions:
+            run_view = next(r for r in snapshot.running if r.attempt_id == x.attempt_id)
+            if x.reason == RECLAIM:
+                assert x.attempt_id in borrowed and run_view.share != x.beneficiary_share
+            share_view = next(s for s in snapshot.shares if s.name == run_view.share)
+            assert snapshot.now >= run_view.started_at + share_view.min_runtime_s  # rule 10
+        checked.append(len(gone))
+        return p
+
+    simulate(data, planner=planner)
+    assert checked
+
+
+@PROPERTY
+@given(tree_scenarios())
+def test_property_the_kept_engine_decides_as_a_fresh_plan_with_the_tree(data):
+    kept = simulate(data).to_dict()
+    fresh = simulate(data, planner=policy.plan).to_dict()
+    assert kept == fresh
+
+
+@st.composite
+def one_reclaim(draw):
+    """A snapshot where one owner job (within its own room) may need victims: random tree, borrowed
+    attempts of other shares on 1-GPU nodes, nothing free."""
+    scenario = draw(tree_scenarios())
+    spec = sc.parse(scenario)
+    shares = tuple(
+        ShareView(
+            name=s.name,
+            capacity=dict(s.capacity),
+            strategy=s.strategy,
+            group=s.group,
+            weight=s.weight,
+        )
+        for s in spec.shares
+    )
+    groups = tuple(g.spec() for g in spec.groups)
+    owners = [s for s in shares if s.capacity["a10g"] > 0]
+    if not owners:
+        owner = ShareView(name="owner", capacity={"a10g": 1}, strategy=LEND)
+        shares += (owner,)
+        owners = [owner]
+    owner = draw(st.sampled_from(owners))
+    borrowers = [s for s in shares if s.strategy == LEND_AND_BORROW and s.name != owner.name]
+    n = draw(st.integers(1, 8))
+    node_views = nodes(n)
+    running = []
+    for i in range(n):
+        if borrowers and draw(st.booleans()):
+            b = draw(st.sampled_from(borrowers))
+            running.append(run(f"r{i}", b.name, f"n{i + 1}", borrowed=True, started=draw(st.integers(0, 5))))
+    return Snapshot(
+        now=10,
+        nodes=node_views,
+        shares=shares,
+        groups=groups,
+        running=tuple(running),
+        queued=(queued("o", owner.name),),
+    )
+
+
+def _can_run(snapshot: Snapshot, taken: set, share_name: str) -> bool:
+    """Rule 9's "can run" for a 1-GPU owner job on 1-GPU nodes, from the tree's accounting: with the
+    job admitted and the victims gone, no shortfall on its path (the hardware's, the top's, its groups')
+    is larger than before it, and a node is free or being freed."""
+    tree = Tree.build(snapshot.groups, snapshot.shares)
+    caps = {s.name: s.capacity["a10g"] for s in snapshot.shares}
+    strategies = {s.name: s.strategy for s in snapshot.shares}
+    hardware = len(snapshot.nodes)
+    pool = max(0, hardware - sum(caps.values()))
+    path = tree.path(share_name)[:-1]
+
+    def levels(used):
+        n = nets(tree, "a10g", used, pool)
+        own = sum(min(used.get(k, 0), c) for k, c in caps.items())
+        borrowed = sum(max(0, used.get(k, 0) - c) for k, c in caps.items())
+        reserve_idle = sum(c - min(used.get(k, 0), c) for k, c in caps.items() if strategies[k] == RESERVE)
+        hw = max(0, borrowed - max(0, hardware - own - reserve_idle))
+        return [hw, n.shortfall[None], *(n.shortfall[g] for g in path)]
+
+    used: dict[str, int] = {}
+    for r in snapshot.running:
+        used[r.share] = used.get(r.share, 0) + 1
+    before = levels(used)
+    after_used = dict(used)
+    for r in snapshot.running:
+        if r.attempt_id in taken:
+            after_used[r.share] -= 1
+    after_used[share_name] = after_used.get(share_name, 0) + 1
+    after = levels(after_used)
+    busy = {r.placement[0][0] for r in snapshot.running if r.attempt_id not in taken}
+    return len(busy) < hardware and all(a <= b for a, b in zip(after, before, strict=True))
+
+
+@PROPERTY
+@given(one_reclaim())
+def test_property_victims_are_a_minimal_set_with_the_tree(snapshot):
+    p = policy.plan(snapshot)
+    victims = {x.attempt_id for x in p.preemptions}
+    share_name = snapshot.queued[0].share
+    if victims:
+        assert _can_run(snapshot, victims, share_name)
+        for v in victims:
+            assert not _can_run(snapshot, victims - {v}, share_name), v
+    elif not any(a.job_id == "o" for a in p.admissions):
+        # Nothing pre-empted and not admitted: even all borrowed attempts of other shares cannot help.
+        borrowed = borrowed_attempts(snapshot)
+        others = {
+            r.attempt_id for r in snapshot.running if r.share != share_name and r.attempt_id in borrowed
+        }
+        assert not _can_run(snapshot, others, share_name)
