@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,6 +33,9 @@ from quotas.engine import policy
 from quotas.layoutdoc import DISABLED, ENABLED, Layout, ShareSpec, TeamSpec
 from quotas.models import (
     AuditEntry,
+    FairShareHistory,
+    FairSharing,
+    Group,
     LayoutPlan,
     LayoutVersion,
     Membership,
@@ -81,6 +84,7 @@ class Live:
     layout: Layout
     share_ids: dict[str, int]
     team_ids: dict[str, int]
+    group_ids: dict[str, int] = field(default_factory=dict)
 
     @property
     def share_names(self) -> dict[int, str]:
@@ -102,15 +106,45 @@ def load_live() -> Live:
     for pk, slug, name in sorted(teams, key=lambda t: t[1]):
         layout.teams[slug] = TeamSpec(slug=slug, name=name, members=tuple(sorted(members.get(pk, ()))))
     share_ids = {}
-    for row in Share.objects.order_by("name").values_list("pk", "name", "team_id", *layoutdoc.VALUE_FIELDS):
+    columns = (*layoutdoc.VALUE_FIELDS, "group__name", "weight")
+    for row in Share.objects.order_by("name").values_list("pk", "name", "team_id", *columns):
         pk, name, team_id, *values = row
-        fields = dict(zip(layoutdoc.VALUE_FIELDS, values, strict=True))
+        fields = dict(zip(layoutdoc.VALUE_FIELDS, values, strict=False))
         fields["capacity"] = dict(sorted(capacity.get(pk, {}).items()))
+        group, weight = values[-2:]
         layout.shares[name] = ShareSpec(
-            name=name, team=slugs[team_id], values={f: fields[f] for f in layoutdoc.FIELDS_BY_NAME}
+            name=name,
+            team=slugs[team_id],
+            values={
+                **{f: fields[f] for f in layoutdoc.FIELDS_BY_NAME},
+                "group": group,
+                "weight": layoutdoc.weight_value(weight),
+            },
         )
         share_ids[name] = pk
-    return Live(layout=layout, share_ids=share_ids, team_ids={slug: pk for pk, slug, _ in teams})
+    group_ids = {}
+    for pk, name, parent, weight, borrow, lend in Group.objects.order_by("name").values_list(
+        "pk", "name", "parent__name", "weight", "borrow_limit", "lend_limit"
+    ):
+        layout.groups[name] = layoutdoc.GroupSpec(
+            name=name,
+            parent=parent,
+            weight=layoutdoc.weight_value(weight),
+            borrow_limit=borrow,
+            lend_limit=lend,
+        )
+        group_ids[name] = pk
+    fair = FairSharing.current()
+    layout.settings = {
+        "fair_share_half_life_s": fair.fair_share_half_life_s,
+        "fair_reclaim": fair.fair_reclaim,
+    }
+    return Live(
+        layout=layout,
+        share_ids=share_ids,
+        team_ids={slug: pk for pk, slug, _ in teams},
+        group_ids=group_ids,
+    )
 
 
 def current_version() -> int | None:
@@ -265,7 +299,8 @@ def _check_against_database(errors: layoutdoc.Errors, live: Live, target: Layout
 def _share_view(name: str, spec: ShareSpec) -> policy.ShareView:
     known = set(policy.ShareView.__slots__)
     extra = {f: spec.values[f] for f in layoutdoc.VALUE_FIELDS if f in known and f != "state"}
-    return policy.ShareView(name=name, capacity=spec.capacity, **extra)
+    tree = {f: spec.values.get(f, d) for f, d in layoutdoc.TREE_DEFAULTS.items() if f in known}
+    return policy.ShareView(name=name, capacity=spec.capacity, **extra, **tree)
 
 
 def now_effects(live: Live, target: Layout) -> dict[str, Any]:
@@ -282,9 +317,14 @@ def now_effects(live: Live, target: Layout) -> dict[str, Any]:
     planned = {(was or name): target.shares[name] for name, was in matched.items()}
     snapshot = load_snapshot(queued=False).snapshot
     views = [_share_view(name, spec) for name, spec in planned.items()]
-    views += [_share_view(n, s) for n, s in current.shares.items() if n not in planned]  # removed: no jobs
+    views += [  # removed: no jobs, and out of the tree (their group may go with them)
+        replace(_share_view(n, s), group=None) for n, s in current.shares.items() if n not in planned
+    ]
+    current_views = [_share_view(n, s) for n, s in current.shares.items()]
+    snapshot = replace(snapshot, shares=tuple(current_views), groups=tuple(current.groups.values()))
+    planned_snapshot = replace(snapshot, shares=tuple(views), groups=tuple(target.groups.values()))
     before = policy.borrowed_attempts(snapshot)
-    after = policy.borrowed_attempts(replace(snapshot, shares=tuple(views)))
+    after = policy.borrowed_attempts(planned_snapshot)
     newly, freed = sorted(after - before), sorted(before - after)
     borrowed = []
     if newly:
@@ -398,7 +438,87 @@ def now_effects(live: Live, target: Layout) -> dict[str, Any]:
         "no_longer_borrowed": len(freed),
         "never_runnable": never,
         "overcommit": overcommit,
+        "uncovered": uncovered_by(snapshot, planned_snapshot, after, renamed)
+        if current.groups or target.groups
+        else [],
     }
+
+
+def _shortfalls(snapshot) -> tuple[Any, dict[tuple[str | None, str], tuple[int, int, int]]]:
+    """The snapshot's tree and, per (group or None for the top, type), (shortfall, taken from outside,
+    what its borrow limit allows) (SEMANTICS "the cover, per level")."""
+    from quotas.engine.tree import NO_LIMIT, Tree, nets
+    from quotas.engine.views import UNASSIGNED, ShareView, usage
+
+    u = usage(snapshot, count_preempting=False)
+    shares = list(snapshot.shares)
+    known = {s.name for s in shares}
+    shares += [
+        ShareView(name=n, capacity={}, borrow_limit=0) for n in sorted(u.keys() - known - {UNASSIGNED})
+    ]
+    tree = Tree.build(snapshot.groups, shares)
+    out = {}
+    for gpu_type in sorted({t for by_type in u.values() for t in by_type}):
+        used = {name: by_type[gpu_type].used for name, by_type in u.items() if gpu_type in by_type}
+        pool = u.get(UNASSIGNED, {}).get(gpu_type)
+        n = nets(tree, gpu_type, used, pool.capacity if pool is not None else 0)
+        for key, short in n.shortfall.items():
+            if key is None:
+                out[(None, gpu_type)] = (short, -min(0, n.top), 0)
+            else:
+                cap = tree.borrow_cap(key, gpu_type)
+                out[(key, gpu_type)] = (short, n.taken.get(key, 0), -1 if cap >= NO_LIMIT else cap)
+    return tree, out
+
+
+def uncovered_by(snapshot, planned_snapshot, borrowed_after, renamed: Mapping[str, str]) -> list[dict]:
+    """The borrowed jobs a new tree (a limit lowered, a share moved, a capacity cut) leaves uncovered: per
+    group (or the top level) whose shortfall the plan makes larger, its borrowed jobs. They go on; no
+    new borrowing draws on that shortfall and owners take those GPUs back first (SEMANTICS "Groups")."""
+    _, before = _shortfalls(snapshot)
+    tree, after = _shortfalls(planned_snapshot)
+    out = []
+    for (group, gpu_type), (short, taken, allowed) in sorted(
+        after.items(), key=lambda kv: (kv[0][1], kv[0][0] or "")
+    ):
+        if short <= before.get((group, gpu_type), (0, 0, 0))[0]:
+            continue
+        jobs = sorted(
+            r.job_id
+            for r in planned_snapshot.running
+            if r.attempt_id in borrowed_after
+            and r.gpu_type == gpu_type
+            and (group is None or group in tree.path(r.share))
+        )
+        if group is None:
+            head = (
+                f"{gpu_type}: {short} borrowed GPUs more than the idle GPUs that the top level's lend "
+                "limits leave to lend"
+            )
+        else:
+            head = (
+                f"group {group} may take {allowed} {gpu_type} from outside: {taken} taken, {short} uncovered"
+            )
+        listed = ", ".join(str(j) for j in jobs[:BORROWED_LISTED])
+        more = len(jobs) - BORROWED_LISTED
+        out.append(
+            {
+                "group": group,
+                "gpu_type": gpu_type,
+                "shortfall": short,
+                "jobs": jobs[:BORROWED_LISTED],
+                "words": head
+                + (
+                    f"; its borrowed jobs (job {listed}"
+                    + (f" and {more} more" if more > 0 else "")
+                    + ") go on"
+                    if jobs
+                    else ""
+                )
+                + ", no new borrowing draws on that shortfall, and owners take those GPUs back first",
+            }
+        )
+    return out
 
 
 def _assigned(layout: Layout) -> dict[str, int]:
@@ -509,6 +629,7 @@ def plan(
             "no_longer_borrowed": 0,
             "never_runnable": [],
             "overcommit": [],
+            "uncovered": [],
         }
     )
     effects["warnings"] = warnings
@@ -734,6 +855,7 @@ def _write(live: Live, target: Layout, now: datetime) -> None:
             elif old[u] != role:
                 Membership.objects.filter(team_id=team_ids[slug], user_id=users[u]).update(role=role)
 
+    group_ids = _write_groups(live, target)
     matched = layoutdoc.matches(current, target)
     taken = {m for m in matched.values() if m}
     removed = [live.share_ids[n] for n in current.shares if n not in taken]
@@ -743,6 +865,8 @@ def _write(live: Live, target: Layout, now: datetime) -> None:
     for name, spec in target.shares.items():
         was = matched[name]
         values = {f: spec.values[f] for f in layoutdoc.VALUE_FIELDS}
+        values["group_id"] = group_ids.get(spec.values.get("group"))
+        values["weight"] = spec.values.get("weight", 1)
         if was is None:
             share = Share.objects.create(name=name, team_id=team_ids[spec.team], **values)
             ShareCapacity.objects.bulk_create(
@@ -751,7 +875,11 @@ def _write(live: Live, target: Layout, now: datetime) -> None:
             continue
         old = current.shares[was]
         pk = live.share_ids[was]
-        columns = {f: v for f, v in values.items() if old.values[f] != v}
+        columns = {f: v for f, v in values.items() if f in old.values and old.values[f] != v}
+        if old.values.get("group") != spec.values.get("group"):
+            columns["group_id"] = values["group_id"]
+        if old.values.get("weight", 1) != values["weight"]:
+            columns["weight"] = values["weight"]
         if was != name:
             columns["name"] = name
         if old.team != spec.team:
@@ -771,7 +899,35 @@ def _write(live: Live, target: Layout, now: datetime) -> None:
     gone_teams = [team_ids[slug] for slug in current.teams if slug not in target.teams]
     if gone_teams:
         Team.objects.filter(pk__in=gone_teams).delete()  # memberships go with them
+    gone_groups = [live.group_ids[n] for n in current.groups if n not in target.groups]
+    if gone_groups:  # their shares and children were moved above; parents cleared so none protects another
+        Group.objects.filter(pk__in=gone_groups).update(parent=None)
+        Group.objects.filter(pk__in=gone_groups).delete()
+    if target.settings != current.settings:
+        FairSharing.objects.update_or_create(pk=1, defaults=dict(target.settings))
+        if not target.settings["fair_share_half_life_s"]:  # no history kept: none to resume from later
+            FairShareHistory.objects.all().delete()
     _forget_cached(current, target, users)
+
+
+def _write_groups(live: Live, target: Layout) -> dict[str, int]:
+    """The target's groups created or changed (parents set once all exist); returns name -> id. Groups
+    the target leaves out are removed by _write once no share or group is under them."""
+    current = live.layout
+    ids = dict(live.group_ids)
+    for name in target.groups:
+        if name not in ids:
+            ids[name] = Group.objects.create(name=name).pk
+    for name, spec in target.groups.items():
+        old = current.groups.get(name)
+        if old is None or old != spec:
+            Group.objects.filter(pk=ids[name]).update(
+                parent_id=ids.get(spec.parent) if spec.parent else None,
+                weight=spec.weight,
+                borrow_limit=spec.borrow_limit,
+                lend_limit=spec.lend_limit,
+            )
+    return ids
 
 
 def _forget_cached(current: Layout, target: Layout, users: Mapping[str, int]) -> None:
@@ -908,7 +1064,7 @@ def revert(*, change_id: int, now: datetime | None = None) -> TemporaryChange | 
         back: dict[str, Any] = {}
         left = []
         for path, (before, after) in change.fields.items():
-            value = flat.get(path, 0 if path.startswith("capacity.") else None)
+            value = flat.get(path, layoutdoc.flat_default(path))
             if value == after:
                 back[path] = before
             else:

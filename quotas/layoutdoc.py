@@ -20,12 +20,13 @@ import json
 import re
 import unicodedata
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta
 from typing import Any
 
 from config.validators import REFUSED_CATEGORIES
 from quotas.engine import policy
+from quotas.engine.tree import GroupSpec, validate_tree
 
 FORMAT = 1
 MAX_BYTES = 1 << 20  # a layout of thousands of shares fits; a larger one is refused unread
@@ -144,11 +145,34 @@ SHARE_FIELDS: tuple[Field, ...] = (
 FIELDS_BY_NAME = {f.name: f for f in SHARE_FIELDS}
 # The settings that are Share columns (capacity is its own table).
 VALUE_FIELDS = tuple(f.name for f in SHARE_FIELDS if not f.is_capacity)
-SHARE_KEYS = ("name", "team", *FIELDS_BY_NAME, "previous_name", "until")
+# A share's place in the organisation tree (SEMANTICS "Groups"): written only where it is not the
+# default, so that a layout without groups reads, exports and hashes exactly as before them.
+TREE_DEFAULTS: dict[str, Any] = {"group": None, "weight": 1}
+SHARE_KEYS = ("name", "team", *FIELDS_BY_NAME, *TREE_DEFAULTS, "previous_name", "until")
 TEAM_KEYS = ("slug", "name", "members")
 MEMBER_KEYS = ("user", "role")
-TOP_KEYS = ("format", "teams", "shares")
+GROUP_KEYS = ("name", "parent", "weight", "borrow_limit", "lend_limit")
+GROUP_DEFAULTS: dict[str, Any] = {"parent": None, "weight": 1, "borrow_limit": -1, "lend_limit": -1}
+# The cluster's fair-sharing settings, as in a scenario (SCENARIO.md); left out of the document when
+# they are the defaults.
+SETTINGS_DEFAULTS: dict[str, Any] = {"fair_share_half_life_s": 0, "fair_reclaim": False}
+SETTINGS_NAME = "fair-sharing"  # the diff's name for the settings block
+TOP_KEYS = ("format", "settings", "teams", "groups", "shares")
 TEAM_PART_KEY = "team_part"  # a manager's export of its own team: read it, never plan it
+
+
+def flat_default(path: str) -> Any:
+    """The value a flat path (ShareSpec.flat) has where a layout leaves it out."""
+    if path.startswith("capacity."):
+        return 0
+    return TREE_DEFAULTS.get(path)
+
+
+def weight_value(value: Any) -> Any:
+    """A weight as the document writes it: 2, not 2.0 (the database keeps a float)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 def _shown(value: Any) -> str:
@@ -186,13 +210,17 @@ class ShareSpec:
         return dict(self.values["capacity"])
 
     def flat(self) -> dict[str, Any]:
-        """{field path: value}: what the diff compares ("capacity.a10g" per type)."""
+        """{field path: value}: what the diff compares ("capacity.a10g" per type; group and weight only
+        where they are not the default, see flat_default)."""
         out: dict[str, Any] = {"team": self.team}
         for f in SHARE_FIELDS:
             if f.is_capacity:
                 out.update({f"capacity.{t}": n for t, n in self.values["capacity"].items()})
             else:
                 out[f.name] = self.values[f.name]
+        for key, default in TREE_DEFAULTS.items():
+            if self.values.get(key, default) != default:
+                out[key] = self.values[key]
         return out
 
 
@@ -202,18 +230,35 @@ class Layout:
     shares: dict[str, ShareSpec] = field(default_factory=dict)  # by name
     # Names (and previous names) of share entries left out for their errors: not "removed".
     unread: set[str] = field(default_factory=set)
+    # The organisation tree's groups by name, and the cluster's fair-sharing settings.
+    groups: dict[str, GroupSpec] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=lambda: dict(SETTINGS_DEFAULTS))
+    group_index: dict[str, int] = field(default_factory=dict, compare=False)  # its place (error paths)
 
     def to_data(self, *, team_part: Sequence[str] | None = None) -> dict[str, Any]:
-        """The document (JSON-ready), teams by slug and shares by name. `team_part`: only these teams
-        and their shares, marked as a part (what a team manager may read)."""
+        """The document (JSON-ready), teams by slug, groups and shares by name. `team_part`: only these
+        teams, their shares and the groups above them, marked as a part (what a team manager may read).
+        `settings` and `groups` only where they say something: a layout without them reads as before."""
         teams = sorted(self.teams.values(), key=lambda t: t.slug)
         shares = sorted(self.shares.values(), key=lambda s: s.name)
+        groups = sorted(self.groups.values(), key=lambda g: g.name)
         data: dict[str, Any] = {"format": FORMAT}
         if team_part is not None:
             data[TEAM_PART_KEY] = sorted(team_part)
             teams = [t for t in teams if t.slug in team_part]
             shares = [s for s in shares if s.team in team_part]
+            above = set()
+            for s in shares:
+                node = s.values.get("group")
+                while node is not None and node in self.groups and node not in above:
+                    above.add(node)
+                    node = self.groups[node].parent
+            groups = [g for g in groups if g.name in above]
+        if self.settings != SETTINGS_DEFAULTS:
+            data["settings"] = {k: self.settings.get(k, v) for k, v in SETTINGS_DEFAULTS.items()}
         data["teams"] = [team_data(t) for t in teams]
+        if groups:
+            data["groups"] = [group_data(g) for g in groups]
         data["shares"] = [share_data(s) for s in shares]
         return data
 
@@ -229,11 +274,32 @@ def team_data(team: TeamSpec) -> dict[str, Any]:
     }
 
 
+def group_data(group: GroupSpec) -> dict[str, Any]:
+    """A group's entry: its name, then only what is not the default (as a share's group and weight)."""
+    out: dict[str, Any] = {"name": group.name}
+    for key, default in GROUP_DEFAULTS.items():
+        value = getattr(group, key)
+        if value != default:
+            out[key] = weight_value(value) if key == "weight" else value
+    return out
+
+
+def group_flat(group: GroupSpec) -> dict[str, Any]:
+    return {
+        key: (weight_value(group.weight) if key == "weight" else getattr(group, key))
+        for key in GROUP_DEFAULTS
+    }
+
+
 def share_data(share: ShareSpec, *, directions: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {"name": share.name, "team": share.team}
     for f in SHARE_FIELDS:
         value = share.values[f.name]
         out[f.name] = dict(sorted(value.items())) if f.is_capacity else value
+    for key, default in TREE_DEFAULTS.items():
+        value = share.values.get(key, default)
+        if value != default:
+            out[key] = weight_value(value) if key == "weight" else value
     if directions:
         if share.previous_name:
             out["previous_name"] = share.previous_name
@@ -426,8 +492,89 @@ def parse(data: Any, *, now: datetime) -> tuple[Layout, Errors]:
             errors, "format", f"must be {FORMAT}, the only format there is (got {_shown(data['format'])})"
         )
     _parse_teams(errors, layout, _items(errors, data, "teams"))
+    _parse_settings(errors, layout, data.get("settings"))
+    raw_groups = _items(errors, data, "groups") if data.get("groups") is not None else []
     _parse_shares(errors, layout, _items(errors, data, "shares"), now)
+    _parse_groups(errors, layout, raw_groups)
     return layout, errors
+
+
+def _parse_settings(errors: Errors, layout: Layout, raw: Any) -> None:
+    if raw is None:
+        return
+    if not isinstance(raw, Mapping):
+        add_error(
+            errors, "settings", "must be a mapping, e.g. {fair_share_half_life_s: 86400, fair_reclaim: false}"
+        )
+        return
+    for key in raw:
+        if key not in SETTINGS_DEFAULTS:
+            _unknown(errors, "settings", key, tuple(SETTINGS_DEFAULTS))
+    if "fair_share_half_life_s" in raw:
+        value, problem = _whole(0, "0 (no history) or a number of seconds")(raw["fair_share_half_life_s"])
+        if problem:
+            add_error(errors, "settings.fair_share_half_life_s", problem)
+        else:
+            layout.settings["fair_share_half_life_s"] = value
+    if "fair_reclaim" in raw:
+        value, problem = _boolean(raw["fair_reclaim"])
+        if problem:
+            add_error(errors, "settings.fair_reclaim", problem)
+        else:
+            layout.settings["fair_reclaim"] = value
+
+
+_INDEXED = re.compile(r"(groups|shares)\[(\d+)\]")
+
+
+def _parse_groups(errors: Errors, layout: Layout, raw: list[Any]) -> None:
+    """The groups, and the whole tree checked by the engine's validate_tree (cycles, unknown parents,
+    depth, weights, limits, name clashes, shares in unknown groups), each problem under its path."""
+    specs: list[tuple[int, GroupSpec]] = []
+    failed_early: set[str] = set()
+    for i, item in enumerate(raw):
+        path = f"groups[{i}]"
+        if not isinstance(item, Mapping):
+            add_error(errors, path, "must be a mapping with name, parent, weight, borrow_limit, lend_limit")
+            continue
+        bad = False
+        for key in item:
+            if key not in GROUP_KEYS:
+                _unknown(errors, path, key, GROUP_KEYS)
+                bad = True
+        values = {key: item.get(key, default) for key, default in GROUP_DEFAULTS.items()}
+        if values["parent"] is not None and not isinstance(values["parent"], str):
+            add_error(
+                errors, f"{path}.parent", f"must be the name of a group (got {_shown(values['parent'])})"
+            )
+            values["parent"] = str(values["parent"])
+            bad = True
+        specs.append((i, GroupSpec(name=item.get("name"), **values)))
+        if bad:
+            failed_early.add(f"groups[{i}]")
+    shares = sorted(layout.shares.values(), key=lambda s: s.index or 0)
+    views = [_TreeShare(s.name, s.values["group"], s.values["weight"]) for s in shares]
+    index_of = {"groups": [i for i, _ in specs], "shares": [s.index for s in shares]}
+    failed = set(failed_early)
+    for path, message in validate_tree([g for _, g in specs], views):
+        match = _INDEXED.match(path)
+        if match:
+            kind, k = match.group(1), int(match.group(2))
+            path = f"{kind}[{index_of[kind][k]}]{path[match.end() :]}"
+            failed.add(f"{kind}[{index_of[kind][k]}]")
+        add_error(errors, path, message)
+    for i, g in specs:
+        if f"groups[{i}]" in failed or g.name in layout.groups or not isinstance(g.name, str):
+            continue
+        layout.groups[g.name] = replace(g, weight=weight_value(g.weight))
+        layout.group_index[g.name] = i
+
+
+@dataclass(frozen=True)
+class _TreeShare:
+    name: str
+    group: str | None
+    weight: Any
 
 
 def _parse_teams(errors: Errors, layout: Layout, raw: list[Any]) -> None:
@@ -554,6 +701,16 @@ def _parse_shares(errors: Errors, layout: Layout, raw: list[Any], now: datetime)
                 f"only a LEND_AND_BORROW share borrows: leave borrow_limit at -1 (or out) for a {strategy} share",
             )
             ok = False
+        group = item.get("group")
+        if group is not None and not isinstance(group, str):
+            add_error(errors, f"{path}.group", f"must be the name of a group (got {_shown(group)})")
+            ok = False
+        values["group"] = group
+        weight = item.get("weight", 1)
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight < float("inf"):
+            add_error(errors, f"{path}.weight", f"must be a positive number (got {_shown(weight)})")
+            ok = False
+        values["weight"] = weight_value(weight)
         previous = item.get("previous_name")
         if previous is not None:
             if not isinstance(previous, str) or not SHARE_NAME_RE.fullmatch(previous):
@@ -653,6 +810,12 @@ def parse_until(value: Any, now: datetime) -> tuple[datetime | None, str | None]
 def specs_from_data(data: Mapping[str, Any]) -> Layout:
     """A layout from a document this module wrote (a stored plan or version): trusted, not checked."""
     layout = Layout()
+    layout.settings.update(data.get("settings") or {})
+    for i, g in enumerate(data.get("groups") or ()):
+        layout.groups[g["name"]] = GroupSpec(
+            name=g["name"], **{k: g.get(k, d) for k, d in GROUP_DEFAULTS.items()}
+        )
+        layout.group_index[g["name"]] = i
     for t in data.get("teams", ()):
         members = tuple((m["user"], m["role"]) for m in t.get("members", ()))
         layout.teams[t["slug"]] = TeamSpec(slug=t["slug"], name=t["name"], members=members)
@@ -661,6 +824,7 @@ def specs_from_data(data: Mapping[str, Any]) -> Layout:
             f.name: (dict(s.get(f.name) or {}) if f.is_capacity else s.get(f.name, f.default))
             for f in SHARE_FIELDS
         }
+        values.update({key: s.get(key, default) for key, default in TREE_DEFAULTS.items()})
         until = s.get("until")
         layout.shares[s["name"]] = ShareSpec(
             name=s["name"],
@@ -675,13 +839,11 @@ def specs_from_data(data: Mapping[str, Any]) -> Layout:
 
 def plan_data(layout: Layout) -> dict[str, Any]:
     """The document with its directions (previous_name, until): what a stored plan keeps."""
-    return {
-        "format": FORMAT,
-        "teams": [team_data(t) for t in sorted(layout.teams.values(), key=lambda t: t.slug)],
-        "shares": [
-            share_data(s, directions=True) for s in sorted(layout.shares.values(), key=lambda s: s.name)
-        ],
-    }
+    data = layout.to_data()
+    data["shares"] = [
+        share_data(s, directions=True) for s in sorted(layout.shares.values(), key=lambda s: s.name)
+    ]
+    return data
 
 
 # --- the diff ----------------------------------------------------------------------------------------
@@ -705,12 +867,12 @@ def _field_changes(before: Mapping[str, Any], after: Mapping[str, Any], zero: An
     keys = list(dict.fromkeys([*before, *after]))
     out = []
     for key in keys:
-        default = 0 if key.startswith("capacity.") else zero
+        default = flat_default(key) if zero is None else zero
         b, a = before.get(key, default), after.get(key, default)
         if b != a:
             out.append({"field": key, "before": b, "after": a})
     # capacity per type in the order of the document, after the fields before it
-    order = {f: i for i, f in enumerate(["name", "team", *FIELDS_BY_NAME])}
+    order = {f: i for i, f in enumerate(["name", "team", *FIELDS_BY_NAME, *TREE_DEFAULTS])}
     return sorted(out, key=lambda c: (order.get(c["field"].split(".")[0], 99), c["field"]))
 
 
@@ -788,7 +950,60 @@ def diff(current: Layout, target: Layout) -> list[dict[str, Any]]:
                 }
             )
     changes.extend(sorted(share_changes, key=lambda c: c["name"]))
+    changes.extend(_tree_changes(current, target))
     return changes
+
+
+def _tree_changes(current: Layout, target: Layout) -> list[dict[str, Any]]:
+    """The groups added, changed or removed, and the fair-sharing settings changed (the tree's diff)."""
+    out: list[dict[str, Any]] = []
+    for name in sorted(set(current.groups) | set(target.groups)):
+        old, new = current.groups.get(name), target.groups.get(name)
+        before = group_flat(old) if old else {}
+        after = group_flat(new) if new else {}
+        if old is None:
+            fields = [
+                {"field": k, "before": None, "after": v} for k, v in after.items() if v != GROUP_DEFAULTS[k]
+            ]
+        elif new is None:
+            fields = [{"field": k, "before": v, "after": None} for k, v in before.items()]
+        else:
+            fields = [
+                {"field": k, "before": before[k], "after": after[k]}
+                for k in GROUP_DEFAULTS
+                if before[k] != after[k]
+            ]
+        if old is None or new is None or fields:
+            action = "added" if old is None else "removed" if new is None else "changed"
+            out.append(
+                {
+                    "kind": "group",
+                    "name": name,
+                    "action": action,
+                    "renamed_from": None,
+                    "labels": [action],
+                    "fields": fields,
+                    "until": None,
+                }
+            )
+    fields = [
+        {"field": k, "before": current.settings.get(k, d), "after": target.settings.get(k, d)}
+        for k, d in SETTINGS_DEFAULTS.items()
+        if current.settings.get(k, d) != target.settings.get(k, d)
+    ]
+    if fields:
+        out.append(
+            {
+                "kind": "settings",
+                "name": SETTINGS_NAME,
+                "action": "changed",
+                "renamed_from": None,
+                "labels": ["changed"],
+                "fields": fields,
+                "until": None,
+            }
+        )
+    return out
 
 
 def value_words(value: Any) -> str:
@@ -819,12 +1034,14 @@ def summary(changes: Sequence[Mapping[str, Any]]) -> str:
     """The changes counted: "2 shares: 1 added (audio), 1 changed (vision-main); 1 team: 1 added
     (audio)", or "no change" (names when there are three or fewer of a kind)."""
     parts = []
-    for kind in ("share", "team"):
+    for kind in ("share", "team", "group", "settings"):
         by_action: dict[str, list[str]] = {}
         for c in changes:
             if c["kind"] == kind:
                 by_action.setdefault(c["action"], []).append(c["name"])
-        if by_action:
+        if by_action and kind == "settings":
+            parts.append("the fair-sharing settings changed")
+        elif by_action:
             total = sum(len(v) for v in by_action.values())
             words = ", ".join(
                 f"{len(by_action[action])} {action}"
@@ -862,6 +1079,8 @@ def _scalar(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
+    if isinstance(value, float):  # a weight: YAML reads 1.5 back as a number
+        return repr(value)
     text = str(value)
     return text if _plain_ok(text) else json.dumps(text, ensure_ascii=False)
 
@@ -883,12 +1102,18 @@ def render_yaml(
     lines.append(f"format: {_scalar(data.get('format', FORMAT))}")
     if TEAM_PART_KEY in data:
         lines.append(f"{TEAM_PART_KEY}: [{', '.join(_scalar(t) for t in data[TEAM_PART_KEY])}]")
+    if data.get("settings"):
+        lines.append("settings:")
+        lines.extend(f"  {k}: {_scalar(v)}" for k, v in data["settings"].items())
     lines.append("teams:" + (" []" if not data["teams"] else ""))
     for t in data["teams"]:
         lines.append(f"  - slug: {_scalar(t['slug'])}")
         lines.append(f"    name: {_scalar(t['name'])}")
         lines.append("    members:" + (" []" if not t["members"] else ""))
         lines.extend(f"      - {_flow_mapping(m)}" for m in t["members"])
+    if data.get("groups"):
+        lines.append("groups:")
+        lines.extend(f"  - {_flow_mapping(g)}" for g in data["groups"])
     lines.append("shares:" + (" []" if not data["shares"] else ""))
     for s in data["shares"]:
         first = True

@@ -58,6 +58,73 @@ class Membership(models.Model):
         return f"{self.user} in {self.team} ({self.role})"
 
 
+class Group(models.Model):
+    """A node of the organisation tree (SEMANTICS.md "Groups: the organisation tree"): a department, a
+    team, a project. Its shares are its leaves; it owns no GPUs of its own. Changed only through the
+    layout document (quotas.layout), which checks the whole tree (no cycle, at most 4 levels, names
+    unique among groups and shares) before it writes."""
+
+    name = models.CharField(max_length=63, unique=True, validators=[share_name_validator])
+    # None: directly under the cluster. PROTECT: the layout moves or removes the children first.
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children"
+    )
+    weight = models.FloatField(default=1)  # how strongly its subtree competes for idle capacity
+    # Percent of its subtree's capacity per type it may take from outside / lend outside; -1 = no limit.
+    borrow_limit = models.IntegerField(default=-1)
+    lend_limit = models.IntegerField(default=-1)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=Q(weight__gt=0), name="group_weight_gt_0"),
+            models.CheckConstraint(condition=Q(borrow_limit__gte=-1), name="group_borrow_limit_gte_-1"),
+            models.CheckConstraint(
+                condition=Q(lend_limit__gte=-1, lend_limit__lte=100), name="group_lend_limit_range"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class FairSharing(models.Model):
+    """The cluster's fair-sharing settings (one row, pk 1; part of the layout document's `settings`):
+    the half-life of the borrowing history (0: no history) and whether rule 11's fair reclaim is on."""
+
+    fair_share_half_life_s = models.PositiveIntegerField(default=0)
+    fair_reclaim = models.BooleanField(default=False)
+
+    class Meta:
+        verbose_name_plural = "fair sharing"
+
+    def __str__(self) -> str:
+        return (
+            f"half-life {self.fair_share_half_life_s} s, fair reclaim {'on' if self.fair_reclaim else 'off'}"
+        )
+
+    @classmethod
+    def current(cls) -> "FairSharing":
+        return cls.objects.filter(pk=1).first() or cls(pk=1)
+
+
+class FairShareHistory(models.Model):
+    """Each share's and group's decayed borrowing history per GPU type (quotas.engine.tree
+    .FairShareHistory.to_dict: {"half_life_s", "at", "values": {name: {type: GPUs}}}), advanced by every
+    production pass. One row (pk 1): written once per pass, read whole by the next."""
+
+    data = models.JSONField(default=dict)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "fair-share history"
+
+    def __str__(self) -> str:
+        return f"fair-share history at {self.updated_at:%Y-%m-%d %H:%M:%S}"
+
+
 class Share(models.Model):
     name = models.CharField(max_length=63, unique=True, validators=[share_name_validator])
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="shares")
@@ -71,12 +138,17 @@ class Share(models.Model):
     # db_default: rows written by a release without the column (a rolling upgrade) get 0 too.
     min_runtime_s = models.PositiveIntegerField(default=0, db_default=0, validators=[min_runtime_validator])
     state = models.CharField(max_length=16, choices=ShareState.choices, default=ShareState.ENABLED)
+    # Its place in the organisation tree (None: directly under the cluster) and how strongly it competes
+    # for idle capacity with its siblings. db_default: rows of a release without the columns get them.
+    group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.PROTECT, related_name="shares")
+    weight = models.FloatField(default=1, db_default=1)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["name"]
         constraints = [
+            models.CheckConstraint(condition=Q(weight__gt=0), name="share_weight_gt_0"),
             models.CheckConstraint(condition=Q(strategy__in=Strategy.values), name="share_strategy_valid"),
             models.CheckConstraint(condition=Q(state__in=ShareState.values), name="share_state_valid"),
             models.CheckConstraint(condition=Q(borrow_limit__gte=-1), name="share_borrow_limit_gte_-1"),

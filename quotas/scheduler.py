@@ -27,7 +27,7 @@ from jobs.choices import ATTEMPT_ACTIVE_STATES, AttemptState, EventKind, JobStat
 from jobs.limits import effective_grace
 from jobs.models import Attempt, GpuClaim, Job, JobEvent
 from jobs.transitions import transition
-from quotas import hearing
+from quotas import fairshare, hearing
 from quotas.engine import policy
 from quotas.models import SchedulerPass, Share, ShareCapacity
 from quotas.triggers import clear_pending, request_pass_at
@@ -265,7 +265,14 @@ def load_snapshot(now: datetime | None = None, *, queued: bool = True) -> Loaded
     capacities: dict[int, dict[str, int]] = {}
     shares_rows = list(
         Share.objects.values_list(
-            "pk", "name", "strategy", "borrow_limit", "in_share_preemption", "min_runtime_s"
+            "pk",
+            "name",
+            "strategy",
+            "borrow_limit",
+            "in_share_preemption",
+            "min_runtime_s",
+            "group__name",
+            "weight",
         )
     )
     for share_id, gpu_type, max_gpus in ShareCapacity.objects.values_list("share_id", "gpu_type", "max_gpus"):
@@ -278,9 +285,12 @@ def load_snapshot(now: datetime | None = None, *, queued: bool = True) -> Loaded
             borrow_limit=limit,
             in_share_preemption=isp,
             min_runtime_s=min_runtime,
+            group=group,
+            weight=weight,
         )
-        for pk, name, strategy, limit, isp, min_runtime in shares_rows
+        for pk, name, strategy, limit, isp, min_runtime, group, weight in shares_rows
     )
+    tree = fairshare.tree_inputs()  # the organisation tree, its settings and history (a flat layout: none)
 
     running = []
     attempt_numbers = {}
@@ -364,6 +374,7 @@ def load_snapshot(now: datetime | None = None, *, queued: bool = True) -> Loaded
             running=tuple(running),
             queued=(),
             starvation_s=settings.STARVATION_S,
+            **tree,
         )
         return Loaded(
             snapshot, gpu_ids, node_ids, attempt_numbers, totals, engine_gpus, addresses, ports_in_use
@@ -389,6 +400,7 @@ def load_snapshot(now: datetime | None = None, *, queued: bool = True) -> Loaded
         running=tuple(running),
         queued=queued_views,
         starvation_s=settings.STARVATION_S,
+        **tree,
     )
     sums: dict[tuple[str, str], list[int]] = {}
     for q in queued_views:
@@ -578,6 +590,7 @@ def run_pass(trigger: str = "") -> PassResult:
         t0 = time.perf_counter()
         decided = policy.plan(loaded.snapshot)
         result.plan_ms = (time.perf_counter() - t0) * 1000
+        fairshare.advance(loaded.snapshot, now)  # what each took from outside since the last pass
         messages = apply_admissions(loaded, decided.admissions, now)
         result.admitted = sorted({m["payload"]["job_id"] for m in messages})
         result.preempted = apply_preemptions(loaded, decided.preemptions, now)

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from quotas import sharing_views, views
+from quotas import org_views, sharing_views, views
 
 urlpatterns = [
     path("", views.overview, name="overview"),
@@ -24,4 +24,5 @@ urlpatterns = [
     path("layout/plans/<uuid:plan_id>/apply/", views.share_layout_apply, name="share_layout_apply"),
     path("audit/", views.audit_log, name="audit"),
     path("usage/", sharing_views.usage_page, name="usage"),
+    path("organisation/", org_views.organisation_page, name="organisation"),
 ]

@@ -22,7 +22,18 @@
     return "rgb(" + parts.map(function (c) { return Math.round(c + (255 - c) * share); }).join(",") + ")";
   }
 
+  var stateColours = { "within its guarantee": "#9aa5b1", "borrowing": "#2f80ed", "lending": "#27ae60",
+                       "starved": "#eb5757" };
   var draw = {
+    // The organisation tree of one GPU type: a ring per level, sized by capacity, coloured by state.
+    sunburst: function (el, area) {
+      var d = data(el);
+      Plotly.react(area, [{
+        type: "sunburst", ids: d.ids, labels: d.labels, parents: d.parents, values: d.values,
+        branchvalues: "remainder", text: d.text, hoverinfo: "label+text",
+        marker: { colors: d.states.map(function (s) { return stateColours[s] || "#9aa5b1"; }) }
+      }], merge({ margin: { l: 0, r: 0, t: 0, b: 0 } }), config);
+    },
     sankey: function (el, area) {
       var d = data(el);
       Plotly.react(area, [{

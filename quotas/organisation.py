@@ -1,0 +1,235 @@
+"""Why each team gets what it gets (issue 37, item 3): the organisation tree as the org page, the share's
+fair part, /api/v1/groups/, `gpuquota groups` and Prometheus show it, from one snapshot and the engine's
+organisation view (quotas.engine.tree.organisation_view). It shows groups and shares by name with their
+numbers, as the overview does, and never a job: everyone logged in may read it.
+
+What a page reads here costs a constant number of queries: the snapshot without the queue (its totals)
+and one aggregate of the largest queued job per share and type, which is all that "waits to borrow"
+needs (a share waits to borrow a type when one of its queued jobs does not fit its own capacity)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+
+from django.db.models import Max
+from django.utils import timezone
+
+from quotas.engine import policy
+from quotas.engine.tree import BORROWING, LENDING, STARVED, WITHIN, OrgRow, limit_gpus, organisation_view
+
+STATES = (WITHIN, BORROWING, LENDING, STARVED)
+STATE_CLASS = {WITHIN: "within", BORROWING: "borrowing", LENDING: "lending", STARVED: "starved"}
+
+
+@dataclass
+class Node:
+    """One group or share of one GPU type, with what the pages say of it."""
+
+    row: OrgRow
+    team: str = ""  # a share's team name ("" for a group)
+    team_slug: str = ""
+    borrow_limit: int = -1  # a group's limit in percent (-1: none)
+    lend_limit: int = -1
+    may_take: int | None = None  # a group's borrow limit in GPUs of this type (None: no limit)
+    may_lend: int | None = None
+
+    def __getattr__(self, name):  # the row's fields read as the node's (templates, serializers)
+        if name == "row":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        return getattr(self.row, name)
+
+    @property
+    def state_class(self) -> str:
+        return STATE_CLASS.get(self.row.state, "within")
+
+    @property
+    def parts(self) -> str:
+        """The fair-share value with its parts: "(3 taken + 1.4 history) ÷ (weight 2 × 8 capacity) = 0.27"."""
+        r = self.row
+        return (
+            f"({r.taken_from_outside} taken + {r.history:.1f} history) ÷ "
+            f"(weight {r.weight:g} × {max(1, r.capacity)} capacity) = {r.fair_share_value:.2f}"
+        )
+
+
+@dataclass
+class Organisation:
+    at: datetime
+    nodes: list[Node]
+    gpu_types: list[str]
+    groups: dict[str, policy.GroupSpec] = field(default_factory=dict)
+    half_life_s: float = 0
+    fair_reclaim: bool = False
+
+    def of_type(self, gpu_type: str) -> list[Node]:
+        return [n for n in self.nodes if n.row.gpu_type == gpu_type]
+
+    def find(self, name: str, gpu_type: str) -> Node | None:
+        return next((n for n in self.nodes if n.row.name == name and n.row.gpu_type == gpu_type), None)
+
+    def of(self, name: str) -> list[Node]:
+        return [n for n in self.nodes if n.row.name == name]
+
+    @property
+    def has_groups(self) -> bool:
+        return bool(self.groups)
+
+    def sunburst(self, gpu_type: str) -> dict:
+        """plotly's sunburst of one type: ids, labels, parents, values (capacity), colours (state)."""
+        rows = self.of_type(gpu_type)
+        return {
+            "ids": [n.row.name for n in rows],
+            "labels": [n.row.name for n in rows],
+            "parents": [n.row.parent or "" for n in rows],
+            "values": [max(n.row.capacity, n.row.in_use, 0) for n in rows],
+            "states": [n.row.state for n in rows],
+            "text": [f"{n.row.state}; value {n.row.fair_share_value:.2f}" for n in rows],
+        }
+
+
+def _queued_heads(loaded) -> tuple[policy.QueuedView, ...]:
+    """One stand-in queued job per share and type: its largest queued job (one aggregate)."""
+    from jobs.choices import JobState
+    from jobs.models import Job
+
+    now = loaded.snapshot.now
+    rows = (
+        Job.objects.filter(state=JobState.QUEUED)
+        .values_list("share__name", "gpu_type")
+        .annotate(largest=Max("gpus"))
+        .order_by()
+    )
+    return tuple(
+        policy.QueuedView(job_id=i, share=share, gpu_type=gpu_type, gpus=gpus, priority=0, submitted_at=now)
+        for i, (share, gpu_type, gpus) in enumerate(sorted(rows))
+    )
+
+
+def load(*, loaded=None, now: datetime | None = None) -> Organisation:
+    """The organisation now: a row per group and share per type (in tree order), with its team, its
+    limits and their GPUs."""
+    from quotas.models import Share
+    from quotas.scheduler import load_snapshot
+
+    loaded = loaded or load_snapshot(now, queued=False)
+    snapshot = loaded.snapshot
+    if not snapshot.queued:
+        snapshot = replace(snapshot, queued=_queued_heads(loaded))
+    rows = organisation_view(snapshot)
+    teams = {
+        name: (team, slug)
+        for name, team, slug in Share.objects.values_list("name", "team__name", "team__slug")
+    }
+    groups = {g.name: g for g in snapshot.groups}
+    nodes = []
+    for r in rows:
+        node = Node(row=r)
+        if r.kind == "share":
+            node.team, node.team_slug = teams.get(r.name, ("", ""))
+        else:
+            g = groups[r.name]
+            node.borrow_limit, node.lend_limit = g.borrow_limit, g.lend_limit
+            if g.borrow_limit != -1:
+                node.may_take = limit_gpus(g.borrow_limit, r.capacity)
+            if g.lend_limit != -1:
+                node.may_lend = limit_gpus(g.lend_limit, r.capacity)
+        nodes.append(node)
+    return Organisation(
+        at=datetime.fromtimestamp(snapshot.now, tz=timezone.get_current_timezone()),
+        nodes=nodes,
+        gpu_types=sorted({r.gpu_type for r in rows}),
+        groups=groups,
+        half_life_s=snapshot.fair_share_half_life_s,
+        fair_reclaim=snapshot.fair_reclaim,
+    )
+
+
+# --- a share's fair part, in words ------------------------------------------------------------------
+
+
+def borrowed_last_day(
+    share_names: Sequence[str], *, now: datetime | None = None
+) -> dict[tuple[str, str], float]:
+    """(share, type) -> the GPUs it borrowed on average over the last day (its usage samples)."""
+    from django.db.models import F, FloatField, Sum
+    from django.db.models.functions import Cast
+
+    from quotas.models import UsageSample
+
+    now = now or timezone.now()
+    day = 86400.0
+    rows = (
+        UsageSample.objects.filter(share__name__in=list(share_names), at__gt=now - timedelta(days=1))
+        .values_list("share__name", "gpu_type")
+        .annotate(gpu_s=Sum(F("borrowed") * Cast("resolution_s", FloatField())))
+        .order_by()
+    )
+    return {(name, t): (gpu_s or 0.0) / day for name, t, gpu_s in rows}
+
+
+def why_lines(org: Organisation, node: Node) -> list[str]:
+    """Why a share that waits to borrow gets no more now: each group above it whose borrow limit is
+    reached ("group research may take 12 a10g from outside: 12 taken"), and the borrowers that go
+    before it ("behind 2 shares with a lower fair-share value")."""
+    r = node.row
+    out = []
+    parent = r.parent
+    while parent is not None:
+        g = org.find(parent, r.gpu_type)
+        if g is not None and g.may_take is not None and g.row.taken_from_outside >= g.may_take:
+            out.append(
+                f"group {parent} may take {g.may_take} {r.gpu_type} from outside: {g.row.taken_from_outside} taken"
+            )
+        parent = org.groups[parent].parent if parent in org.groups else None
+    ahead = [
+        n
+        for n in org.of_type(r.gpu_type)
+        if n.row.kind == "share"
+        and n.row.name != r.name
+        and n.row.waiting_to_borrow
+        and n.row.parent == r.parent
+        and n.row.fair_share_value < r.fair_share_value
+    ]
+    if ahead:
+        out.append(f"behind {len(ahead)} share{'s' if len(ahead) != 1 else ''} with a lower fair-share value")
+    return out
+
+
+def fair_part_words(org: Organisation, node: Node, borrowed_day: float | None = None) -> str:
+    """ "your fair part of idle a10g now is 6 GPUs: weight 2 of 5 among the borrowers that wait; borrowed
+    3 a10g over the last day (history 1.4)"."""
+    r = node.row
+    if r.fair_part is None:
+        head = f"{r.name} neither waits to borrow {r.gpu_type} nor borrows it now"
+    else:
+        head = (
+            f"your fair part of idle {r.gpu_type} now is {r.fair_part:.0f} GPUs: weight {r.weight:g} of "
+            f"{r.competing_total_weight:g} among the borrowers that wait"
+        )
+    if borrowed_day is not None:
+        head += f"; borrowed {borrowed_day:.0f} {r.gpu_type} over the last day"
+        if org.half_life_s:
+            head += f" (history {r.history:.1f})"
+    elif org.half_life_s:
+        head += f"; history {r.history:.1f}"
+    return head
+
+
+def share_lines(org: Organisation, share_names: Sequence[str], *, now: datetime | None = None) -> list[dict]:
+    """For each of these shares and each type it has a row of: its state, its fair part in words and
+    why it waits (the share page, the team page, the org page's "your shares")."""
+    day = borrowed_last_day(share_names, now=now)
+    out = []
+    for name in share_names:
+        for node in org.of(name):
+            r = node.row
+            out.append(
+                {
+                    "node": node,
+                    "words": fair_part_words(org, node, day.get((name, r.gpu_type))),
+                    "why": why_lines(org, node) if r.waiting_to_borrow else [],
+                }
+            )
+    return out

@@ -1,0 +1,84 @@
+"""Production feeds the organisation tree to the engine (issue 37, item 2's wiring): the pass's snapshot
+carries the groups, the shares' groups and weights, the fair-sharing settings and the stored history;
+each pass advances the history with the engine's accumulator; a plan that lowers a group's borrow limit
+names the borrowed jobs it leaves uncovered."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from quotas import fairshare, layout, scheduler
+from quotas.engine.tree import GroupSpec
+from quotas.models import FairShareHistory
+from tests import org_world
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def world(no_messages, alice, bob, charlie, vision_share, language_share, nodes):
+    return org_world.build(alice, bob, vision_share, language_share, nodes, half_life_s=3600)
+
+
+def test_the_snapshot_carries_the_tree_its_weights_and_settings(world):
+    snap = scheduler.load_snapshot().snapshot
+    assert snap.groups == (GroupSpec("lang"), GroupSpec("research", borrow_limit=50))
+    vision = next(s for s in snap.shares if s.name == "vision-main")
+    assert (vision.group, vision.weight) == ("research", 2)
+    assert snap.fair_share_half_life_s == 3600 and snap.fair_reclaim is False
+
+
+def test_each_pass_advances_the_stored_history(world):
+    t0 = timezone.now()
+    first = scheduler.load_snapshot(t0).snapshot
+    assert first.history == {}
+    fairshare.advance(first, t0)
+    # an hour later (one half-life) of borrowing 2 a10g: history 2 x (1 - 1/2) = 1
+    later = t0 + timedelta(hours=1)
+    values = fairshare.advance(scheduler.load_snapshot(later).snapshot, later)
+    assert values[("research", "a10g")] == pytest.approx(1.0)
+    assert values[("vision-main", "a10g")] == pytest.approx(1.0)
+    assert ("lang", "a10g") not in values  # it lends; it takes nothing from outside
+    assert scheduler.load_snapshot(later).snapshot.history[("research", "a10g")] == pytest.approx(1.0)
+
+
+def test_the_pass_itself_keeps_the_history(world):
+    scheduler.run_pass("test")
+    data = FairShareHistory.objects.get(pk=fairshare.HISTORY_PK).data
+    assert data["half_life_s"] == 3600 and data["at"] is not None
+
+
+def test_without_a_half_life_no_history_is_kept(
+    no_messages, alice, bob, charlie, vision_share, language_share, nodes
+):
+    org_world.build(alice, bob, vision_share, language_share, nodes)
+    scheduler.run_pass("test")
+    assert not FairShareHistory.objects.exists()
+    assert scheduler.load_snapshot().snapshot.history == {}
+
+
+def test_setting_the_half_life_to_0_drops_the_stored_history(world, alice):
+    scheduler.run_pass("test")
+    assert FairShareHistory.objects.exists()
+    data = layout.load_live().layout.to_data()
+    data.pop("settings")
+    layout.apply(plan_id=layout.plan(source=data, actor=alice, run_whatif=False).pk, actor=alice)
+    assert not FairShareHistory.objects.exists()
+
+
+def test_a_lowered_group_limit_names_the_borrowed_jobs_it_leaves_uncovered(world, alice):
+    data = layout.load_live().layout.to_data()
+    next(g for g in data["groups"] if g["name"] == "research")["borrow_limit"] = 0
+    planned = layout.plan(source=data, actor=alice, run_whatif=False)
+    [uncovered] = planned.effects["uncovered"]
+    assert (uncovered["group"], uncovered["gpu_type"], uncovered["shortfall"]) == ("research", "a10g", 2)
+    assert uncovered["jobs"] == [world["borrowed"].pk]
+    assert uncovered["words"] == (
+        f"group research may take 0 a10g from outside: 2 taken, 2 uncovered; its borrowed jobs (job "
+        f"{world['borrowed'].pk}) go on, no new borrowing draws on that shortfall, and owners take those "
+        "GPUs back first"
+    )
+    # a limit raised leaves nothing uncovered
+    next(g for g in data["groups"] if g["name"] == "research")["borrow_limit"] = 100
+    assert layout.plan(source=data, actor=alice, run_whatif=False).effects["uncovered"] == []
