@@ -32,7 +32,10 @@ def start_attempt(node: str, payload: dict) -> None:
             )
         except Exception:  # no certificate of the node: the start waits (sent again by its heartbeats)
             log.exception(
-                "cannot seal the env of attempt %s for %s: its start is not sent", kwargs["attempt_id"], node
+                "cannot seal the env of job %s, attempt %s for %s: its start is not sent",
+                kwargs.get("job_id"),
+                kwargs["number"],
+                node,
             )
             return
     app.send_task(START, kwargs=kwargs, queue=node_queue(node))

@@ -174,7 +174,13 @@ def apply_reports(node: str, reports: list[dict]) -> tuple[list[int], list[list[
                     count=count if type(count) is int else 0,
                 )
             else:
-                log.info("applying a repeated finished report of attempt %s/%s from %s", *key[2:], node)
+                from jobs.lifecycle import attempt_words
+
+                log.info(
+                    "applying a repeated finished report of %s from %s",
+                    attempt_words(attempt_id, number),
+                    node,
+                )
                 exit_code = kwargs.get("exit_code")
                 checkpoint_at, count = kwargs.get("checkpoint_at"), kwargs.get("checkpoints")
                 attempt_finished(

@@ -162,6 +162,15 @@ def duration_words(seconds: float) -> str:
     return f"{seconds // 60} min" if seconds < 7200 else f"{seconds // 3600} h"
 
 
+def attempt_words(attempt_id: int, number: int | None = None) -> str:
+    """An attempt as the log names it: "job 14, attempt 2" (its id is internal; what a user reads on the
+    job page is its job and number). One query; "attempt id N" if it is gone."""
+    row = Attempt.objects.filter(pk=attempt_id).values_list("job_id", "number").first()
+    if row is None:
+        return f"attempt id {attempt_id}" + (f" (number {number})" if number is not None else "")
+    return f"job {row[0]}, attempt {row[1] if number is None else number}"
+
+
 def gpu_time_words(gpu_seconds: float) -> str:
     """GPU time in a few words: "45 GPU-s", "12 GPU-min", "3.5 GPU-h": the one wording of work run or
     lost, in the job's events as on its page (the template filter gpu_time)."""

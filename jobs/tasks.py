@@ -39,7 +39,12 @@ def _in_placement(placement, node: str, attempt_id, what: str) -> bool:
     transport authenticates it: README, "Security model"); any other is refused and logged."""
     if any(p.get("node") == node for p in placement or ()):
         return True
-    log.warning("refusing %s about attempt %s from node %r: not in its placement", what, attempt_id, node)
+    log.warning(
+        "refusing %s about %s from node %r: not in its placement",
+        what,
+        lifecycle.attempt_words(attempt_id),
+        node,
+    )
     return False
 
 
@@ -55,7 +60,9 @@ def attempt_started(attempt_id: int, number: int, node: str) -> bool:
     changed = lifecycle.mark_started(attempt_id, number, node)
     if not changed and not _is_current(attempt_id, number):
         # A start that arrived after the attempt was over: the host must not keep it running.
-        log.info("host %s runs attempt %s/%s which is over; stopping it", node, attempt_id, number)
+        log.info(
+            "host %s runs %s, which is over; stopping it", node, lifecycle.attempt_words(attempt_id, number)
+        )
         preempt_attempt(node, attempt_id, number, 0)
     return changed
 

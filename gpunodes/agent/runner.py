@@ -165,6 +165,11 @@ def _limits_fn(limits: Limits, user: JobUser | None, rlimit_as: bool):
     return run
 
 
+def attempt_words(job_id, number) -> str:
+    """An attempt as the log names it: "job 14, attempt 2" (its id is the control side's own)."""
+    return f"job {job_id}, attempt {number}"
+
+
 def _plain(e: BaseException) -> str:
     """An exec error in words a job's owner reads (the program itself: the child's check saw none)."""
     plain = {
@@ -397,10 +402,8 @@ class Runner:
                 return "duplicate"
             if admitted_us is not None and self._ended_before.get(key) == admitted_us:
                 log.warning(
-                    "not running attempt %s/%s: it ended on this host before the agent restarted (a stale"
-                    " start)",
-                    attempt_id,
-                    number,
+                    "not running %s: it ended on this host before the agent restarted (a stale start)",
+                    attempt_words(job_id, number),
                 )
                 return "duplicate"
             if key in self._tombstones:
@@ -411,18 +414,18 @@ class Runner:
             held = self._gpus_in_use(list(gpus))
             if held:
                 # Not the job's doing, nor a strike against it: it is re-queued ("refused").
-                log.error("refusing attempt %s/%s: %s", attempt_id, number, held)
+                log.error("refusing %s: %s", attempt_words(job_id, number), held)
                 return self._end_unstarted(key, "refused", f"refused: {held}")
             taken = self._port_taken(rank, rendezvous)
             if taken:
                 # Another process holds rank 0's port: re-queued (a fresh port), not counted.
-                log.error("refusing attempt %s/%s: %s", attempt_id, number, taken)
+                log.error("refusing %s: %s", attempt_words(job_id, number), taken)
                 return self._end_unstarted(key, "refused", f"refused: {taken}")
             broken = self._broken(gpus)
             if broken:
                 # The control side had not heard yet (or raced the report): the job is re-queued, as
                 # an attempt whose GPU failed, and this host's heartbeat says why.
-                log.error("refusing attempt %s/%s: %s", attempt_id, number, broken)
+                log.error("refusing %s: %s", attempt_words(job_id, number), broken)
                 return self._end_unstarted(key, "gpu_failed", f"refused: {broken}")
             if self.gpu_health is not None:
                 self.gpu_health.claimed(gpus)
@@ -674,9 +677,8 @@ class Runner:
                     f"not given (it was given GPU {given}; CUDA_VISIBLE_DEVICES says which)"
                 )
                 log.error(
-                    "killing attempt %s/%s: its pid %d uses GPU %d, which it was not given",
-                    proc.attempt_id,
-                    proc.number,
+                    "killing %s: its pid %d uses GPU %d, which it was not given",
+                    attempt_words(proc.job_id, proc.number),
                     pid,
                     index,
                 )
@@ -761,7 +763,7 @@ class Runner:
                 proc.stop_how = "gpu_failed"
                 proc.stop_detail = f"GPU {index} of {self.node} failed: {fault.detail}"
                 proc.gpu_fault = fault.as_message(index)
-            log.error("killing attempt %s/%s: its GPU %d failed", proc.attempt_id, proc.number, index)
+            log.error("killing %s: its GPU %d failed", attempt_words(proc.job_id, proc.number), index)
             self._kill(proc)
             killed.append((proc.attempt_id, proc.number))
         return killed
@@ -888,7 +890,7 @@ class Runner:
             try:
                 self._ship_log(proc)
             except OSError as e:
-                log.warning("could not ship the log of attempt %s: %s", proc.attempt_id, e)
+                log.warning("could not ship the log of %s: %s", attempt_words(proc.job_id, proc.number), e)
             code = proc.popen.poll()
             if code is not None:
                 done.append(proc)
@@ -896,11 +898,11 @@ class Runner:
             if not proc.out_of_memory and proc.oom_kills():
                 # cgroup v1 kills one process at a time (v2: memory.oom.group, all at once): the rest
                 # of the attempt goes with it, as it would on v2.
-                log.info("attempt %s reached its memory limit; killing it", proc.attempt_id)
+                log.info("%s reached its memory limit; killing it", attempt_words(proc.job_id, proc.number))
                 proc.out_of_memory = True
                 self._kill(proc)
             elif proc.stop_how is None and proc.deadline is not None and now >= proc.deadline:
-                log.info("attempt %s ran past max_runtime_s; stopping it", proc.attempt_id)
+                log.info("%s ran past max_runtime_s; stopping it", attempt_words(proc.job_id, proc.number))
                 self._terminate(proc, "timed_out", proc.grace_s)
             elif proc.kill_at is not None and now >= proc.kill_at:
                 self._kill(proc)
@@ -913,7 +915,7 @@ class Runner:
             try:
                 self._reap(proc)
             except Exception:
-                log.exception("reaping attempt %s/%s failed", proc.attempt_id, proc.number)
+                log.exception("reaping %s failed", attempt_words(proc.job_id, proc.number))
         if done or self._state_dirty:
             with self._lock:
                 self._save_state()
@@ -947,7 +949,9 @@ class Runner:
         try:
             self._ship_log(proc, final=True)
         except OSError as e:
-            log.warning("could not ship the end of the log of attempt %s: %s", proc.attempt_id, e)
+            log.warning(
+                "could not ship the end of the log of %s: %s", attempt_words(proc.job_id, proc.number), e
+            )
         with self._lock:
             self._procs.pop(proc.attempt_id, None)
             self._finished.add((proc.attempt_id, proc.number))
@@ -955,7 +959,7 @@ class Runner:
             try:  # for an agent restarted since: a stale start of it never runs again here
                 self.outbox.mark_ended((proc.attempt_id, proc.number), proc.admitted_us)
             except (sqlite3.Error, OSError) as e:  # a full disk: remembered until a restart only
-                log.warning("cannot write down that attempt %s/%s ended: %s", proc.attempt_id, proc.number, e)
+                log.warning("cannot write down that %s ended: %s", attempt_words(proc.job_id, proc.number), e)
         code = proc.popen.returncode
         how = proc.stop_how or "exited"
         if proc.stop_how is None and f"{proc.attempt_id}/{proc.number}" in fenced_keys(self.state_path):
@@ -1056,7 +1060,7 @@ class Runner:
             )
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         except (OSError, ValueError) as e:
-            log.warning("cannot send the log of attempt %s/%s again: %s", k["attempt_id"], k["number"], e)
+            log.warning("cannot send the log of %s again: %s", attempt_words(k["job_id"], k["number"]), e)
             self.outbox.ack([entry_id])
             return 0
         sent = 0
@@ -1070,7 +1074,7 @@ class Runner:
                     sent += 1
                 if offset < end:  # the file is shorter than what was shipped from it: give up
                     log.warning(
-                        "the log of attempt %s/%s is shorter than shipped", k["attempt_id"], k["number"]
+                        "the log of %s is shorter than shipped", attempt_words(k["job_id"], k["number"])
                     )
                     self.outbox.ack([entry_id])
                     break

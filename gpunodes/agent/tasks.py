@@ -163,11 +163,19 @@ def start_attempt(*, node: str, **fields) -> str:
     inventory = RUNNER.gpu_indexes
     if inventory is not None and not set(msg["gpus"]) <= inventory:
         log.error(
-            "refusing a start of attempt %s: GPUs %s are not on this host", msg["attempt_id"], msg["gpus"]
+            "refusing a start of job %s, attempt %s: GPUs %s are not on this host",
+            msg["job_id"],
+            msg["number"],
+            msg["gpus"],
         )
         return "refused"
     if RUNNER.node_state != "READY":
-        log.warning("refusing the start of attempt %s: this node is %s", msg["attempt_id"], RUNNER.node_state)
+        log.warning(
+            "refusing the start of job %s, attempt %s: this node is %s",
+            msg["job_id"],
+            msg["number"],
+            RUNNER.node_state,
+        )
         RUNNER.refuse(msg["attempt_id"], msg["number"], f"{RUNNER.node} is {RUNNER.node_state}")
         return "refused"
     return RUNNER.start(**msg)
