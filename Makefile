@@ -25,7 +25,7 @@ PORT ?= 8000
 run: setup
 	@echo "gpuquota on http://127.0.0.1:$(PORT)/  (admin at /admin/)"
 	@$(BIN)/python manage.py credentials --url http://127.0.0.1:$(PORT)/login/
-	PORT=$(PORT) PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m config.procman Procfile.dev $(if $(filter 0,$(DEMO)),--without demo)
+	GPUQUOTA_MAKE_RUN=1 PORT=$(PORT) PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m config.procman Procfile.dev $(if $(filter 0,$(DEMO)),--without demo)
 
 # The tests keep their files (broker, logs, agent state) apart from a `make run` in the same checkout.
 test: $(STAMP)

@@ -47,11 +47,11 @@ AGENT_OOM_SCORE_ADJ = -999
 _warned: set[str] = set()
 
 
-def warn_once(key: str, message: str, *args) -> None:
+def warn_once(key: str, message: str, *args, level: int = logging.WARNING) -> None:
     """A host fact (no controller, no namespace) is logged once per process, not once per attempt."""
     if key not in _warned:
         _warned.add(key)
-        log.warning(message, *args)
+        log.log(level, message, *args)
 
 
 def join_fn(*procs_files: Path):
@@ -764,5 +764,16 @@ def protect_from_oom(score: int = AGENT_OOM_SCORE_ADJ) -> bool:
         Path("/proc/self/oom_score_adj").write_text(str(score))
         return True
     except OSError as e:
-        warn_once("oom-score", "cannot set oom_score_adj to %d: %s", score, e.strerror)
+        if os.geteuid() != 0 and score < 0:
+            # Expected of an agent that is not root (`make run`): lowering it takes root. Said once, as a
+            # fact of the setup, not a WARNING at every start.
+            warn_once(
+                "oom-score",
+                "oom_score_adj stays as it was: lowering it to %d takes root (this agent runs as uid %d)",
+                score,
+                os.geteuid(),
+                level=logging.INFO,
+            )
+        else:
+            warn_once("oom-score", "cannot set oom_score_adj to %d: %s", score, e.strerror)
         return False

@@ -29,6 +29,7 @@ from gpunodes.agent.runner import Runner
 log = logging.getLogger("gpunodes.agent")
 HEARTBEAT = "gpunodes.tasks.node_heartbeat"
 UNSAFE_FLAG = "--unsafe-run-jobs-as-agent-user"
+MAKE_RUN_ENV = "GPUQUOTA_MAKE_RUN"  # set by `make run` for its processes
 
 
 def job_uids(*, uid_range: str, unsafe_run_as_self: bool = False) -> UidPool | None:
@@ -48,6 +49,11 @@ def job_uids(*, uid_range: str, unsafe_run_as_self: bool = False) -> UidPool | N
             "credentials, and every other job on this host). Start it as root, or pass "
             f"{UNSAFE_FLAG} for a single-user setup such as `make run`."
         )
+    if os.environ.get(MAKE_RUN_ENV) == "1":
+        # `make run` passes the flag itself (the README says what it means): one line, not three WARNINGs
+        # at every start of each of its agents about its own choice.
+        log.info("single-user demo (make run): jobs run as this agent's own user (uid %d)", os.geteuid())
+        return None
     for _ in range(3):
         log.warning(
             "UNSAFE: %s: jobs run as this agent's own user (uid %d) and can read and change everything "
