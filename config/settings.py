@@ -252,6 +252,14 @@ if MESSAGE_SIGNING_KEY:
 # ahead holds its node's order of heartbeats for at most MESSAGE_CLOCK_SKEW_S, signed or not.
 MESSAGE_MAX_AGE_S = env_int("MESSAGE_MAX_AGE_S", 300)
 MESSAGE_CLOCK_SKEW_S = env_int("MESSAGE_CLOCK_SKEW_S", 30)
+# On Redis each node sends onto a list of its own, moved onto `control` by the control worker
+# (config.redisbroker.Intake): at most BROKER_INTAKE_PER_NODE of a node's messages per turn, while
+# `control` holds fewer than BROKER_INTAKE_BACKLOG; a node's list past BROKER_NODE_MAX_MESSAGES or
+# BROKER_NODE_MAX_BYTES loses its oldest (all are sent again).
+BROKER_INTAKE_BACKLOG = env_int("BROKER_INTAKE_BACKLOG", 200)
+BROKER_INTAKE_PER_NODE = env_int("BROKER_INTAKE_PER_NODE", 20)
+BROKER_NODE_MAX_MESSAGES = env_int("BROKER_NODE_MAX_MESSAGES", 2000)
+BROKER_NODE_MAX_BYTES = env_int("BROKER_NODE_MAX_BYTES", 16 * 1024 * 1024)
 
 # --- gpuquota ---------------------------------------------------------------------------------
 SCHEDULER_INTERVAL_S = env_int("SCHEDULER_INTERVAL_S", 2)

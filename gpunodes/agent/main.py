@@ -3,6 +3,7 @@ and a Celery worker (threads pool) bound to the queue `node.<name>`."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -16,7 +17,7 @@ from urllib.parse import urlsplit
 from celery.exceptions import SecurityWarning
 from django.conf import settings
 
-from config.celery import CONTROL_QUEUE, app, consume_as, node_queue
+from config.celery import CONTROL_QUEUE, app, consume_as, node_queue, report_queue
 from gpunodes import signing
 from gpunodes.agent import AGENT_VERSION, inventory
 from gpunodes.agent import tasks as agent_tasks
@@ -91,11 +92,12 @@ def primary_address() -> str:
         return "127.0.0.1"
 
 
-def send_report(name: str, kwargs: dict) -> bool:
-    """Whether the broker took it. Pushed straight onto the control queue, declaring nothing (a node's
-    Redis ACL user may push there and nothing more: README, "Redis")."""
+def send_report(name: str, kwargs: dict, queue: str = CONTROL_QUEUE) -> bool:
+    """Whether the broker took it. Pushed straight onto `queue` (the node's own intake list on Redis:
+    config.celery.report_queue), declaring nothing (a node's Redis ACL user may push there and nothing
+    more: README, "Redis")."""
     try:
-        app.send_task(name, kwargs=kwargs, queue=CONTROL_QUEUE, declare=[])
+        app.send_task(name, kwargs=kwargs, queue=queue, declare=[])
     except Exception:
         log.exception("could not send %s", name)
         return False
@@ -151,6 +153,7 @@ class Agent:
             stuck_after_s=settings.GPU_STUCK_PROCESS_S,
         )
         consume_as(f"node:{name}")
+        self.send = functools.partial(send_report, queue=report_queue(name))
         if settings.MESSAGE_SIGNING_KEY:
             # The nonces of the messages it ran, kept across restarts: a captured start is refused then too.
             signing.use_nonce_store(signing.SqliteNonces(state_dir / "seen-messages.sqlite3"))
@@ -158,7 +161,7 @@ class Agent:
             node=name,
             log_dir=settings.JOB_LOG_DIR,
             checkpoint_root=settings.CHECKPOINT_ROOT,
-            report=send_report,
+            report=self.send,
             state_path=state_dir / "running.json",
             work_root=settings.JOB_ROOT / "work",
             workdir=workdir,
@@ -187,7 +190,7 @@ class Agent:
 
     def heartbeat(self) -> None:
         running = [list(r) for r in self.runner.running()]  # before the outbox: an end is in one of them
-        took = send_report(
+        took = self.send(
             HEARTBEAT,
             {
                 "name": self.name,
