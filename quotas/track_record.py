@@ -168,6 +168,10 @@ def _figures(rows: Sequence[tuple]) -> dict:
             continue
         errors.append(abs((started_at - eta).total_seconds()))
         low, high = likely_range(eta, eta_low, eta_high)
+        if kind != ForecastKind.BOUND and low is not None and low == high:
+            # An estimate's range of no width (stored before issue 42: "between 02:02 and 02:02") was within
+            # range only through the tolerance: it counts as no range, as such an estimate now gets.
+            low = high = None
         inside = None
         if low is not None:
             with_range += 1

@@ -13,6 +13,7 @@ from jobs.models import Attempt, Job
 from quotas import services, track_record
 from quotas.models import ForecastRecord, QueueForecast
 from tests.api.conftest import run, submit
+from tests.track_history import record_start
 
 pytestmark = pytest.mark.django_db
 
@@ -237,6 +238,18 @@ def test_the_summary_reads_a_range_widened_to_hold_the_eta(bob, vision_share):
     )
     s = track_record.summary(vision_share, now=now)
     assert s["within_range"] == 1 and s["points"][0]["high_s"] == 1800
+
+
+def test_an_estimates_range_of_no_width_counts_as_no_range(bob, vision_share):
+    """8 of 17 points were "likely between 02:02 and 02:02", within range only through the tolerance."""
+    submitted = timezone.now() - timedelta(hours=1)
+    record = record_start(submit(bob, vision_share), vision_share, submitted, 30.5)
+    ForecastRecord.objects.filter(pk=record.pk).update(eta_low=record.eta, eta_high=record.eta)
+    summary = track_record.summary(vision_share)
+    assert (summary["n"], summary["with_range"], summary["within_range"]) == (1, 0, 0)
+    assert summary["points"][0]["low_s"] is None and summary["points"][0]["within"] is None
+    ForecastRecord.objects.filter(pk=record.pk).update(kind="bound")  # a bound's may: it ends at the bound
+    assert track_record.summary(vision_share)["with_range"] == 1
 
 
 def test_a_longer_window_takes_in_older_starts(vision_share, history):
