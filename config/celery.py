@@ -11,6 +11,7 @@ import warnings
 
 from celery import Celery
 from celery.exceptions import SecurityWarning
+from celery.signals import worker_ready, worker_shutdown
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -28,6 +29,24 @@ AGENT_TASK_PREFIX = "gpunodes.agent."
 
 def node_queue(node_name: str) -> str:
     return f"node.{node_name}"
+
+
+INTAKE_PREFIX = "control.from."
+
+
+def intake_queue(node_name: str) -> str:
+    """Where node `node_name` pushes what it sends the control side on Redis: a list of its own, which
+    the control worker moves onto `control` a few messages per node at a time (config.redisbroker.Intake):
+    a flood from one node waits in its own list, never in front of other nodes' heartbeats."""
+    return f"{INTAKE_PREFIX}{node_name}"
+
+
+def report_queue(node_name: str) -> str:
+    """The queue an agent sends its heartbeats and reports to: its intake list on Redis; `control`
+    itself on the embedded file broker (one user, nothing to keep apart)."""
+    from django.conf import settings
+
+    return intake_queue(node_name) if settings.REDIS_URL else CONTROL_QUEUE
 
 
 def route_task(name, args, kwargs, options, task=None, **kw):
@@ -51,6 +70,23 @@ def consume_as(consumer: str) -> None:
             **settings.CELERY_BROKER_TRANSPORT_OPTIONS,
             **unacked_keys(consumer),
         }
+
+
+@worker_ready.connect
+def start_intake(sender=None, **kwargs) -> None:
+    """The control worker (it consumes `control`) on Redis moves the nodes' intake lists onto `control`
+    from a thread of its own; stopped with the worker."""
+    from django.conf import settings
+
+    consumer = sender
+    queues = {q.name for q in consumer.task_consumer.queues} if consumer and consumer.task_consumer else set()
+    if not settings.REDIS_URL or CONTROL_QUEUE not in queues:
+        return
+    from config.redisbroker import Intake
+
+    intake = Intake.from_settings()
+    intake.start()
+    worker_shutdown.connect(lambda **kw: intake.stop(), weak=False)
 
 
 app = Celery("gpuquota", task_cls="gpunodes.signing:SignedTask")

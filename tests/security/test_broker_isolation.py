@@ -84,11 +84,14 @@ def test_the_documented_acl_keeps_a_node_to_its_own_keys(broker):
     assert denied(node.sadd, "_kombu.binding.control", "control\x06\x16\x06\x16node.gpu-1")
     assert denied(node.publish, "/0.celery.pidbox", "a broadcast")
     assert denied(node.keys, "*")
-    # What it needs: its own queue, its own unacknowledged-message keys, and pushing reports.
+    assert denied(node.lpush, "control", "a report in front of every other node's")
+    assert denied(node.lpush, "control.from.gpu-10", "a report in gpu-10's name")
+    # What it needs: its own queue, its own unacknowledged-message keys, and pushing reports onto its
+    # own intake list.
     node.lpush("node.gpu-1", "x")
-    assert node.rpop("node.gpu-1") == b"x"
+    assert node.brpop("node.gpu-1", 1) == (b"node.gpu-1", b"x")
     node.hset("node:gpu-1:unacked", "tag", "x")
-    node.lpush("control", "a report")
+    node.lpush("control.from.gpu-1", "a report")
 
 
 def planted(tag: str, queue: str) -> str:
@@ -163,7 +166,7 @@ def test_a_message_a_node_holds_unacknowledged_is_not_readable_by_another_node(b
     server, admin, url = broker
     proc, jobs, log = start_agent(tmp_path, "gpu-1", url("gpu-1"))
     try:
-        wait_for(lambda: admin.llen("control") >= 2, 90, what="gpu-1's heartbeats")
+        wait_for(lambda: admin.llen("control.from.gpu-1") >= 2, 90, what="gpu-1's heartbeats")
         # A start with another team's env, due in two minutes: the agent holds it unacknowledged.
         with Connection(server.url) as conn:
             type(app).send_task(  # not app.send_task: the suite's fixtures record what goes through it

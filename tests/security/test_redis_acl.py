@@ -37,12 +37,14 @@ def test_an_agent_with_its_acl_user_runs_and_reaches_only_its_own(tmp_path, brok
     url = f"redis://node-lone:lone-pw@127.0.0.1:{server.port}/0"
     proc, var, jobs, out = start_agent(tmp_path, REDIS_URL=url)
     try:
-        wait_for(lambda: admin.llen("control") >= 2, 60, what="heartbeats on the control queue")
+        wait_for(lambda: admin.llen("control.from.lone") >= 2, 60, what="heartbeats on its intake list")
     finally:
         stop(proc, jobs, out)
     node = redis.Redis.from_url(url)
     with pytest.raises(redis.exceptions.NoPermissionError):
         node.rpop("control")  # another node's report, taken away
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        node.lpush("control", "a flood in front of every node's heartbeats")
     with pytest.raises(redis.exceptions.NoPermissionError):
         node.lpush("node.other", "a forged start")
     with pytest.raises(redis.exceptions.NoPermissionError):
