@@ -57,7 +57,7 @@ from gpunodes.agent.containment import (
 from gpunodes.agent.fence import ENDED_SUFFIX, fenced_keys
 from gpunodes.agent.health import STUCK_PROCESS, Fault, HealthWatcher
 from gpunodes.agent.identity import JobUser, UidPool
-from gpunodes.agent.joblog import LogSink
+from gpunodes.agent.joblog import OWNER_FILE, LogSink
 from gpunodes.agent.outbox import Outbox
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,8 @@ REPORT_FIELDS = frozenset({"attempt_id", "number", "node", "how", "exit_code", "
         "at",
         "count",
         "gpu_faults",
-    }  # an end's checkpoint and fault; a checkpoint's report
+        "ended_at",
+    }  # an end's checkpoint, fault and time (the host's clock); a checkpoint's report
 )
 # A start that fails with these lacks something of the host's (processes, memory, descriptors, disk),
 # not of the job's: it is refused, and the job re-queued.
@@ -212,6 +213,7 @@ class Proc:
     devices: AttemptDevices | None = None
     limits: AttemptLimits | None = None
     checkpoint: Path | None = None
+    checkpoint_hold: identity.CheckpointHold | None = None
     memory_bytes: int | None = None
     admitted_us: int | None = None  # when the control side admitted it (start message), if it said
     out_of_memory: bool = False
@@ -371,6 +373,10 @@ class Runner:
             log.exception("cannot read the attempts that ended here from the outbox")
         # Whether the agent's lease lapsed (agent/fence.py: its watchdog fences the jobs): no start then.
         self.lease_lapsed: Callable[[], bool] = lambda: False
+        # Who holds which job's checkpoint directory, with every agent sharing the root; and whether
+        # attempts see theirs through an idmapped mount (else through their job's group).
+        self.checkpoint_holds = identity.CheckpointHolds(self.checkpoint_root)
+        self.checkpoint_idmap = uids is not None and identity.idmapped_mounts_work(self.checkpoint_root)
         # The jobs' checkpoints, seen in their directories (checkpoints.py), reported as they come.
         self.checkpoints = CheckpointWatcher(
             self._report_checkpoint, scan_s=checkpoint_scan_s, settle_s=checkpoint_settle_s
@@ -429,12 +435,13 @@ class Runner:
                 return self._end_unstarted(key, "gpu_failed", f"refused: {broken}")
             if self.gpu_health is not None:
                 self.gpu_health.claimed(gpus)
-            user = cgroup = workdir = devices = limits = checkpoint_dir = sink = None
+            user = cgroup = workdir = devices = limits = checkpoint_dir = sink = hold = None
             name = f"attempt-{attempt_id}-{number}"
             attempt_limits = self.limit_policy.for_attempt(len(gpus), len(self.gpu_indexes or ()) or None)
             try:
                 user = self._acquire_uid()
-                checkpoint_dir = identity.checkpoint_dir(self.checkpoint_root, job_id, user)
+                hold = self.checkpoint_holds.hold(job_id, key, self.node, user, idmap=self.checkpoint_idmap)
+                checkpoint_dir = hold.path
                 workdir = identity.make_workdir(self.work_root, f"{self.node}-a{attempt_id}-{number}", user)
                 log_path = identity.inside(self.log_dir, f"job-{job_id}")
                 log_path.mkdir(mode=0o700, exist_ok=True)
@@ -453,8 +460,8 @@ class Runner:
             except (OSError, ValueError, RuntimeError) as e:  # RuntimeError: no free uid
                 if sink is not None:
                     sink.finish()
-                self._cleanup(user, cgroup, workdir, devices, limits, checkpoint_dir)
-                log.error("refusing attempt %s/%s: %s", attempt_id, number, e)
+                self._cleanup(user, cgroup, workdir, devices, limits, hold)
+                log.error("refusing %s: %s", attempt_words(job_id, number), e)
                 if isinstance(e, identity.NoFreeUid):
                     # The host's shortage, not the job's: re-queued with no strike, and said to the admin.
                     log.error(
@@ -463,6 +470,9 @@ class Runner:
                         e,
                     )
                     return self._end_unstarted(key, "refused", f"refused: {self.node} has {e}")
+                if isinstance(e, identity.CheckpointHeld):
+                    # An earlier attempt of the job is still ending here: re-queued, with no strike.
+                    return self._end_unstarted(key, "refused", f"refused: {e}")
                 if isinstance(e, RuntimeError) or getattr(e, "errno", None) in HOST_SHORT:
                     return self._end_unstarted(key, "unknown", f"refused: the host could not prepare it: {e}")
                 return self._end_unstarted(
@@ -493,14 +503,12 @@ class Runner:
             if user is not None and self.private_mounts:
                 steps.append(
                     identity.namespaces_fn(
-                        self._mounts(
-                            workdir, checkpoint_dir, cwd, user, argv, child_env, env or {}, attempt_limits
-                        )
+                        self._mounts(workdir, hold, cwd, user, argv, child_env, env or {}, attempt_limits)
                     )
                 )
             steps.append(_limits_fn(attempt_limits, user, self.rlimit_as))
             if user is not None:
-                steps.append(identity.drop_privileges_fn(user))
+                steps.append(identity.drop_privileges_fn(user, groups=hold.groups))
                 if self._deny_user_namespaces is not None:
                     steps.append(self._deny_user_namespaces)
             steps.append(
@@ -528,7 +536,9 @@ class Runner:
                     env=child_env,
                     cwd=cwd,
                     start_new_session=True,
-                    umask=0o077,
+                    umask=hold.umask,
+                    # The attempt's processes hold its checkpoint directory too (identity.CheckpointHolds).
+                    pass_fds=(hold.fd,),
                     preexec_fn=preexec,  # noqa: PLW1509 - os calls, and Python code that takes no lock
                 )
             except (OSError, subprocess.SubprocessError) as e:
@@ -554,8 +564,8 @@ class Runner:
                     )
                 sink.note(f"gpuquota: {why}\n")
                 sink.finish()
-                self._cleanup(user, cgroup, workdir, devices, limits, checkpoint_dir)
-                log.info("attempt %s/%s did not start: %s", attempt_id, number, why)
+                self._cleanup(user, cgroup, workdir, devices, limits, hold)
+                log.info("%s did not start: %s", attempt_words(job_id, number), why)
                 return self._end_unstarted(key, how, why, exit_code=code)
             os.close(check_w)
             os.close(check_r)
@@ -576,6 +586,7 @@ class Runner:
                 devices=devices,
                 limits=limits,
                 checkpoint=checkpoint_dir if user is not None else None,
+                checkpoint_hold=hold,
                 memory_bytes=attempt_limits.memory_bytes,
                 gpus=tuple(gpus),
                 admitted_us=admitted_us,
@@ -590,9 +601,7 @@ class Runner:
             return None
         return self.uids.acquire(roots=(self.checkpoint_root, self.work_root))
 
-    def _mounts(
-        self, workdir, checkpoint_dir, cwd, user, argv, child_env, job_env, limits
-    ) -> identity.PrivateMounts:
+    def _mounts(self, workdir, hold, cwd, user, argv, child_env, job_env, limits) -> identity.PrivateMounts:
         """What the child mounts: its tmpfs working directory, and what of the host's /tmp and /var/tmp
         it still sees (its own directories, and what its command names there)."""
         size = self.workdir_bytes
@@ -600,7 +609,7 @@ class Runner:
             size = (limits.memory_bytes or 0) // 2
         carries = identity.carries(
             workdir,
-            exact=[workdir, checkpoint_dir, self.workdir],
+            exact=[workdir, hold.path, self.workdir],
             named=identity.paths_in(argv, child_env.get("PATH", ""), job_env.values()),
             agent_roots=[self.work_root, self.checkpoint_root, self.log_dir, self.state_path.parent],
         )
@@ -613,6 +622,8 @@ class Runner:
             carries=tuple(carries),
             private_shm=self.private_shm,
             shadowed=self._shadowed,
+            checkpoint=str(hold.path),
+            checkpoint_userns_fd=hold.userns_fd if hold.userns_fd is not None else -1,
         )
 
     def _end_unstarted(
@@ -793,11 +804,11 @@ class Runner:
         workdir: Path | None,
         devices: AttemptDevices | None = None,
         limits: AttemptLimits | None = None,
-        checkpoint: Path | None = None,
+        hold: identity.CheckpointHold | None = None,
         ran: bool = False,
     ) -> bool:
         """After an attempt: nothing of it runs, its cgroups and working directory are gone, its
-        checkpoint is root's again, what it left in the host's shared directories is gone (`ran`: it
+        checkpoint directory is set back (O(1)) and, last, let go of (`hold`), what it left in the host's shared directories is gone (`ran`: it
         ran), its uid is free again. A uid whose processes could not all be
         killed is not handed out again. Returns whether they could."""
         empty = kill_attempt(cgroup=cgroup, pgid=None, uid=user.uid if user else None)
@@ -810,9 +821,14 @@ class Runner:
                 group.remove()
         if workdir is not None:
             identity.remove_tree(workdir)
+        if hold is not None:
+            if user is not None:
+                identity.return_checkpoint(hold.path)
+            if empty:  # a next attempt of the job may have it now; not while a process could write
+                hold.release()
+            else:
+                log.error("processes of an attempt of %s are left: it stays held", hold.path)
         if user is not None:
-            if checkpoint is not None:
-                identity.return_checkpoint(checkpoint)
             if empty:
                 self.uids.release(user.uid)
             else:
@@ -922,14 +938,16 @@ class Runner:
 
     def _reap(self, proc: Proc) -> None:
         """An attempt whose leader exited: whatever it left behind (its group, its cgroup, its uid)
-        goes with it, then its end is reported (into the outbox first)."""
+        goes with it, then its end is reported (into the outbox first), dated now by this host's clock:
+        the control side dates the end then, not when it reads the report (after a restart, say)."""
+        ended_at = time.time()
         try:
             os.killpg(proc.popen.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         oom = proc.out_of_memory or proc.oom_kills() > 0  # read before its cgroup goes
         empty = self._cleanup(
-            proc.user, proc.cgroup, proc.workdir, proc.devices, proc.limits, proc.checkpoint, ran=True
+            proc.user, proc.cgroup, proc.workdir, proc.devices, proc.limits, proc.checkpoint_hold, ran=True
         )
         if self.gpu_health is not None and proc.gpus:
             label = f"{proc.attempt_id}/{proc.number}"
@@ -972,6 +990,7 @@ class Runner:
             "exit_code": code,
             "job_id": proc.job_id,
             "log_ranges": self._shipped_ranges(proc.log_sent),
+            "ended_at": round(ended_at, 3),
         }
         checkpoint_at, checkpoints = self.checkpoints.end((proc.attempt_id, proc.number))
         self._checkpoint_entries.pop((proc.attempt_id, proc.number), None)
@@ -1129,21 +1148,36 @@ class Runner:
                         removed += 1
                 except OSError:
                     pass
+            if not any(job_dir.glob("attempt-*.log")):
+                with contextlib.suppress(OSError):
+                    (job_dir / OWNER_FILE).unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 job_dir.rmdir()  # only when empty
         return removed
+
+    def live_logs(self) -> set[Path]:
+        """The log files of the attempts running here (never removed to bound the others)."""
+        with self._lock:
+            return {p.log_path for p in self._procs.values()}
 
     def prune_checkpoints(self, max_age_s: float) -> int:
         """Remove the checkpoints of jobs that have not run on this host for max_age_s (identity.py)."""
         with self._lock:
             keep = {p.checkpoint for p in self._procs.values() if p.checkpoint is not None}
-        return identity.prune_checkpoints(self.checkpoint_root, max_age_s, keep=keep)
+        return identity.prune_checkpoints(
+            self.checkpoint_root, max_age_s, keep=keep, holds=self.checkpoint_holds
+        )
 
     # --- state across restarts -------------------------------------------------------------------
 
     def running(self) -> list[tuple[int, int]]:
-        with self._lock:
-            return [(p.attempt_id, p.number) for p in self._procs.values()]
+        """The attempts running here. Without the runner's lock: the heartbeat never waits on a start
+        (a start or a reap changes the dict as one step; a copy that met one is made again)."""
+        while True:
+            try:
+                return [(p.attempt_id, p.number) for p in list(self._procs.values())]
+            except RuntimeError:  # "dictionary changed size during iteration"
+                continue
 
     def _save_state(self) -> None:
         """Write the running attempts down (for a restarted agent and the fence watchdog). A write that
@@ -1232,8 +1266,8 @@ class Runner:
         return uid
 
     def _forget_orphan(self, entry: dict) -> None:
-        """A dead attempt's working directory goes, and its checkpoint is root's again, unless another
-        attempt took it over since (it then belongs to that attempt's uid, not the dead one's)."""
+        """A dead attempt's working directory goes, and its checkpoint directory is set back (O(1): it
+        belongs to its job's owner whatever attempt ran; its hold went with the orphans' processes)."""
         for key, root in (("workdir", self.work_root), ("checkpoint", self.checkpoint_root)):
             path = entry.get(key)
             if not isinstance(path, str):
@@ -1244,7 +1278,7 @@ class Runner:
                 continue
             if key == "workdir":
                 identity.remove_tree(path)
-            elif self._orphan_uid(entry) is not None and _owner(path) == entry["uid"]:
+            elif self.uids is not None:
                 identity.return_checkpoint(path)
 
     def shutdown(self, grace_s: float = 5) -> None:
@@ -1260,8 +1294,10 @@ class Runner:
             self._kill(proc)
             proc.popen.wait()
             if proc.stop_how is None:
-                proc.stop_how = "unknown"  # re-queued; said plainly, not as a host that lost it
-                proc.stop_detail = f"stopped at the shutdown of the agent on {self.node}"
+                # An orderly stop (Ctrl-C, a service stop): its own outcome on the control side, re-queued,
+                # never a lost host nor a strike toward holding the job (issue 42 item 2).
+                proc.stop_how = "shutdown"
+                proc.stop_detail = f"stopped at the orderly shutdown of the agent on {self.node}"
         self.poll()
         if self.cgroups is not None:
             self.cgroups.remove()
@@ -1277,13 +1313,6 @@ def _entries(path: Path) -> list[dict]:
     except (OSError, ValueError):
         return []
     return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
-
-
-def _owner(path: Path) -> int | None:
-    try:
-        return os.lstat(path).st_uid
-    except OSError:
-        return None
 
 
 def _under(path: Path, *roots: str) -> bool:

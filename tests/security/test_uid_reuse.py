@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpunodes.agent.identity import UidPool
+from gpunodes.agent.identity import UidPool, checkpoint_owner
 from tests.security.agent_helpers import as_root, job_python, make_runner, remove_shm_of, uid_pool, wait_until
 
 pytestmark = as_root
@@ -88,7 +88,10 @@ def test_after_an_agent_restart_another_team_gets_nothing_an_ended_job_left(root
     assert "done" in out and "LEAK" not in out, out
     assert (ckpt / "weights").read_text() == "team-a-weights"
     assert int(out.split()[-2]) != uid_a  # the cursor survived the restart
-    assert between == [(0, 0o700), (0, 0o600)]  # root's between attempts
+    # Its job's owner's, which no attempt runs as (issue 42): never left with the attempt's uid.
+    owner = checkpoint_owner(7)
+    weights = (owner, 0o600) if first.checkpoint_idmap else (uid_a, 0o660)
+    assert between == [(owner, 0o2770), weights]
 
 
 def test_a_uid_is_not_handed_out_while_files_ipc_objects_or_a_checkpoint_of_it_are_left(tmp_path):
@@ -160,7 +163,7 @@ time.sleep(300)
 """
 
 
-def test_the_successor_of_a_killed_agent_takes_its_checkpoints_back(root_dir, reports):
+def test_the_successor_of_a_killed_agent_lets_the_next_attempt_have_its_checkpoint(root_dir, reports):
     import signal
     import sys
 
@@ -173,7 +176,7 @@ def test_the_successor_of_a_killed_agent_takes_its_checkpoints_back(root_dir, re
     try:
         uid = int(dying.stdout.readline())
         ckpt = root_dir / "ckpt" / "job-7"
-        assert ckpt.stat().st_uid == uid
+        assert ckpt.stat().st_uid == checkpoint_owner(7) != uid
         dying.send_signal(signal.SIGKILL)
         dying.wait()
         ended = root_dir / "state" / "running.json.ended"
@@ -184,7 +187,13 @@ def test_the_successor_of_a_killed_agent_takes_its_checkpoints_back(root_dir, re
     successor = make_runner(root_dir, reports, uids=UidPool(first, first + 99))
     try:
         successor.kill_orphans()
-        assert ckpt.stat().st_uid == 0 and (ckpt / "weights").stat().st_uid == 0
         assert not ended.exists() and not list((root_dir / "work").iterdir())
+        # The orphans held the directory (their inherited hold); gone, the job's next attempt has it.
+        assert successor.checkpoint_holds.held(7) == []
+        assert ckpt.stat().st_uid == checkpoint_owner(7)
+        command = ['cat "$GPUQUOTA_CHECKPOINT_DIR/weights"']
+        successor.start(attempt_id=1, number=2, job_id=7, command=command, use_shell=True)
+        wait_until(lambda: reports.finished(1), runner=successor, what="the next attempt to end")
+        assert reports.finished(1)["exit_code"] == 0 and reports.log_of(1) == "w\n", reports.log_of(1)
     finally:
         successor.shutdown(grace_s=0)
