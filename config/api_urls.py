@@ -10,6 +10,7 @@ from rest_framework.routers import DefaultRouter
 from config.api_auth import CurrentTokenView, ObtainTokenView, TokenViewSet
 from gpunodes.api.views import NodeViewSet
 from jobs.api.views import JobArrayViewSet, JobViewSet, QueueView
+from quotas.api.groups import GroupViewSet
 from quotas.api.views import (
     AuditEntryViewSet,
     LayoutPlanViewSet,
@@ -25,6 +26,7 @@ router = DefaultRouter()
 router.include_root_view = False
 router.register("teams", TeamViewSet, basename="team")
 router.register("shares", ShareViewSet, basename="share")
+router.register("groups", GroupViewSet, basename="group")
 router.register("nodes", NodeViewSet, basename="node")
 router.register("jobs", JobViewSet, basename="job")
 router.register("arrays", JobArrayViewSet, basename="array")

@@ -1154,6 +1154,13 @@ def share_document(
     index = None
     if share is not None:
         entry = dict(share)
+        if name is not None:
+            # The share's place in the tree goes on unless the change names it: the one-share form and
+            # the share API do not edit it (the layout does), and must not move a share out of its group.
+            was = next((s for s in data["shares"] if s["name"] == name), {})
+            for key in layoutdoc.TREE_DEFAULTS:
+                if key not in entry and key in was:
+                    entry[key] = was[key]
         if name is not None and entry.get("name", name) != name:
             entry["previous_name"] = name
         shares.append(entry)

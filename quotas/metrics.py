@@ -68,6 +68,7 @@ class GpuquotaCollector(Collector):
         snapshot = loaded.snapshot
         shares = sorted({s.name for s in snapshot.shares})
         yield from self._shares(snapshot, loaded.queued_totals)
+        yield from self._organisation(loaded)
         yield from self._decisions(shares)
         yield from self._waits(shares)
         yield from self._passes()
@@ -133,6 +134,35 @@ class GpuquotaCollector(Collector):
             for key in sorted(keys):
                 gauge.add_metric(list(key), values.get(key, 0))
             yield gauge
+
+    # -- the organisation tree: fair-share values, what groups take from and lend outside -------------
+
+    def _organisation(self, loaded) -> Iterator[Metric]:
+        from quotas import organisation
+
+        value = GaugeMetricFamily(
+            "gpuquota_fair_share_value",
+            "(GPUs taken from outside + borrowing history) / (weight x capacity): the lowest borrows first",
+            labels=["share", "gpu_type"],
+        )
+        taken = GaugeMetricFamily(
+            "gpuquota_group_taken_from_outside_gpus",
+            "GPUs the group's subtree takes from outside itself",
+            labels=["group", "gpu_type"],
+        )
+        lent = GaugeMetricFamily(
+            "gpuquota_group_lent_outside_gpus",
+            "GPUs of the group's subtree that shares outside it use (may be fractional)",
+            labels=["group", "gpu_type"],
+        )
+        for node in organisation.load(loaded=loaded, words=False).nodes:
+            r = node.row
+            if r.kind == "share":
+                value.add_metric([r.name, r.gpu_type], r.fair_share_value)
+            else:
+                taken.add_metric([r.name, r.gpu_type], r.taken_from_outside)
+                lent.add_metric([r.name, r.gpu_type], r.lent_outside)
+        yield from (value, taken, lent)
 
     # -- decisions: counters over attempts -----------------------------------------------------------
 

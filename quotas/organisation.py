@@ -107,27 +107,31 @@ def _queued_heads(loaded) -> tuple[policy.QueuedView, ...]:
     )
 
 
-def load(*, loaded=None, now: datetime | None = None) -> Organisation:
+def load(*, loaded=None, now: datetime | None = None, words: bool = True, teams: bool = True) -> Organisation:
     """The organisation now: a row per group and share per type (in tree order), with its team, its
-    limits and their GPUs."""
+    limits and their GPUs. words=False (Prometheus: values, taken and lent only) reads nothing more
+    than the snapshot: no queue (states and fair parts then ignore waiting jobs), no team names;
+    teams=False: no team names (the API names a share's team itself)."""
     from quotas.models import Share
     from quotas.scheduler import load_snapshot
 
     loaded = loaded or load_snapshot(now, queued=False)
     snapshot = loaded.snapshot
-    if not snapshot.queued:
+    if not snapshot.queued and words:
         snapshot = replace(snapshot, queued=_queued_heads(loaded))
     rows = organisation_view(snapshot)
-    teams = {
-        name: (team, slug)
-        for name, team, slug in Share.objects.values_list("name", "team__name", "team__slug")
-    }
+    team_of = {}
+    if words and teams:
+        team_of = {
+            name: (team, slug)
+            for name, team, slug in Share.objects.values_list("name", "team__name", "team__slug")
+        }
     groups = {g.name: g for g in snapshot.groups}
     nodes = []
     for r in rows:
         node = Node(row=r)
         if r.kind == "share":
-            node.team, node.team_slug = teams.get(r.name, ("", ""))
+            node.team, node.team_slug = team_of.get(r.name, ("", ""))
         else:
             g = groups[r.name]
             node.borrow_limit, node.lend_limit = g.borrow_limit, g.lend_limit

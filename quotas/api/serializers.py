@@ -77,6 +77,12 @@ class ShareSerializer(serializers.ModelSerializer):
     team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     capacity = serializers.SerializerMethodField()
     usage = UsageField()
+    # Its place in the organisation tree (changed through the layout) and, per GPU type, its fair-share
+    # value with its parts, its state in words and its fair part of what borrowers may hold now.
+    group = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, help_text="null: under the cluster"
+    )
+    fair_share = serializers.SerializerMethodField()
 
     class Meta:
         model = Share
@@ -91,6 +97,9 @@ class ShareSerializer(serializers.ModelSerializer):
             "in_share_preemption",
             "min_runtime_s",
             "state",
+            "group",
+            "weight",
+            "fair_share",
             "usage",
             "created_at",
             "updated_at",
@@ -99,6 +108,16 @@ class ShareSerializer(serializers.ModelSerializer):
     @extend_schema_field({"type": "object", "additionalProperties": {"type": "integer"}})
     def get_capacity(self, share):
         return share.capacity_map()
+
+    @extend_schema_field({"type": "object", "additionalProperties": {"type": "object"}})
+    def get_fair_share(self, share):
+        """{gpu_type: {fair_share_value, state, history, taken_from_outside, fair_part, ...}}"""
+        from quotas.api.groups import values_of
+
+        org = self.context.get("organisation")
+        if org is None:
+            return {}
+        return {n.row.gpu_type: values_of(n) for n in org.of(share.name)}
 
 
 class ShareWriteSerializer(StrictSerializer):

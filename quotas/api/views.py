@@ -102,7 +102,7 @@ class ShareViewSet(ApiViewMixin, viewsets.ModelViewSet):
     filterset_class = ShareFilter
     lookup_field = "name"
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
-    queryset = Share.objects.select_related("team").prefetch_related("capacities").order_by("name")
+    queryset = Share.objects.select_related("team", "group").prefetch_related("capacities").order_by("name")
 
     def get_serializer_context(self):
         context = super().get_serializer_context()
@@ -111,6 +111,10 @@ class ShareViewSet(ApiViewMixin, viewsets.ModelViewSet):
 
             loaded = load_snapshot(queued=False)
             context["usage"] = services.share_usage(loaded.snapshot, loaded.queued_totals)
+            from quotas import organisation
+
+            # the same moment as usage; one aggregate more (the largest queued job per share and type)
+            context["organisation"] = organisation.load(loaded=loaded, teams=False)
         return context
 
     @extend_schema(request=ShareWriteSerializer, responses={201: ShareSerializer})

@@ -79,3 +79,35 @@ def test_a_flat_layout_has_no_tree_to_draw_and_reads_as_shares(as_bob, bob, visi
 
 def test_anonymous_is_sent_to_log_in(client, world):
     assert client.get("/organisation/").status_code == 302
+
+
+# --- the tree edited on the layout page (admins) -----------------------------------------------------
+
+
+def layout_text(client) -> str:
+    import html as html_lib
+
+    body = client.get("/layout/").content.decode()
+    start = body.index('data-testid="layout-document">') + len('data-testid="layout-document">')
+    return html_lib.unescape(body[start : body.index("</textarea>", start)])
+
+
+def test_the_layout_page_holds_the_tree_and_plans_a_limit_with_what_it_leaves_uncovered(as_alice, world):
+    text = layout_text(as_alice)
+    assert "groups:\n  - {name: lang}\n  - {name: research, borrow_limit: 50}\n" in text
+    assert "    group: research\n    weight: 2\n" in text
+    edited = text.replace("{name: research, borrow_limit: 50}", "{name: research, borrow_limit: 0}")
+    r = as_alice.post("/layout/plan/", {"document": edited, "whatif": "0"}, HTTP_HX_REQUEST="true")
+    body = r.content.decode()
+    assert r.status_code == 200, body
+    assert "1 group: 1 changed (research)" in body
+    assert (
+        'data-testid="uncovered"' in body and "group research may take 0 a10g from outside: 2 taken" in body
+    )
+
+
+def test_a_cycle_on_the_layout_page_is_a_form_error_under_its_path(as_alice, world):
+    edited = layout_text(as_alice).replace("{name: lang}", "{name: lang, parent: lang}")
+    r = as_alice.post("/layout/plan/", {"document": edited}, HTTP_HX_REQUEST="true")
+    body = r.content.decode()
+    assert r.status_code == 400 and "<code>groups[0].parent</code>: a cycle: lang -&gt; lang" in body
