@@ -685,6 +685,78 @@ SHARES_COMMANDS = {
 }
 
 
+def tree_rows(groups: list[dict], shares: list[dict], gpu_type: str | None = None) -> list[tuple]:
+    """The organisation tree depth first (children by name, groups and shares together), one row per
+    node and GPU type: name indented by depth, type, capacity, in use, taken from and lent outside,
+    weight, history, fair-share value, state."""
+    children: dict[str | None, list[tuple[str, dict]]] = {}
+    for g in groups:
+        children.setdefault(g["parent"], []).append((g["name"], {**g, "kind": "group"}))
+    for s in shares:
+        types = [{"gpu_type": t, **v} for t, v in sorted((s.get("fair_share") or {}).items())]
+        children.setdefault(s.get("group"), []).append((s["name"], {**s, "kind": "share", "types": types}))
+    rows: list[tuple] = []
+
+    def walk(parent: str | None, depth: int) -> None:
+        for name, node in sorted(children.get(parent, ()), key=lambda c: c[0]):
+            label = "  " * depth + (f"{name}/" if node["kind"] == "group" else name)
+            for v in node["types"]:
+                if gpu_type and v["gpu_type"] != gpu_type:
+                    continue
+                rows.append(
+                    (
+                        label,
+                        v["gpu_type"],
+                        v["capacity"],
+                        v["in_use"],
+                        v["taken_from_outside"],
+                        f"{v['lent_outside']:g}",
+                        f"{v['weight']:g}",
+                        f"{v['history']:.1f}",
+                        f"{v['fair_share_value']:.2f}",
+                        v["state"],
+                    )
+                )
+            if node["kind"] == "group":
+                walk(name, depth + 1)
+
+    walk(None, 0)
+    return rows
+
+
+def cmd_groups(args, out) -> int:
+    client = args.client()
+    groups, shares = client.groups(), client.shares()
+    if args.json:
+        out({"groups": groups, "shares": shares})
+        return 0
+    rows = tree_rows(groups, shares, args.gpu_type)
+    if not rows:
+        out(
+            "No group or share has capacity, use or a waiting job"
+            + (f" of {args.gpu_type}." if args.gpu_type else ".")
+        )
+        return 0
+    headers = [
+        "GROUP/SHARE",
+        "TYPE",
+        "CAPACITY",
+        "IN USE",
+        "TAKEN",
+        "LENT",
+        "WEIGHT",
+        "HISTORY",
+        "VALUE",
+        "STATE",
+    ]
+    out(table(rows, headers))
+    out(
+        "TAKEN: GPUs taken from outside the group or share; LENT: of its GPUs, those used outside it; "
+        "VALUE: (taken + history) / (weight x capacity): the lowest borrows first."
+    )
+    return 0
+
+
 def cmd_nodes(args, out) -> int:
     nodes = args.client().nodes()
     if args.json:
@@ -1155,6 +1227,10 @@ def _wait(p) -> None:
     p.add_argument("--poll", type=float, default=2.0, help=argparse.SUPPRESS)
 
 
+def _groups(p) -> None:
+    p.add_argument("--gpu-type", help="only this GPU type")
+
+
 def _nothing(p) -> None:
     pass
 
@@ -1217,6 +1293,12 @@ COMMANDS = {
         "take them (admins)",
         _min_runtime,
         "cmd_min_runtime",
+    ),
+    "groups": (
+        "the organisation tree: each group and share with what it takes and lends, its fair-share value "
+        "and state",
+        _groups,
+        "cmd_groups",
     ),
     "nodes": ("GPU hosts", _nothing, "cmd_nodes"),
     "submit": (

@@ -358,6 +358,10 @@ class Client:
         """PATCH a share's settings (admins): e.g. min_runtime_s=600."""
         return self.request("PATCH", f"shares/{name}/", json=fields)
 
+    def groups(self) -> list[dict]:
+        """The organisation tree's groups, each with its numbers per GPU type (GET /api/v1/groups/)."""
+        return self.request("GET", "groups/")
+
     def nodes(self) -> list[dict]:
         return self._all("nodes/")
 
