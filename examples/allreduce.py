@@ -9,8 +9,9 @@ every rank of a multi-node job, as torchrun would (README, "Real GPU hosts"):
 Rank 0 listens on MASTER_PORT; the others connect to it (retrying while rank 0 starts). Each step every
 rank contributes a gradient, rank 0 sums them and sends the sum back (reduce, then broadcast), and every
 rank applies it: the parameters stay the same on every rank. Every --checkpoint-every steps each rank
-saves its parameters into its own node's $GPUQUOTA_CHECKPOINT_DIR (keeping the last two); a new attempt
-resumes from the latest step that every rank has saved. SIGTERM on any rank (a pre-emption) stops all of
+saves its parameters into its node's $GPUQUOTA_CHECKPOINT_DIR under a name of its rank's (keeping its
+last two): ranks whose nodes share a checkpoint root (one host, shared storage) share the directory. A
+new attempt resumes from the latest step that every rank has saved. SIGTERM on any rank (a pre-emption) stops all of
 them at the next step, each with a checkpoint of that step, exit 143.
 
 At the end each rank checks its parameters against the closed form (rank r contributes (r+1)*(t+1) at
@@ -132,22 +133,26 @@ class Group:
 # --- checkpoints: one file per step, the last two kept ---------------------------------------------
 
 
-def checkpoints(folder: Path) -> list[int]:
+def checkpoint_path(folder: Path, rank: int, step: int) -> Path:
+    return folder / f"allreduce-{step}.rank{rank}.json"
+
+
+def checkpoints(folder: Path, rank: int) -> list[int]:
     steps = []
-    for path in folder.glob("allreduce-*.json"):
+    for path in folder.glob(f"allreduce-*.rank{rank}.json"):
         try:
-            steps.append(int(path.stem.split("-")[1]))
+            steps.append(int(path.name.split("-")[1].split(".")[0]))
         except (IndexError, ValueError):
             continue
     return sorted(steps)
 
 
-def save(folder: Path, step: int, params: list[int]) -> None:
-    tmp = folder / f".allreduce-{step}.tmp"
+def save(folder: Path, rank: int, step: int, params: list[int]) -> None:
+    tmp = folder / f".allreduce-{step}.rank{rank}.tmp"
     tmp.write_text(json.dumps({"step": step, "params": params}))
-    tmp.replace(folder / f"allreduce-{step}.json")  # atomic: a kill mid-write leaves no torn file
-    for old in checkpoints(folder)[:-2]:
-        (folder / f"allreduce-{old}.json").unlink(missing_ok=True)
+    tmp.replace(checkpoint_path(folder, rank, step))  # atomic: a kill mid-write leaves no torn file
+    for old in checkpoints(folder, rank)[:-2]:
+        checkpoint_path(folder, rank, old).unlink(missing_ok=True)
 
 
 def expected(step: int, nodes: int) -> int:
@@ -177,10 +182,10 @@ def main() -> int:
     say(
         f"connected through {addr}:{port} in {time.monotonic() - t0:.2f} s (GPUs [{os.environ.get('CUDA_VISIBLE_DEVICES', '')}])"
     )
-    step = group.agree(checkpoints(folder))
+    step = group.agree(checkpoints(folder, rank))
     params = [0] * args.size
     if step:
-        params = json.loads((folder / f"allreduce-{step}.json").read_text())["params"]
+        params = json.loads(checkpoint_path(folder, rank, step).read_text())["params"]
         say(f"resumed from step {step}")
     else:
         say("starting at step 0")
@@ -188,17 +193,17 @@ def main() -> int:
         gradient = [(rank + 1) * (step + 1)] * args.size
         total, stop = group.all_reduce(gradient, stop_requested)
         if stop:  # every rank stops at this same step, with its checkpoint of it
-            save(folder, step, params)
+            save(folder, rank, step, params)
             say(f"stopping at step {step} (SIGTERM), checkpoint saved")
             return 143
         params = [p + g for p, g in zip(params, total, strict=True)]
         step += 1
         if step % args.checkpoint_every == 0:
-            save(folder, step, params)
+            save(folder, rank, step, params)
         if step % 10 == 0:
             say(f"step {step}/{args.steps}")
         time.sleep(args.step_seconds)
-    save(folder, step, params)
+    save(folder, rank, step, params)
     want = expected(step, nodes)
     if params != [want] * args.size:
         say(f"WRONG: parameters {params[:2]}..., expected {want}")

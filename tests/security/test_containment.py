@@ -203,7 +203,7 @@ def test_fencing_kills_every_attempt_of_the_host_at_once(runner, reports):
         runner.start(
             attempt_id=attempt_id,
             number=1,
-            job_id=7,
+            job_id=attempt_id,  # two jobs: two attempts of one job never run on a host at once
             command=[ESCAPE.format(then="sleep 300")],
             use_shell=True,
             grace_s=30,

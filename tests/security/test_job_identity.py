@@ -8,6 +8,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from gpunodes.agent.identity import checkpoint_owner
 from tests.security.agent_helpers import as_root, job_python, wait_until
 
 pytestmark = as_root
@@ -89,10 +90,12 @@ def test_checkpoints_follow_the_job_across_attempts_each_with_its_own_uid(root_r
     wait_until(lambda: reports.finished(1) and reports.finished(1)["number"] == 2, runner=root_runner)
     assert reports.finished(1)["exit_code"] == 0, reports.log_of(1)
     assert first_uid != second_uid
-    assert f"owner={second_uid}" in reports.log_of(1)  # the running attempt's, while it runs
+    # The job's owner's, always (issue 42), seen by each attempt as its own through an idmapped mount.
+    owner = checkpoint_owner(7)
+    assert f"owner={second_uid if root_runner.checkpoint_idmap else owner}" in reports.log_of(1)
     ckpt = root_runner.checkpoint_root / "job-7"
     st = ckpt.stat()
-    assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == 0  # root's between attempts
+    assert stat.S_IMODE(st.st_mode) == 0o2770 and st.st_uid == owner
     assert (ckpt / "step").read_text().split() == [str(first_uid), str(second_uid)]
 
 
