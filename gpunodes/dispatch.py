@@ -73,6 +73,7 @@ def start_payloads(
     rendezvous_port: int | None = None,
     addresses: dict[str, str | None] | None = None,
     admitted_at: datetime | None = None,
+    user: int | None = None,
 ) -> list[dict]:
     """The start messages of one attempt ({"node", "payload"}, one per node of its placement, with its
     rank in the gang and the same rendezvous for all: rank 0's address, the attempt's port): what the
@@ -100,6 +101,8 @@ def start_payloads(
                 # Tells this attempt from another of the same id (a database made anew): an agent
                 # restarted since it ended here refuses a stale start of it (agent/runner.py).
                 "admitted_us": admitted_us(admitted_at),
+                # The job's owner: the agent bounds its host log files per user too (agent/joblog.py).
+                "user": user,
             },
         }
         for rank, (node, gpus) in enumerate(placement)
@@ -130,6 +133,7 @@ def start_messages(attempt_ids, only_node: str | None = None) -> list[dict]:
         "job__preemption_grace_s",
         "rendezvous_port",
         "admitted_at",
+        "job__submitted_by_id",
     )
     rows = list(rows)
     names = {p["node"] for row in rows for p in row[3]}
@@ -139,7 +143,20 @@ def start_messages(attempt_ids, only_node: str | None = None) -> list[dict]:
             "name", "address", "hostname"
         )
     }
-    for pk, number, job_id, placement, command, env, use_shell, max_runtime, grace, port, admitted in rows:
+    for (
+        pk,
+        number,
+        job_id,
+        placement,
+        command,
+        env,
+        use_shell,
+        max_runtime,
+        grace,
+        port,
+        admitted,
+        user,
+    ) in rows:
         for message in start_payloads(
             attempt_id=pk,
             number=number,
@@ -153,6 +170,7 @@ def start_messages(attempt_ids, only_node: str | None = None) -> list[dict]:
             rendezvous_port=port,
             addresses=addresses,
             admitted_at=admitted,
+            user=user,
         ):
             if only_node is None or message["node"] == only_node:
                 messages.append(message)

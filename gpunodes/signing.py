@@ -17,7 +17,10 @@ its node's certificate (subject CN `node:<name>`). Who trusts whom:
   receives it (SignedTask, every task's base class) runs it only if the envelope names that task, it is
   at most MESSAGE_MAX_AGE_S old (and not dated more than MESSAGE_CLOCK_SKEW_S ahead), and its nonce was
   never seen (NonceStore: Redis through Django's cache on the control side, SQLite in the agent's state
-  directory, so a captured start is refused after the agent restarts too).
+  directory, so a captured start is refused after the agent restarts too). A nonce that cannot be
+  recorded (the agent's state disk is full) never turns a message into nothing: a task that running
+  twice changes nothing (`replay_safe`: a stop, an ack) runs anyway; any other is refused, and its
+  task's `on_unrecorded` says so (a start is refused back to the control side: re-queued, no strike).
 
 Whatever fails a check is refused: the deserializer raises Refused (Consumer logs it and drops the
 message); SignedTask logs it and returns without running. Each cause is logged once per sender and
@@ -206,9 +209,16 @@ def signing_on() -> bool:
     return bool(settings.MESSAGE_SIGNING_KEY)
 
 
-def accept(task: str, sealed) -> bool:
+class Unrecorded(Exception):
+    """A fresh message whose nonce the store could not record (a full disk, a broken file, Redis away):
+    whether it was seen before cannot be told."""
+
+
+def accept(task: str, sealed, *, replay_safe: bool = False) -> bool:
     """Whether a received message's envelope lets `task` run it: sent for this task, fresh, not seen
-    before (its nonce is then remembered until it would be stale anyway). A refusal is logged."""
+    before (its nonce is then remembered until it would be stale anyway). A refusal is logged. A nonce
+    the store cannot record: True for a `replay_safe` task (running it twice changes nothing), else
+    Unrecorded."""
     from django.conf import settings
 
     sender = (
@@ -236,7 +246,18 @@ def accept(task: str, sealed) -> bool:
     if not (isinstance(nonce, str) and 16 <= len(nonce) <= 64 and nonce.isalnum()):
         refused(sender, "no nonce", task)
         return False
-    if not nonce_store().add(nonce, max(1, math.ceil(at + max_age - now) + 1)):
+    try:
+        fresh = nonce_store().add(nonce, max(1, math.ceil(at + max_age - now) + 1))
+    except Exception as e:  # sqlite3's "database or disk is full", an OSError, Redis away
+        why = f"{type(e).__name__}: {e}"
+        if replay_safe:
+            refused(
+                sender, "nonce not recorded, run anyway (running it twice changes nothing)", f"{task}: {why}"
+            )
+            return True
+        refused(sender, "nonce not recorded, refused", f"{task}: {why}", level=logging.ERROR)
+        raise Unrecorded(why) from e
+    if not fresh:
         refused(sender, "repeated message", task)
         return False
     return True
@@ -245,15 +266,26 @@ def accept(task: str, sealed) -> bool:
 class SignedTask(Task):
     """The base class of every task (config/celery.py): with signing on, a task run by a worker from a
     message runs only if accept() takes the message's envelope. Direct calls (one task applying another's
-    report) and eager runs are not messages."""
+    report) and eager runs are not messages. `replay_safe` (a task option): running it twice changes
+    nothing, so it runs even when its nonce cannot be recorded; `on_unrecorded(task, kwargs, why)` (a
+    task option): what to do with a message refused for that reason."""
+
+    replay_safe = False
+    on_unrecorded = None
 
     def __call__(self, *args, **kwargs):
         sealed = kwargs.pop(ENVELOPE, None)
         request = self.request
         if request.called_directly:
             return super().__call__(*args, **kwargs)
-        if not request.is_eager and (sealed is not None or signing_on()) and not accept(self.name, sealed):
-            return None
+        if not request.is_eager and (sealed is not None or signing_on()):
+            try:
+                if not accept(self.name, sealed, replay_safe=self.replay_safe):
+                    return None
+            except Unrecorded as e:
+                if self.on_unrecorded is not None:
+                    type(self).on_unrecorded(self, kwargs, str(e))
+                return None
         # The tracer pushed this request already (Task.__call__ would push a bare one).
         return self.run(*args, **kwargs)
 

@@ -443,6 +443,7 @@ def apply_admissions(loaded: Loaded, admissions: tuple[policy.Admission, ...], n
             "use_shell",
             "max_runtime_s",
             "preemption_grace_s",
+            "submitted_by_id",
             "reclaim_needed_at",
         )
     )
@@ -487,7 +488,7 @@ def apply_admissions(loaded: Loaded, admissions: tuple[policy.Admission, ...], n
         ]
     )
     claims, through, events, messages = [], [], [], []
-    for attempt, (pk, count, command, env, use_shell, max_runtime, grace, _) in zip(
+    for attempt, (pk, count, command, env, use_shell, max_runtime, grace, user, _) in zip(
         attempts, rows, strict=True
     ):
         adm = by_job[pk]
@@ -509,6 +510,7 @@ def apply_admissions(loaded: Loaded, admissions: tuple[policy.Admission, ...], n
             rendezvous_port=port_of[pk],
             addresses=loaded.addresses,
             admitted_at=now,
+            user=user,
         )
         events.append(
             JobEvent(

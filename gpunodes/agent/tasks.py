@@ -3,7 +3,12 @@ threads pool, so they share the one Runner), refuse a message meant for another 
 while the node is not READY (cordoned, draining, pending), and validate every field before anything
 touches the host: ints are ints, names match their pattern, the command is a list of strings, the
 environment maps valid names to strings (opened first if the control side sealed it to this node). A
-refused message is logged."""
+refused message is logged.
+
+A full state disk never turns a stop into nothing: a stop (and an ack, a re-check) runs even when its
+nonce cannot be recorded (`replay_safe`: running one twice changes nothing), while a start that cannot
+be recorded, or that comes while the agent's disk is short (agent/disk.py), is refused back to the
+control side (re-queued, no strike)."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from celery import shared_task
 from celery.exceptions import SecurityError
 
 from gpunodes.addresses import valid_address
+from gpunodes.agent.joblog import bound_host_logs
 from gpunodes.agent.runner import Runner
 
 log = logging.getLogger(__name__)
@@ -23,6 +29,11 @@ RUNNER: Runner | None = None
 # and the event that sends a heartbeat at once (its answer).
 HEALTH = None
 BEAT_NOW = None
+# The agent's DiskGuard (agent/disk.py): starts are refused while its disk is short.
+DISK = None
+# Host log files of finished attempts, per job and per user, in bytes (joblog.bound_host_logs): 0, none.
+LOG_BYTES_PER_JOB = 0
+LOG_BYTES_PER_USER = 0
 
 NODE_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$")  # gpunodes.models.NODE_NAME_RE
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -100,6 +111,8 @@ def validate_start(msg: dict) -> dict:
         # When the control side admitted the attempt (microseconds): a control side older than this
         # agent sends none.
         "admitted_us": _int("admitted_us", msg.get("admitted_us"), optional=True),
+        # The job's owner (a user id): its host log files are bounded per user too.
+        "user": _int("user", msg.get("user"), minimum=1, optional=True),
     }
 
 
@@ -151,7 +164,26 @@ def open_env(fields: dict, node: str) -> dict:
     return {**fields, "env": opened}
 
 
-@shared_task(name="gpunodes.agent.tasks.start_attempt", ignore_result=True, acks_late=True)
+def refuse_unrecorded(task, kwargs: dict, why: str) -> None:
+    """A start whose nonce this agent could not record (its state disk is full): whether it is a replay
+    cannot be told, so it does not run; the control side hears at once that it was refused (re-queued,
+    no strike), instead of waiting for it with the job ADMITTED."""
+    attempt_id, number = kwargs.get("attempt_id"), kwargs.get("number")
+    if RUNNER is None or kwargs.get("node") != RUNNER.node:
+        return
+    if type(attempt_id) is not int or type(number) is not int or attempt_id < 1 or number < 1:
+        return
+    RUNNER.refuse(
+        attempt_id, number, f"{RUNNER.node} cannot record the start ({why}): is its state disk full?"
+    )
+
+
+@shared_task(
+    name="gpunodes.agent.tasks.start_attempt",
+    ignore_result=True,
+    acks_late=True,
+    on_unrecorded=refuse_unrecorded,
+)
 def start_attempt(*, node: str, **fields) -> str:
     if not _mine(node):
         return "refused"
@@ -178,10 +210,31 @@ def start_attempt(*, node: str, **fields) -> str:
         )
         RUNNER.refuse(msg["attempt_id"], msg["number"], f"{RUNNER.node} is {RUNNER.node_state}")
         return "refused"
+    short = DISK.short() if DISK is not None else ""
+    if short:
+        log.error("refusing the start of job %s, attempt %s: %s", msg["job_id"], msg["number"], short)
+        RUNNER.refuse(msg["attempt_id"], msg["number"], short)
+        return "refused"
+    user = msg.pop("user")
+    if LOG_BYTES_PER_JOB or LOG_BYTES_PER_USER:
+        try:
+            bound_host_logs(
+                RUNNER.log_dir,
+                job_id=msg["job_id"],
+                user=user,
+                live=RUNNER.live_logs(),
+                cap_bytes=RUNNER.log_cap_bytes,
+                per_job_bytes=LOG_BYTES_PER_JOB,
+                per_user_bytes=LOG_BYTES_PER_USER,
+            )
+        except OSError as e:
+            log.warning("cannot bound the host log files of job %s: %s", msg["job_id"], e)
     return RUNNER.start(**msg)
 
 
-@shared_task(name="gpunodes.agent.tasks.preempt_attempt", ignore_result=True, acks_late=True)
+@shared_task(
+    name="gpunodes.agent.tasks.preempt_attempt", ignore_result=True, acks_late=True, replay_safe=True
+)
 def preempt_attempt(*, node: str, attempt_id: int, number: int, grace_s: int = 30) -> str:
     if not _mine(node):
         return "refused"
@@ -208,7 +261,7 @@ def node_state(*, node: str, state: str) -> str:
     return state
 
 
-@shared_task(name="gpunodes.agent.tasks.outbox_ack", ignore_result=True)
+@shared_task(name="gpunodes.agent.tasks.outbox_ack", ignore_result=True, replay_safe=True)
 def outbox_ack(*, node: str, epoch: str, ids: list, relog: list | None = None) -> int:
     """The control side applied these outbox entries (agent/outbox.py): they leave the outbox. `relog`:
     [entry id, start, end] of the log bytes it still lacks of an end it holds back (sent again)."""
@@ -238,7 +291,7 @@ def outbox_ack(*, node: str, epoch: str, ids: list, relog: list | None = None) -
     return RUNNER.outbox.ack(ids, epoch)
 
 
-@shared_task(name="gpunodes.agent.tasks.gpu_recheck", ignore_result=True)
+@shared_task(name="gpunodes.agent.tasks.gpu_recheck", ignore_result=True, replay_safe=True)
 def gpu_recheck(*, node: str, index: int, token: int) -> str:
     """An admin marked this GPU healthy (after a reset): check it now, before it takes work again. The
     answer goes with the next heartbeat (sent at once): `rechecked` carries the token, `unhealthy`

@@ -195,12 +195,30 @@ def test_a_restarted_agent_kills_the_orphans_of_the_previous_one(tmp_path, repor
 
 
 def test_a_shutdown_reports_its_attempts_stopped_at_the_shutdown(tmp_path, reports):
+    """Issue 42 item 2: an orderly shutdown (Ctrl-C) is said as such ("shutdown": its own outcome on the
+    control side, never a lost host), dated by this host's clock, with the checkpoint the job saved on
+    SIGTERM."""
     r = make_runner(tmp_path, reports)
-    assert start(r, [sys.executable, "-c", "import time; time.sleep(60)"]) == "started"
-    r.shutdown(grace_s=1)
+    saves = (
+        "import os, signal, sys, time\n"
+        "def save(*_):\n"
+        "    open(os.path.join(os.environ['GPUQUOTA_CHECKPOINT_DIR'], 'model.pt'), 'w').write('w')\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, save)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    assert start(r, [sys.executable, "-c", saves]) == "started"
+    end = time.monotonic() + 10
+    while "ready" not in "".join(k["text"] for k in reports.of(LOG)) and time.monotonic() < end:
+        r.poll()
+        time.sleep(0.05)
+    r.shutdown(grace_s=5)
     finished = reports.of(FINISHED)[-1]
-    assert finished["how"] == "unknown"  # re-queued on the control side, as before
-    assert finished["detail"] == "stopped at the shutdown of the agent on n1"
+    assert finished["how"] == "shutdown" and finished["exit_code"] == 0
+    assert finished["detail"] == "stopped at the orderly shutdown of the agent on n1"
+    assert abs(finished["ended_at"] - time.time()) < 5
+    assert finished["checkpoint_at"] <= finished["ended_at"]
 
 
 def test_a_start_refused_for_the_nodes_state_is_reported_as_refused_and_stays_refused(runner, reports):
