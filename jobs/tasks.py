@@ -34,6 +34,10 @@ HOST_OUTCOMES = {
 }
 
 
+# How an agent from before how="shutdown" said its orderly shutdown (gpunodes.agent.runner.Runner.shutdown).
+OLD_SHUTDOWN = "stopped at the shutdown of the agent on "
+
+
 def _in_placement(placement, node: str, attempt_id, what: str) -> bool:
     """A report about an attempt counts only from a node of its placement (the sender's name, as the
     transport authenticates it: README, "Security model"); any other is refused and logged."""
@@ -102,7 +106,9 @@ def attempt_finished(
         outcome = Outcome.SUCCEEDED if exit_code == 0 else Outcome.FAILED
     else:
         outcome = HOST_OUTCOMES.get(how, Outcome.FAILED)
-    if attempt.state == AttemptState.ADMITTED and how in ("unknown", "stopped"):
+    if how == "unknown" and detail.startswith(OLD_SHUTDOWN):
+        outcome = Outcome.AGENT_STOPPED  # an agent from before "shutdown" (a rolling upgrade)
+    elif attempt.state == AttemptState.ADMITTED and how in ("unknown", "stopped"):
         # It never started there (an older agent's word for a start it refused): no strike.
         outcome = Outcome.REFUSED
     elif attempt.state != AttemptState.STOPPING and how in ("stopped", "unknown", "fenced"):
@@ -167,17 +173,20 @@ def attempt_checkpoint(attempt_id: int, number: int, node: str, at: float, count
 
 @shared_task(name="jobs.tasks.attempt_log", ignore_result=True)
 def attempt_log(attempt_id: int, number: int, node: str, offset: int, text: str) -> bool:
-    from jobs.models import LogChunk
+    """A chunk of an attempt's output, stored within its team's budget (jobs.services.log_append)."""
+    from jobs.services import log_append
 
-    placement = (
-        Attempt.objects.filter(pk=attempt_id, number=number).values_list("placement", flat=True).first()
+    row = (
+        Attempt.objects.filter(pk=attempt_id, number=number)
+        .values_list("placement", "job__share__team_id")
+        .first()
     )
-    if placement is None or not _in_placement(placement, node, attempt_id, "a log chunk"):
+    if row is None or not _in_placement(row[0], node, attempt_id, "a log chunk"):
         return False
-    _, created = LogChunk.objects.get_or_create(
-        attempt_id=attempt_id, node=node, offset=offset, defaults={"text": text}
-    )
-    return created
+    if type(offset) is not int or offset < 0 or not isinstance(text, str):
+        log.warning("refusing a malformed log chunk of attempt %s from node %r", attempt_id, node)
+        return False
+    return log_append(attempt_id=attempt_id, node=node, offset=offset, text=text, team_id=row[1])
 
 
 @shared_task(name="jobs.tasks.prune_job_output", ignore_result=True)

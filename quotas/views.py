@@ -39,7 +39,7 @@ FEED_SIZE = 15
 QUEUE_SHOWN = 50
 RUNNING_SHOWN = 50
 AUDIT_PAGE = 50
-FEED_KINDS = [EventKind.PREEMPTING, EventKind.NODE_LOST, EventKind.GPU_FAILED]
+FEED_KINDS = [EventKind.PREEMPTING, EventKind.NODE_LOST, EventKind.GPU_FAILED, EventKind.AGENT_STOPPED]
 
 
 # --- helpers shared by the dashboard's views ---------------------------------------------------------
@@ -93,8 +93,8 @@ def _feed(user):
     return events
 
 
-# The reasons of an attempt its own agent ended by restarting (gpunodes.agent.runner.Runner.shutdown, and
-# gpunodes.services.node_heartbeat for one that died first): re-queued, but no node was lost.
+# The reasons of an attempt its own agent ended by restarting (gpunodes.services.node_heartbeat for one
+# that died first; an agent before AGENT_STOPPED said its shutdown so): re-queued, but no node was lost.
 AGENT_RESTART_REASONS = ("stopped at the shutdown of the agent on ", "the agent on ")
 
 
@@ -104,6 +104,8 @@ def _feed_label(kind: str, reason: str) -> tuple[str, str]:
         return "reclaim", "borrowed"
     if kind == EventKind.GPU_FAILED:
         return "GPU failed", "off"
+    if kind == EventKind.AGENT_STOPPED:  # an orderly shutdown of its agent (Ctrl-C): no node lost
+        return "agent stopped", "state-queued"
     if kind == EventKind.NODE_LOST:
         if reason.startswith(AGENT_RESTART_REASONS):
             return "agent restarted", "state-queued"

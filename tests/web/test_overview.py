@@ -137,14 +137,22 @@ def _feed_badges(client) -> list[str]:
     return re.findall(r'<span class="badge [^"]*">([^<]*)</span>', hx(client, "/?part=feed").content.decode())
 
 
-def test_feed_says_agent_restarted_for_jobs_a_clean_shutdown_stopped(as_bob, bob, vision_share, nodes):
+@pytest.mark.parametrize(
+    "how, detail",
+    [
+        # What a Ctrl-C'd agent reports from its outbox once it is back (gpunodes.agent.runner.shutdown).
+        ("shutdown", "stopped at the orderly shutdown of the agent on node-1"),
+        ("unknown", "stopped at the shutdown of the agent on node-1"),  # an agent from before "shutdown"
+    ],
+)
+def test_feed_says_agent_stopped_for_jobs_a_clean_shutdown_stopped(
+    as_bob, bob, vision_share, nodes, how, detail
+):
     from jobs.tasks import attempt_finished
 
     attempt = run(submit(bob, vision_share), nodes[0], [0])
-    # What a Ctrl-C'd agent reports from its outbox once it is back (gpunodes.agent.runner.shutdown).
-    detail = "stopped at the shutdown of the agent on node-1"
-    assert attempt_finished(attempt.pk, 1, "node-1", how="unknown", exit_code=-9, detail=detail)
-    assert _feed_badges(as_bob) == ["agent restarted"]
+    assert attempt_finished(attempt.pk, 1, "node-1", how=how, exit_code=-9, detail=detail)
+    assert _feed_badges(as_bob) == ["agent stopped"]
     body = hx(as_bob, "/?part=feed").content.decode()
     assert detail in body and "no longer runs it" not in body and 'class="badge off"' not in body
 
