@@ -69,6 +69,7 @@ PAGES = [
     ("share_delete", "post", "/shares/old/delete/", {}, ADMINS),
     ("audit", "get", "/audit/", None, ADMINS),
     ("share_layout", "get", "/layout/", None, ADMINS),
+    ("share_layout_versions", "get", "/layout/versions/", None, ADMINS),  # to /layout/'s versions
     ("share_layout_plan", "post", "/layout/plan/", {"document": "teams: []", "whatif": "0"}, ADMINS),
     ("share_layout_plan", "post", "/layout/plan/", {"rollback": "1", "whatif": "0"}, ADMINS),
     ("share_layout_plan_show", "get", "/layout/plans/{plan}/", None, ADMINS),
