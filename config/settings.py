@@ -306,6 +306,9 @@ HOLD_AFTER_NODE_LOST = env_int("HOLD_AFTER_NODE_LOST", 3)
 # The output of a job (its log chunks on the control side) is removed this many days after the job
 # ended (a beat task, jobs.tasks.prune_job_output). 0: kept for ever.
 JOB_OUTPUT_KEEP_DAYS = env_int("JOB_OUTPUT_KEEP_DAYS", 30)
+# The most bytes of output the control side stores for one team's jobs (all of them, until they are
+# pruned by JOB_OUTPUT_KEEP_DAYS): past it an attempt's new output is cut, with a note where (0: no bound).
+TEAM_OUTPUT_MAX_BYTES = env_int("TEAM_OUTPUT_MAX_BYTES", 4 * 1024**3)
 JOB_LOG_DIR = Path(os.environ.get("JOB_LOG_DIR", VAR_DIR / "logs"))
 # Where jobs on an agent host get their private working directories (and, by default, checkpoints):
 # outside the checkout and the state directory, reachable by the jobs' uids. The default is per state

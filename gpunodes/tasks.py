@@ -6,7 +6,6 @@ import logging
 import math
 
 from celery import shared_task
-from django.db.models import Func, IntegerField
 
 from gpunodes import services
 
@@ -232,7 +231,7 @@ def _log_gaps(node: str, finished: list[tuple[dict, tuple]]) -> dict[int, list[t
     """{outbox id: the byte ranges of its attempt's log, as the end report says they were shipped,
     that no stored chunk covers}. Only for attempts this node may write the log of (else the chunks
     sent again would be refused for ever). Two queries."""
-    from jobs.models import Attempt, LogChunk
+    from jobs.models import Attempt, LogChunk, OctetLength
 
     wanted = {key[0]: (key[2], _ranges(r["kwargs"].get("log_ranges"))) for r, key in finished}
     wanted = {i: (a, ranges) for i, (a, ranges) in wanted.items() if ranges}
@@ -249,14 +248,21 @@ def _log_gaps(node: str, finished: list[tuple[dict, tuple]]) -> dict[int, list[t
     )
     mine = {a for a, p in placements.items() if any(x.get("node") == node for x in p or ())}
     held: dict[int, list[tuple[int, int]]] = {}
-    for attempt_id, offset, size in (
+    cut = set()  # its output was cut for its team's budget (jobs.services.log_append): nothing is missing
+    for attempt_id, offset, size, was_cut in (
         LogChunk.objects.filter(attempt_id__in=mine, node=node)
         .annotate(size=OctetLength("text"))
-        .values_list("attempt_id", "offset", "size")
+        .values_list("attempt_id", "offset", "size", "cut")
     ):
         held.setdefault(attempt_id, []).append((offset, size))
+        if was_cut:
+            cut.add(attempt_id)
     for entry_id, (attempt_id, ranges) in wanted.items():
-        if attempt_id in mine and (holes := uncovered(ranges, held.get(attempt_id, []))):
+        if (
+            attempt_id in mine
+            and attempt_id not in cut
+            and (holes := uncovered(ranges, held.get(attempt_id, [])))
+        ):
             out[entry_id] = holes[:MAX_GAPS]
     return out
 
@@ -279,16 +285,6 @@ def uncovered(ranges: list[tuple[int, int]], chunks: list[tuple[int, int]]) -> l
         if at < end:
             gaps.append((at, end))
     return gaps
-
-
-class OctetLength(Func):
-    """A text's length in bytes (UTF-8), as the agent counts its log."""
-
-    function = "OCTET_LENGTH"
-    output_field = IntegerField()
-
-    def as_sqlite(self, compiler, connection, **extra):
-        return self.as_sql(compiler, connection, template="LENGTH(CAST(%(expressions)s AS BLOB))", **extra)
 
 
 def send_outbox_ack(node: str, epoch: str, ids: list[int], relog: list[list[int]] = ()) -> None:

@@ -229,12 +229,15 @@ class JobEvent(models.Model):
 
 class LogChunk(models.Model):
     """A piece of an attempt's output as its host shipped it. (attempt, node, offset) is unique, so a
-    duplicated delivery is stored once."""
+    duplicated delivery is stored once. `cut`: the control side's note where it stopped storing that
+    attempt's output on that node (its team's budget, TEAM_OUTPUT_MAX_BYTES): nothing past it is asked
+    for again."""
 
     attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="log_chunks")
     node = models.CharField(max_length=63)
     offset = models.BigIntegerField()
     text = models.TextField()
+    cut = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["attempt", "node", "offset"]
@@ -244,3 +247,24 @@ class LogChunk(models.Model):
 
     def __str__(self) -> str:
         return f"{self.attempt} on {self.node} @{self.offset}"
+
+
+class TeamOutput(models.Model):
+    """The bytes of stored output (LogChunk text, UTF-8) of a team's jobs, against TEAM_OUTPUT_MAX_BYTES:
+    counted as chunks are stored, counted again from the chunks when old output is pruned (hourly)."""
+
+    team = models.OneToOneField("quotas.Team", on_delete=models.CASCADE, primary_key=True, related_name="+")
+    bytes = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.team_id}: {self.bytes} bytes of output"
+
+
+class OctetLength(models.Func):
+    """A text's length in bytes (UTF-8), as the agent counts its log."""
+
+    function = "OCTET_LENGTH"
+    output_field = models.BigIntegerField()
+
+    def as_sqlite(self, compiler, connection, **extra):
+        return self.as_sql(compiler, connection, template="LENGTH(CAST(%(expressions)s AS BLOB))", **extra)

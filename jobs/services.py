@@ -992,7 +992,68 @@ def prune_job_output(*, now=None, batch: int = 2000) -> int:
     removed = 0
     while ids := list(old.values_list("pk", flat=True)[:batch]):
         removed += LogChunk.objects.filter(pk__in=ids).delete()[0]
+    recount_team_output()
     return removed
+
+
+# Where the control side stopped storing an attempt's output on a node (a LogChunk with cut=True).
+OUTPUT_CUT_NOTE = (
+    "\n[gpuquota: output cut here: the team's jobs hold {used} bytes of stored output, its budget is "
+    "{budget} (TEAM_OUTPUT_MAX_BYTES); output is removed {days} days after its job ended]\n"
+)
+
+
+def log_append(*, attempt_id: int, node: str, offset: int, text: str, team_id: int) -> bool:
+    """Store one chunk of an attempt's output (a host ships them), within its team's budget of stored
+    output (TEAM_OUTPUT_MAX_BYTES): past it the chunk is not stored, and the first one refused of an
+    attempt on a node leaves a note in its place, which also tells the end report's gap check that
+    nothing more is wanted (gpunodes.tasks._log_gaps). A chunk already stored changes nothing. Whether
+    it was stored. Two to three queries."""
+    from django.db.models import F
+
+    from jobs.models import LogChunk, TeamOutput
+
+    size = len(text.encode("utf-8", "replace"))
+    budget = settings.TEAM_OUTPUT_MAX_BYTES
+    used = TeamOutput.objects.filter(team_id=team_id).values_list("bytes", flat=True).first() or 0
+    if budget > 0 and used + size > budget:
+        mine = LogChunk.objects.filter(attempt_id=attempt_id, node=node)
+        if not mine.filter(cut=True).exists():
+            note = OUTPUT_CUT_NOTE.format(used=used, budget=budget, days=settings.JOB_OUTPUT_KEEP_DAYS)
+            LogChunk.objects.get_or_create(
+                attempt_id=attempt_id, node=node, offset=offset, defaults={"text": note, "cut": True}
+            )
+        return False
+    _, created = LogChunk.objects.get_or_create(
+        attempt_id=attempt_id, node=node, offset=offset, defaults={"text": text}
+    )
+    if created and not TeamOutput.objects.filter(team_id=team_id).update(bytes=F("bytes") + size):
+        TeamOutput.objects.get_or_create(team_id=team_id)
+        TeamOutput.objects.filter(team_id=team_id).update(bytes=F("bytes") + size)
+    return created
+
+
+def recount_team_output() -> dict[int, int]:
+    """Count each team's stored output again from its chunks (after a prune; a job deleted with its
+    output, or chunks stored by other means, leave the running count off until then). One query to
+    count, one to write."""
+    from django.db.models import Sum
+
+    from jobs.models import LogChunk, OctetLength, TeamOutput
+    from quotas.models import Team
+
+    totals = dict(
+        LogChunk.objects.values_list("attempt__job__share__team_id")
+        .annotate(total=Sum(OctetLength("text")))
+        .values_list("attempt__job__share__team_id", "total")
+    )
+    rows = [
+        TeamOutput(team_id=pk, bytes=totals.get(pk) or 0) for pk in Team.objects.values_list("pk", flat=True)
+    ]
+    TeamOutput.objects.bulk_create(
+        rows, update_conflicts=True, unique_fields=["team"], update_fields=["bytes"]
+    )
+    return totals
 
 
 def output_removed(job: Job, now=None) -> bool:
