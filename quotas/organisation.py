@@ -237,3 +237,57 @@ def share_lines(org: Organisation, share_names: Sequence[str], *, now: datetime 
                 }
             )
     return out
+
+
+# --- /usage/: borrowed GPU-hours per group and share against their weighted part --------------------
+
+
+def borrowing_by_tree(borrowed: dict[str, float]) -> list[dict]:
+    """The borrowed GPU-hours of a window (share -> GPU-hours, /usage/'s figures) per group and share of
+    today's tree, in tree order, each beside its weighted part: at each level, what the siblings that
+    borrowed borrowed together, split by their weights ("weight 2 of 3"). A group's figure is what its
+    shares borrowed. Shares that borrowed nothing and groups without borrowing are listed with 0 and no
+    part (they did not compete)."""
+    from quotas import fairshare
+    from quotas.models import Share
+
+    groups = {g.name: g for g in fairshare.groups()}
+    parent: dict[str, str | None] = {g.name: g.parent for g in groups.values()}
+    weight: dict[str, float] = {g.name: float(g.weight) for g in groups.values()}
+    for name, group, w in Share.objects.values_list("name", "group__name", "weight"):
+        parent[name], weight[name] = group, float(w)
+    total: dict[str, float] = dict.fromkeys(parent, 0.0)
+    for name, hours in borrowed.items():
+        node = name if name in parent else None
+        while node is not None:
+            total[node] += hours
+            node = parent[node]
+    children: dict[str | None, list[str]] = {}
+    for name in sorted(parent):
+        children.setdefault(parent[name], []).append(name)
+    rows: list[dict] = []
+
+    def walk(at: str | None, depth: int) -> None:
+        kids = children.get(at, [])
+        competing = [k for k in kids if total[k] > 0]
+        hours = sum(total[k] for k in competing)
+        weights = sum(weight[k] for k in competing)
+        for k in kids:
+            part = hours * weight[k] / weights if k in competing else None
+            rows.append(
+                {
+                    "name": k,
+                    "kind": "group" if k in groups else "share",
+                    "depth": depth,
+                    "borrowed": total[k],
+                    "weight": weight[k],
+                    "competing_weight": weights if k in competing else None,
+                    "weighted_part": part,
+                    "ratio": None if not part else total[k] / part,
+                }
+            )
+            if k in groups:
+                walk(k, depth + 1)
+
+    walk(None, 0)
+    return rows

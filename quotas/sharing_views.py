@@ -7,7 +7,7 @@ from __future__ import annotations
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from quotas import sharing
+from quotas import organisation, sharing
 from quotas.forms import UsageForm
 from quotas.views import admin_required
 
@@ -43,6 +43,8 @@ def usage_page(request):
         "cluster": row(report.cluster),
         "chart": report.chart(share),
         "causes": [(c, sharing.CAUSE_LABELS[c]) for c in sharing.CAUSES],
+        # borrowed GPU-hours per group and share against their weighted part (issue 37)
+        "tree": organisation.borrowing_by_tree({n: f.borrowed for n, f in report.shares.items()}),
         "csv_url": f"/api/v1/usage/?format=csv&{query}",
         "api_url": f"/api/v1/usage/?{query}",
     }

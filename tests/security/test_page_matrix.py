@@ -75,6 +75,7 @@ PAGES = [
     ("share_layout_plan_show", "get", "/layout/plans/{plan}/", None, ADMINS),
     ("share_layout_apply", "post", "/layout/plans/{plan}/apply/", {}, ADMINS),
     ("usage", "get", "/usage/", None, ADMINS),
+    ("organisation", "get", "/organisation/", None, EVERYONE),
     ("admin", "get", "/admin/", None, expect("ok", "login", "login", "login", "ok")),
     ("healthz", "get", "/healthz", None, expect("ok", "ok", "ok", "ok", "ok", "ok", "ok")),
     ("metrics", "get", "/metrics", None, expect(*(["denied"] * 5), "denied", "denied")),

@@ -46,6 +46,9 @@ MATRIX = [
     ("shares-update", "patch", "/shares/vision-main/", {"description": "x"}, ADMIN_ONLY_WRITE["ok"]),
     ("shares-delete", "delete", "/shares/{spare}/", None, expect(204, 403, 403, 403)),
     ("shares-track-record", "get", "/shares/vision-main/track-record/", None, READ_ALL),
+    # the organisation tree: everyone logged in reads it; it changes only through the layout
+    ("groups-list", "get", "/groups/", None, READ_ALL),
+    ("groups-create", "post", "/groups/", {"name": "x"}, expect(405, 403, 403, 403)),
     # nodes
     ("nodes-list", "get", "/nodes/", None, READ_ALL),
     ("nodes-retrieve", "get", "/nodes/{node}/", None, READ_ALL),
