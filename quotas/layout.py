@@ -580,13 +580,19 @@ def whatif_variant(live: Live, target: Layout, temporary: Sequence[Mapping[str, 
     renames, and each temporary change going back after as long as it lasts (from the replay's start)."""
     matched = layoutdoc.matches(live.layout, target)
     shares = [
-        {"name": s.name, "team": s.team, **{f: s.values[f] for f in layoutdoc.FIELDS_BY_NAME}}
+        {
+            "name": s.name,
+            "team": s.team,
+            **{f: s.values[f] for f in layoutdoc.FIELDS_BY_NAME},
+            **{f: s.values.get(f, d) for f, d in layoutdoc.TREE_DEFAULTS.items()},
+        }
         for s in target.shares.values()
     ]
     reverts = []
     for t in temporary:
         spec = target.shares[t["share"]]
         values = {f: spec.values[f] for f in layoutdoc.FIELDS_BY_NAME}
+        values.update({f: spec.values.get(f, d) for f, d in layoutdoc.TREE_DEFAULTS.items()})
         capacity = dict(values["capacity"])
         for path, (before, _after) in t["fields"].items():
             if path.startswith("capacity."):
@@ -600,6 +606,9 @@ def whatif_variant(live: Live, target: Layout, temporary: Sequence[Mapping[str, 
         "shares": shares,
         "renames": {was: name for name, was in matched.items() if was and was != name},
         "reverts": reverts,
+        # the planned tree and fair-sharing settings: the what-if replays them too
+        "groups": [layoutdoc.group_flat(g) | {"name": g.name} for g in target.groups.values()],
+        "settings": dict(target.settings),
     }
 
 

@@ -95,11 +95,17 @@ def build_scenario(*, now: datetime | None = None) -> tuple[sc.Scenario, int, da
         .values_list("name", "gpu_type", "n")
     )
     columns = [f for f in SCENARIO_SHARE_FIELDS if f in {c.name for c in Share._meta.concrete_fields}]
+
+    def value(share, f):  # a share's group by name, as the scenario names it (the organisation tree)
+        if f == "group":
+            return share.group.name if share.group_id else None
+        return getattr(share, f)
+
     shares = tuple(
         scenario_share(
-            s.name, s.team.slug, {"capacity": s.capacity_map(), **{f: getattr(s, f) for f in columns}}
+            s.name, s.team.slug, {"capacity": s.capacity_map(), **{f: value(s, f) for f in columns}}
         )
-        for s in Share.objects.select_related("team").prefetch_related("capacities").order_by("name")
+        for s in Share.objects.select_related("team", "group").prefetch_related("capacities").order_by("name")
     )
     window = Job.objects.filter(submitted_at__gte=start, submitted_at__lte=now)
     total = window.count()
@@ -166,14 +172,42 @@ def build_scenario(*, now: datetime | None = None) -> tuple[sc.Scenario, int, da
             )
         )
     last = max((j.submit_at for j in jobs), default=0)
+    tree = tree_of()
     scenario = sc.Scenario(
-        settings=sc.Settings(tick_s=1, until_s=last + TAIL_S),
+        settings=sc.Settings(tick_s=1, until_s=last + TAIL_S, **tree["settings"]),
         nodes=nodes,
+        groups=tree["groups"],
         shares=shares,
         jobs=tuple(jobs),
         description="last 7 days of submissions",
     )
     return scenario, total - len(jobs), start
+
+
+def tree_of(groups=None, settings=None) -> dict[str, Any]:
+    """The organisation tree as the simulator takes it (scenario groups, fair-sharing settings): the
+    live one, or a planned layout's (its document's `groups` and `settings` entries)."""
+    from quotas import fairshare
+    from quotas.models import FairSharing
+
+    if groups is None:
+        groups = [
+            {
+                "name": g.name,
+                "parent": g.parent,
+                "weight": g.weight,
+                "borrow_limit": g.borrow_limit,
+                "lend_limit": g.lend_limit,
+            }
+            for g in fairshare.groups()
+        ]
+    if settings is None:
+        fair = FairSharing.current()
+        settings = {"fair_share_half_life_s": fair.fair_share_half_life_s, "fair_reclaim": fair.fair_reclaim}
+    return {
+        "groups": tuple(sc.Group(**g) for g in groups),
+        "settings": {k: settings[k] for k in ("fair_share_half_life_s", "fair_reclaim") if k in settings},
+    }
 
 
 def with_change(scenario: sc.Scenario, share: str, changes: Mapping[str, Any]) -> sc.Scenario:
@@ -233,7 +267,13 @@ def with_layout(scenario: sc.Scenario, variant: Mapping[str, Any]) -> tuple[sc.S
             sc.Event(at=int(revert["after_s"]), kind=sc.UPDATE_SHARE, share=revert["share"], set=update)
         )
     events.sort(key=lambda e: e.at)
-    return dataclasses.replace(scenario, shares=shares, jobs=tuple(jobs), events=tuple(events)), dropped
+    extra: dict[str, Any] = {}
+    if "groups" in variant:  # the planned tree and fair-sharing settings (quotas.layout.whatif_variant)
+        tree = tree_of(variant["groups"], variant.get("settings") or {})
+        extra["groups"] = tree["groups"]
+        extra["settings"] = dataclasses.replace(scenario.settings, **tree["settings"])
+    replayed = dataclasses.replace(scenario, shares=shares, jobs=tuple(jobs), events=tuple(events), **extra)
+    return replayed, dropped
 
 
 def pending_reverts(now: datetime) -> list[dict[str, Any]]:
@@ -321,6 +361,8 @@ def scenario_digest(scenario: sc.Scenario, window_s: float) -> str:
             round(window_s, 3),
         )
     )
+    if scenario.groups:  # the tree decides too; a flat scenario digests as before
+        text += repr(tuple(sorted(scenario.groups, key=lambda g: g.name)))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
