@@ -299,9 +299,10 @@ MAX_QUEUED_PER_SHARE = env_int("MAX_QUEUED_PER_SHARE", 100_000)
 # The most jobs one user may have queued: single submits and arrays count alike (a submit past it is
 # refused with both numbers).
 MAX_QUEUED_PER_USER = env_int("MAX_QUEUED_PER_USER", 20_000)
-# A job whose last this-many attempts all ended with their host's agent (NODE_LOST: the agent died or
-# restarted, the node went silent) is HELD until an admin releases it, instead of run again for ever.
-# 0: never held.
+# A job whose attempts ended with their host's agent while they ran (NODE_LOST: the agent died, the node
+# went silent or was fenced alone) on this many different hosts in a row is HELD until an admin releases
+# it, instead of run again for ever (a refused start, an orderly agent stop, hosts lapsing together: no
+# strike). 0: never held.
 HOLD_AFTER_NODE_LOST = env_int("HOLD_AFTER_NODE_LOST", 3)
 # The output of a job (its log chunks on the control side) is removed this many days after the job
 # ended (a beat task, jobs.tasks.prune_job_output). 0: kept for ever.
@@ -324,6 +325,16 @@ JOB_UID_RANGE = os.environ.get("JOB_UID_RANGE", "2000000-2099999")
 JOB_LOG_CAP_BYTES = env_int("JOB_LOG_CAP_BYTES", 8 * 1024 * 1024)
 # Per-attempt log files on an agent host are removed this many days after they were last written.
 JOB_LOG_KEEP_DAYS = env_int("JOB_LOG_KEEP_DAYS", 7)
+# ... and bounded per job and per job owner: before an attempt starts, the oldest finished log files of
+# its job and of its owner's jobs go past these (bytes on disk; 0: no bound).
+JOB_LOG_HOST_BYTES_PER_JOB = env_int("JOB_LOG_HOST_BYTES_PER_JOB", 64 * 1024 * 1024)
+JOB_LOG_HOST_BYTES_PER_USER = env_int("JOB_LOG_HOST_BYTES_PER_USER", 512 * 1024 * 1024)
+# The agent's room on its own disks (gpunodes/agent/disk.py): below this free on the disk of its state
+# directory or of JOB_LOG_DIR it refuses starts (re-queued, no strike) and writes no job output, with an
+# alert in its log; and it keeps a reserve file of this size there, given back when the disk runs short
+# so that its own files (outbox, nonces, state) still have room. 0: neither.
+AGENT_MIN_FREE_BYTES = env_int("AGENT_MIN_FREE_BYTES", 64 * 1024 * 1024)
+AGENT_DISK_RESERVE_BYTES = env_int("AGENT_DISK_RESERVE_BYTES", 16 * 1024 * 1024)
 # What one attempt may use on its host (gpunodes/agent/containment.py: cgroup v2 where the controllers
 # are delegated, cgroup v1 on hybrid hosts, rlimits otherwise). Memory: 0 gives each attempt its share
 # of the host's memory by its share of the host's GPUs, less AGENT_MEMORY_RESERVE_BYTES (0: a

@@ -1,5 +1,5 @@
-"""The agent process: inventory, a heartbeat thread, a reaper thread, a GPU health thread (health.py),
-and a Celery worker (threads pool) bound to the queue `node.<name>`."""
+"""The agent process: inventory, a heartbeat thread, a reaper thread, a GPU health thread (health.py), a
+disk guard (disk.py), and a Celery worker (threads pool) bound to the queue `node.<name>`."""
 
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ from django.conf import settings
 
 from config.celery import CONTROL_QUEUE, app, consume_as, node_queue, report_queue
 from gpunodes import signing
-from gpunodes.agent import AGENT_VERSION, inventory
+from gpunodes.agent import AGENT_VERSION, inventory, joblog
 from gpunodes.agent import tasks as agent_tasks
 from gpunodes.agent.containment import LimitPolicy, protect_from_oom
+from gpunodes.agent.disk import DiskGuard
 from gpunodes.agent.fence import FENCED_FILE, Watchdog
 from gpunodes.agent.health import APPLICATION_XIDS, FakeNvml, Fault, HealthWatcher
 from gpunodes.agent.identity import UidPool
@@ -184,6 +185,13 @@ class Agent:
             checkpoint_settle_s=settings.CHECKPOINT_SETTLE_S,
         )
         self.runner.gpu_indexes = {g.index for g in self.gpus}
+        # Its room on its own disks: a reserve for its own files, no start (and no job output) below
+        # AGENT_MIN_FREE_BYTES (agent/disk.py).
+        self.disk = DiskGuard(
+            [self.runner.state_path.parent, self.runner.log_dir],
+            min_free_bytes=settings.AGENT_MIN_FREE_BYTES,
+            reserve_bytes=settings.AGENT_DISK_RESERVE_BYTES,
+        )
         self.join_token = join_token
         self.watchdog: Watchdog | None = None
         self._stop = threading.Event()
@@ -269,6 +277,11 @@ class Agent:
         agent_tasks.RUNNER = self.runner
         agent_tasks.HEALTH = self.health
         agent_tasks.BEAT_NOW = self._beat_now
+        agent_tasks.DISK = self.disk
+        agent_tasks.LOG_BYTES_PER_JOB = settings.JOB_LOG_HOST_BYTES_PER_JOB
+        agent_tasks.LOG_BYTES_PER_USER = settings.JOB_LOG_HOST_BYTES_PER_USER
+        joblog.ROOM = self.disk.room_for_output
+        self.disk.check()  # the reserve taken (or, on a short disk, the alert) before any start
         self.health.start()  # a GPU already gone is reported by the first heartbeat
         self.heartbeat()  # register before taking work
         threads = [
@@ -278,6 +291,7 @@ class Agent:
             threading.Thread(
                 target=self._loop, args=(3600, self.prune), name="host-file-rotation", daemon=True
             ),
+            threading.Thread(target=self._loop, args=(1.0, self.disk.check), name="disk-guard", daemon=True),
         ]
         for t in threads:
             t.start()
