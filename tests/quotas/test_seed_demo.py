@@ -20,6 +20,26 @@ def test_it_seeds_three_teams_with_every_strategy(db):
     assert Job.objects.count() >= 3
 
 
+def test_it_seeds_a_small_organisation_tree_the_layout_exports(db):
+    from quotas import layout, layoutdoc
+    from quotas.models import FairSharing, Group
+
+    call_command("seed_demo", stdout=StringIO())
+    assert sorted(Group.objects.values_list("name", "weight", "lend_limit")) == [
+        ("infra", 1, -1),
+        ("research", 2, 50),
+    ]
+    assert dict(Share.objects.values_list("name", "group__name")) == {
+        "language-research": "research",
+        "platform-batch": "infra",
+        "vision-prod": "research",
+    }
+    assert FairSharing.current().fair_share_half_life_s == 86400
+    live = layout.load_live().layout
+    data, errors = layoutdoc.parse(live.to_data(), now=layout.timezone.now())
+    assert errors == {} and data.hash() == live.hash()  # a valid tree, as the layout reads it
+
+
 def test_it_is_idempotent(db):
     call_command("seed_demo", stdout=StringIO())
     before = counts()

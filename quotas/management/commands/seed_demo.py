@@ -1,4 +1,5 @@
-"""Demo data: three teams with a share in each strategy, two fake GPU nodes, a few jobs.
+"""Demo data: three teams with a share in each strategy, two fake GPU nodes, a few jobs, and a small
+organisation tree (two departments, weights, a lend limit, a one-day half-life) for /organisation/.
 
 Idempotent: everything is looked up by its natural key first, so a second run changes nothing.
 """
@@ -16,7 +17,7 @@ from jobs.models import Job
 from jobs.services import job_submit
 from quotas.choices import Role, Strategy
 from quotas.credentials import remember_credentials
-from quotas.models import Membership, Share, ShareCapacity, Team
+from quotas.models import FairSharing, Group, Membership, Share, ShareCapacity, Team
 
 GPU_TYPE = "a10g"
 NODES = [("gpu-1", 4), ("gpu-2", 4)]
@@ -26,6 +27,20 @@ TEAMS = [
     ("Language", "language", "carol", "language-research", Strategy.LEND_AND_BORROW, 100, False, 3),
     ("Platform", "platform", "dave", "platform-batch", Strategy.LEND, -1, False, 3),
 ]
+# The organisation tree (README "Groups and fair sharing"): department research lends at most half of
+# its idle GPUs outside and competes with weight 2 against infra's 1; inside it, language-research
+# (weight 2) against vision-prod (1). Borrowing history halves every day.
+GROUPS = [
+    # name, parent, weight, borrow limit, lend limit
+    ("research", None, 2, -1, 50),
+    ("infra", None, 1, -1, -1),
+]
+SHARE_TREE = {
+    "vision-prod": ("research", 1),
+    "language-research": ("research", 2),
+    "platform-batch": ("infra", 1),
+}
+HALF_LIFE_S = 86400
 TRAIN = ["python3", "examples/train.py"]
 JOBS = [
     # share, name, gpus, priority, steps
@@ -81,6 +96,7 @@ class Command(BaseCommand):
             if new:
                 ShareCapacity.objects.create(share=share, gpu_type=GPU_TYPE, max_gpus=cap)
                 created.append(f"share {share_name}")
+        created += self._tree()
         for share_name, job_name, gpus, priority, steps in JOBS:
             share = Share.objects.select_related("team").get(name=share_name)
             if Job.objects.filter(share=share, name=job_name).exists():
@@ -101,3 +117,28 @@ class Command(BaseCommand):
             self.stdout.write(self.style.SUCCESS("seeded: " + ", ".join(created)))
         else:
             self.stdout.write("demo data already present; nothing changed")
+
+    def _tree(self) -> list[str]:
+        """The groups, once: a share is put in its group only when the group is new (an edited tree stays)."""
+        created = []
+        for name, parent, weight, borrow, lend in GROUPS:
+            group, new = Group.objects.get_or_create(
+                name=name,
+                defaults={
+                    "parent": Group.objects.filter(name=parent).first() if parent else None,
+                    "weight": weight,
+                    "borrow_limit": borrow,
+                    "lend_limit": lend,
+                },
+            )
+            if new:
+                created.append(f"group {name}")
+                for share_name, (group_name, share_weight) in SHARE_TREE.items():
+                    if group_name == name:
+                        Share.objects.filter(name=share_name, group=None).update(
+                            group=group, weight=share_weight
+                        )
+        if not FairSharing.objects.filter(pk=1).exists():
+            FairSharing.objects.create(pk=1, fair_share_half_life_s=HALF_LIFE_S)
+            created.append("fair sharing (half-life 1 day)")
+        return created
