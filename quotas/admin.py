@@ -1,7 +1,7 @@
 from django.contrib import admin
 
 from quotas import audit
-from quotas.models import AuditEntry, Membership, Share, ShareCapacity, Team
+from quotas.models import AuditEntry, Group, Membership, Share, ShareCapacity, Team
 
 
 class AuditedAdmin(admin.ModelAdmin):
@@ -107,6 +107,26 @@ class AuditEntryAdmin(admin.ModelAdmin):
     list_filter = ["action", "object_type"]
     search_fields = ["actor_name", "object_repr", "object_id"]
     readonly_fields = [f.name for f in AuditEntry._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Group)
+class GroupAdmin(admin.ModelAdmin):
+    """Read-only: the tree changes only through the layout (/layout/), which checks it whole (no cycle,
+    at most 4 levels, limits in range) and keeps every version; /organisation/ shows it live."""
+
+    list_display = ["name", "parent", "weight", "borrow_limit", "lend_limit"]
+    search_fields = ["name"]
+    list_select_related = ["parent"]
+    readonly_fields = [f.name for f in Group._meta.fields]
 
     def has_add_permission(self, request):
         return False

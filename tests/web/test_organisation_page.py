@@ -111,3 +111,9 @@ def test_a_cycle_on_the_layout_page_is_a_form_error_under_its_path(as_alice, wor
     r = as_alice.post("/layout/plan/", {"document": edited}, HTTP_HX_REQUEST="true")
     body = r.content.decode()
     assert r.status_code == 400 and "<code>groups[0].parent</code>: a cycle: lang -&gt; lang" in body
+
+
+def test_the_django_admin_lists_the_groups_read_only(as_alice, world):
+    r = as_alice.get("/admin/quotas/group/")
+    assert r.status_code == 200 and "research" in r.content.decode()
+    assert as_alice.get("/admin/quotas/group/add/").status_code == 403
