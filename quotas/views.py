@@ -390,6 +390,10 @@ def team_page(request, slug):
         context["track_records"] = [
             track_record_context(track_record.shown(records[s.pk], jobs_visible=visible)) for s in shares
         ]
+        # Each share's fair part of idle capacity and why it waits (issue 37; the organisation page)
+        from quotas import organisation
+
+        context["fair_lines"] = organisation.share_lines(organisation.load(), [s.name for s in shares])
         # plotly.js only where there is a picture to draw
         context["track_chart"] = any(t["chart"]["points"] for t in context["track_records"])
     return page_or_part(request, "quotas/team.html", TEAM_PARTS, context)

@@ -117,3 +117,10 @@ def test_the_django_admin_lists_the_groups_read_only(as_alice, world):
     r = as_alice.get("/admin/quotas/group/")
     assert r.status_code == 200 and "research" in r.content.decode()
     assert as_alice.get("/admin/quotas/group/add/").status_code == 403
+
+
+def test_the_team_page_says_each_shares_fair_part_and_why_it_waits(as_bob, world):
+    html = as_bob.get("/teams/vision/").content.decode()
+    fair = html.split('data-testid="team-fair"')[1].split("</section>")[0]
+    assert "your fair part of idle a10g now is" in fair and "weight 2 of 2 among the borrowers that wait" in fair
+    assert "group research may take 2 a10g from outside: 2 taken" in fair
