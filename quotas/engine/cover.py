@@ -166,9 +166,12 @@ class CoverAccounting:
         max(1, capacity))."""
         tree = self.sh.tree
         taken = max(0, -self.node_net[x]) if self.tree is not None else self._borrowed(x)
-        h = self.history.get((tree.names[x], self.t), 0.0) if self.history else 0.0
-        c = self.node_capacity[x]
-        return (taken + h) / (tree.weight[x] * (c if c > 1 else 1))
+        if tree is None:  # no groups and every weight 1 (fair reclaim or history alone)
+            name, weight, c = self.sh.names[x], 1.0, self.capacity[x]
+        else:
+            name, weight, c = tree.names[x], tree.weight[x], self.node_capacity[x]
+        h = self.history.get((name, self.t), 0.0) if self.history else 0.0
+        return (taken + h) / (weight * (c if c > 1 else 1))
 
     def _fair_key(self, s: int) -> tuple:
         """Rule 5's order for share s: its path's values and names from the top down (the lowest value

@@ -21,6 +21,7 @@ from collections.abc import Hashable, Mapping
 from quotas.engine import reasons
 from quotas.engine.borrowing import BorrowingRules
 from quotas.engine.cover import CoverAccounting
+from quotas.engine.fairshare import FairReclaim
 from quotas.engine.placement import NodeFit, NodePlacement
 from quotas.engine.reasons import WaitingReasons
 from quotas.engine.reclaim import OwnCapacityRules
@@ -42,6 +43,7 @@ from quotas.engine.victims import ProtectionClaim, VictimWalk
 from quotas.engine.views import (
     ADMITTED_BORROWED,
     ADMITTED_OWN,
+    FAIR_SHARE,
     PRIORITY,
     RECLAIM,
     Admission,
@@ -97,7 +99,9 @@ def run_pass(
     )
 
 
-class TypePass(OwnCapacityRules, BorrowingRules, VictimWalk, CoverAccounting, NodePlacement, WaitingReasons):
+class TypePass(
+    OwnCapacityRules, BorrowingRules, FairReclaim, VictimWalk, CoverAccounting, NodePlacement, WaitingReasons
+):
     """The pass for one GPU type.
 
     Accounting per share uses three numbers: `held` (non-pre-empting attempts and admissions of this
@@ -257,7 +261,8 @@ class TypePass(OwnCapacityRules, BorrowingRules, VictimWalk, CoverAccounting, No
             _, s = heapq.heappop(heap)
             self._own_share(s, heap)
 
-        # C. Rule 5: borrowers by fewest borrowed GPUs relative to capacity (ties: name).
+        # C. Rule 5: borrowers by fewest borrowed GPUs relative to capacity (ties: name); with groups,
+        # weights or history, top-down by fair-share value.
         for _, s, k in sorted(later):
             if status[s][k] == DEFERRED:
                 self._borrow(s, k)
@@ -320,6 +325,10 @@ class TypePass(OwnCapacityRules, BorrowingRules, VictimWalk, CoverAccounting, No
                 k = k + 1 if lazy is None else self._skip_blocked(s, k, ks)
             ptr[s] = k
 
+        # D. Rule 11: fair reclaim, when the cluster turns it on.
+        if self.fair_reclaim:
+            self._fair_reclaim_phase()
+
     def _admit(
         self,
         s: int,
@@ -371,7 +380,10 @@ class TypePass(OwnCapacityRules, BorrowingRules, VictimWalk, CoverAccounting, No
         if added > from_pend:
             self.epoch += 1  # more GPUs being freed than this job takes: others may now fit
         reclaim = sorted({a.view.share for a, r in victims if r == RECLAIM})
-        if any(r == PRIORITY for _, r in victims):
+        fair = sorted({a.view.share for a, r in victims if r == FAIR_SHARE})
+        if fair:
+            why = "waiting for fair reclaim from share " + ", ".join(fair)
+        elif any(r == PRIORITY for _, r in victims):
             why = "waiting for lower-priority jobs of its share to stop"
             if reclaim:
                 why += " and for reclaim from share " + ", ".join(reclaim)
