@@ -56,7 +56,7 @@ def render_report(scenario: sc.Scenario, result: Any, timeline: Timeline) -> str
         gantt_note=html.escape(gantt_note),
         usage_height=usage["layout"]["height"],
         gantt_height=gantt["layout"]["height"],
-        wait_table=_wait_table(scenario, data),
+        wait_table=_wait_table(scenario, data) + _groups_table(scenario, data),
         forecast_section=_forecast_section(data),
         plotlyjs=_plotlyjs(),
         figures=figures.replace("</", "<\\/"),
@@ -460,7 +460,9 @@ def _wait_table(scenario: sc.Scenario, data: Mapping[str, Any]) -> str:
         "<tr><th>share</th><th>strategy</th><th>capacity</th><th>jobs</th><th>never started</th>"
         "<th>mean wait</th><th>median wait</th><th>p95 wait</th><th>max wait</th><th>pre-empted jobs</th>"
         "<th>GPU-h own</th><th>GPU-h borrowed</th><th>GPU-h lent</th>"
-        "<th>GPU-h lost: reclaim</th><th>GPU-h lost: priority</th><th>GPU-h lost: node lost</th></tr>"
+        "<th>GPU-h lost: reclaim</th><th>GPU-h lost: priority</th><th>GPU-h lost: node lost</th>"
+        + ("<th>GPU-h lost: fair share</th>" if _fair(scenario, data) else "")
+        + "</tr>"
     )
     rows = []
     for share in scenario.shares:
@@ -484,9 +486,55 @@ def _wait_table(scenario: sc.Scenario, data: Mapping[str, Any]) -> str:
         ]
         # Work thrown away by pre-emption and lost nodes (since each attempt's safe point), by cause.
         lost = stats.get("lost_gpu_seconds") or {}
-        cells += [f"<td>{lost.get(c, 0) / 3600:,.2f}</td>" for c in ("reclaim", "priority", "node_lost")]
+        causes = ("reclaim", "priority", "node_lost") + (("fair_share",) if _fair(scenario, data) else ())
+        cells += [f"<td>{lost.get(c, 0) / 3600:,.2f}</td>" for c in causes]
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return f'<table id="wait-table"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
+
+
+def _fair(scenario: sc.Scenario, data: Mapping[str, Any]) -> bool:
+    """Whether the table shows the work lost to fair reclaim (rule 11): it was on, or some was lost."""
+    lost = (s.get("lost_gpu_seconds", {}).get("fair_share", 0) for s in data["shares"].values())
+    return scenario.settings.fair_reclaim or any(lost)
+
+
+def _groups_table(scenario: sc.Scenario, data: Mapping[str, Any]) -> str:
+    """Per group of the organisation tree: what its subtree took from and lent outside itself, and its
+    part of what it and its siblings took against its weight's part among them (SEMANTICS "Groups")."""
+    groups = data.get("groups")
+    if not groups:
+        return ""
+    specs = {g.name: g for g in scenario.groups}
+    siblings: dict[str | None, list[str]] = {}
+    for g in scenario.groups:
+        siblings.setdefault(g.parent, []).append(g.name)
+    head = (
+        "<tr><th>group</th><th>parent</th><th>weight</th><th>borrow limit</th><th>lend limit</th>"
+        "<th>GPU-h from outside</th><th>GPU-h lent outside</th><th>part of its level's GPU-h from outside</th>"
+        "<th>weight's part of its level</th></tr>"
+    )
+    rows = []
+    for g in scenario.groups:
+        level = siblings[g.parent]
+        taken = groups.get(g.name, {}).get("gpu_seconds_from_outside", 0)
+        level_taken = sum(groups.get(x, {}).get("gpu_seconds_from_outside", 0) for x in level)
+        level_weight = sum(specs[x].weight for x in level)
+        part = f"{taken / level_taken:.0%}" if level_taken else "–"
+        cells = [
+            f"<th>{html.escape(g.name)}</th>",
+            f"<td>{html.escape(g.parent or '(cluster)')}</td>",
+            f"<td>{g.weight:g}</td>",
+            f"<td>{'none' if g.borrow_limit == -1 else f'{g.borrow_limit}%'}</td>",
+            f"<td>{'none' if g.lend_limit == -1 else f'{g.lend_limit}%'}</td>",
+            f"<td>{taken / 3600:,.1f}</td>",
+            f"<td>{groups.get(g.name, {}).get('gpu_seconds_lent_outside', 0) / 3600:,.1f}</td>",
+            f"<td>{part}</td>",
+            f"<td>{g.weight / level_weight:.0%}</td>",
+        ]
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return (
+        f'<h2>Groups</h2><table id="groups-table"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
+    )
 
 
 _PAGE = """<!doctype html>

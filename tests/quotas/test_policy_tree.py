@@ -645,3 +645,20 @@ def test_property_with_fair_reclaim_no_two_sides_take_gpus_back_from_each_other(
                 moves.append((a.end, side_taker, side_giver))
     for t1, taker, giver in moves:
         assert not any(t2 >= t1 and (x, y) == (giver, taker) for t2, x, y in moves), moves
+
+
+def test_the_report_shows_each_group_and_the_work_lost_to_fair_share():
+    from quotas.engine.report import render_report
+
+    scenario = sc.load(FIXTURES / "two-departments-lend-limit.json")
+    result = simulate(scenario)
+    page = render_report(scenario, result, result.timeline)
+    assert '<table id="groups-table">' in page
+    assert (
+        "<th>research</th><td>(cluster)</td><td>1</td><td>none</td><td>50%</td><td>0.0</td><td>0.7</td>"
+        in page
+    )
+    assert "GPU-h lost: fair share" not in page  # off, and nothing lost to it
+    fair = sc.parse(fair_scenario(True))
+    fair_result = simulate(fair)
+    assert "GPU-h lost: fair share" in render_report(fair, fair_result, fair_result.timeline)
