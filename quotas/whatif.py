@@ -73,6 +73,7 @@ class Preview:
     chart: dict[str, Any]  # plotly-ready grouped bars per share (GPU-hours run, p95 wait)
     never_started: dict[str, list[str]]  # before / after: the jobs that never started, in words
     seconds: float
+    groups: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # per group of the tree
 
 
 # --- the scenario ------------------------------------------------------------------------------------
@@ -412,7 +413,17 @@ def replay(
 
     if time.monotonic() > deadline:
         raise ReplayTooLong(f"the replay took longer than {budget:.0f} s")
-    return measures.summary(scenario, simulate.simulate(scenario, on_pass=on_pass), window_s)
+    result = simulate.simulate(scenario, on_pass=on_pass)
+    summary = measures.summary(scenario, result, window_s)
+    if result.groups:  # per group of the tree: GPU-hours taken from and lent outside it (issue 37)
+        summary["groups"] = {
+            name: {
+                "gpu_hours_from_outside": round(g.get("gpu_seconds_from_outside", 0) / 3600, 1),
+                "gpu_hours_lent_outside": round(g.get("gpu_seconds_lent_outside", 0) / 3600, 1),
+            }
+            for name, g in sorted(result.groups.items())
+        }
+    return summary
 
 
 def _replay_child(conn, scenario: sc.Scenario, window_s: float, budget_s: float) -> None:
@@ -557,8 +568,24 @@ def compare(
             "y_title": "p95 wait (s)",
         },
     }
+    groups_before, groups_after = before.get("groups") or {}, after.get("groups") or {}
+    group_rows = [
+        {
+            "group": name,
+            **{
+                key: (
+                    groups_before.get(name, {}).get(key),
+                    groups_after.get(name, {}).get(key),
+                    _delta(groups_before.get(name, {}).get(key), groups_after.get(name, {}).get(key)),
+                )
+                for key in ("gpu_hours_from_outside", "gpu_hours_lent_outside")
+            },
+        }
+        for name in sorted(set(groups_before) | set(groups_after))
+    ]
     return {
         "rows": rows,
+        "groups": group_rows,  # per group of the tree, before and after (issue 37)
         "cluster": cluster,
         "chart": chart,
         "never_started": {"before": before.get("never_started", []), "after": after.get("never_started", [])},

@@ -53,3 +53,20 @@ def test_a_replay_of_the_planned_tree_runs(world, alice):
     result = simulate.simulate(planned)
     assert set(result.jobs) >= {str(world["own"].pk), str(world["waiting"].pk)}
     assert set(result.groups) == {"lang", "research"}  # the replay reports per group
+
+
+def test_the_whatif_reports_per_group_before_and_after(world, alice):
+    data = layout.load_live().layout.to_data()
+    next(g for g in data["groups"] if g["name"] == "research")["borrow_limit"] = 0
+    target, live = layout.check(data, now=layout.timezone.now())
+    scenario, _, _ = whatif.build_scenario()
+    planned, _ = whatif.with_layout(scenario, layout.whatif_variant(live, target, [], layout.timezone.now()))
+    before = whatif.replay(scenario, window_s=3600.0)
+    after = whatif.replay(planned, window_s=3600.0)
+    assert set(before["groups"]) == {"lang", "research"}
+    table = whatif.compare(before, after, ["vision-main"])
+    research = next(g for g in table["groups"] if g["group"] == "research")
+    taken_before, taken_after, _ = research["gpu_hours_from_outside"]
+    assert taken_after <= taken_before  # a limit of 0: research takes nothing more from outside
+    flat = whatif.compare({"shares": {}, "cluster": {}}, {"shares": {}, "cluster": {}})
+    assert flat["groups"] == []
