@@ -6,13 +6,16 @@ the same values."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from datetime import datetime
 from typing import Any
 
 from quotas.engine.tree import FairShareHistory as Accumulator
-from quotas.engine.tree import GroupSpec, taken_from_outside
+from quotas.engine.tree import GroupSpec, taken_from_outside, validate_tree
 from quotas.models import FairShareHistory, FairSharing, Group
 
+log = logging.getLogger(__name__)
 HISTORY_PK = 1
 
 
@@ -59,6 +62,25 @@ def tree_inputs() -> dict[str, Any]:
         "fair_reclaim": fair_reclaim,
         "history": history,
     }
+
+
+def checked(shares: tuple, inputs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """The shares and tree inputs as the pass may use them. The layout never writes an invalid tree,
+    but the database can be edited around it (the Django admin: a share named like a group): then the
+    pass goes on flat (no groups, every share under the cluster), as the engine treats a tree it cannot
+    read, and says why in the log, rather than failing every pass."""
+    problems = (
+        validate_tree(inputs["groups"], shares) if inputs["groups"] or any(s.group for s in shares) else []
+    )
+    if not problems:
+        return shares, inputs
+    log.error(
+        "the organisation tree in the database is not valid (%s): scheduling as if there were no groups "
+        "until the layout is fixed",
+        "; ".join(f"{path}: {message}" for path, message in problems[:5]),
+    )
+    flat = tuple(dataclasses.replace(s, group=None) for s in shares)
+    return flat, {**inputs, "groups": ()}
 
 
 def advance(snapshot, now: datetime) -> dict[tuple[str, str], float]:

@@ -290,7 +290,8 @@ def load_snapshot(now: datetime | None = None, *, queued: bool = True) -> Loaded
         )
         for pk, name, strategy, limit, isp, min_runtime, group, weight in shares_rows
     )
-    tree = fairshare.tree_inputs()  # the organisation tree, its settings and history (a flat layout: none)
+    # the organisation tree, its settings and history (a flat layout: none)
+    shares, tree = fairshare.checked(shares, fairshare.tree_inputs())
 
     running = []
     attempt_numbers = {}

@@ -82,3 +82,14 @@ def test_a_lowered_group_limit_names_the_borrowed_jobs_it_leaves_uncovered(world
     # a limit raised leaves nothing uncovered
     next(g for g in data["groups"] if g["name"] == "research")["borrow_limit"] = 100
     assert layout.plan(source=data, actor=alice, run_whatif=False).effects["uncovered"] == []
+
+
+def test_a_tree_broken_outside_the_layout_schedules_flat_and_says_why(world, vision, caplog):
+    from quotas.models import Share
+
+    # The Django admin can name a share like a group; the layout would have refused it.
+    Share.objects.create(team=vision, name="research")
+    snap = scheduler.load_snapshot().snapshot
+    assert snap.groups == () and all(s.group is None for s in snap.shares)
+    assert "the organisation tree in the database is not valid" in caplog.text
+    scheduler.run_pass("test")  # the pass goes on
