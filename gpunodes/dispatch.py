@@ -19,6 +19,7 @@ START = "gpunodes.agent.tasks.start_attempt"
 PREEMPT = "gpunodes.agent.tasks.preempt_attempt"
 NODE_STATE = "gpunodes.agent.tasks.node_state"
 GPU_RECHECK = "gpunodes.agent.tasks.gpu_recheck"
+LOG_CUT = "gpunodes.agent.tasks.log_cut"
 
 
 def start_attempt(node: str, payload: dict) -> None:
@@ -57,6 +58,14 @@ def node_state(node: str, state: str) -> None:
 def gpu_recheck(node: str, index: int, token: int) -> None:
     """Ask a node's agent to re-check a GPU an admin marked healthy (its answer names `token`)."""
     app.send_task(GPU_RECHECK, kwargs={"node": node, "index": index, "token": token}, queue=node_queue(node))
+
+
+def log_cut(node: str, attempt_id: int, number: int) -> None:
+    """Tell a node's agent that the control side stores no more of this attempt's output (its team's
+    budget): it stops shipping it."""
+    app.send_task(
+        LOG_CUT, kwargs={"node": node, "attempt_id": attempt_id, "number": number}, queue=node_queue(node)
+    )
 
 
 def start_payloads(

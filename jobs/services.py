@@ -1003,12 +1003,12 @@ OUTPUT_CUT_NOTE = (
 )
 
 
-def log_append(*, attempt_id: int, node: str, offset: int, text: str, team_id: int) -> bool:
+def log_append(*, attempt_id: int, node: str, offset: int, text: str, team_id: int) -> str:
     """Store one chunk of an attempt's output (a host ships them), within its team's budget of stored
     output (TEAM_OUTPUT_MAX_BYTES): past it the chunk is not stored, and the first one refused of an
     attempt on a node leaves a note in its place, which also tells the end report's gap check that
-    nothing more is wanted (gpunodes.tasks._log_gaps). A chunk already stored changes nothing. Whether
-    it was stored. Two to three queries."""
+    nothing more is wanted (gpunodes.tasks._log_gaps). A chunk already stored changes nothing. Returns
+    "stored", "repeat" (stored before) or "cut" (over the budget). Two to three queries."""
     from django.db.models import F
 
     from jobs.models import LogChunk, TeamOutput
@@ -1023,14 +1023,14 @@ def log_append(*, attempt_id: int, node: str, offset: int, text: str, team_id: i
             LogChunk.objects.get_or_create(
                 attempt_id=attempt_id, node=node, offset=offset, defaults={"text": note, "cut": True}
             )
-        return False
+        return "cut"
     _, created = LogChunk.objects.get_or_create(
         attempt_id=attempt_id, node=node, offset=offset, defaults={"text": text}
     )
     if created and not TeamOutput.objects.filter(team_id=team_id).update(bytes=F("bytes") + size):
         TeamOutput.objects.get_or_create(team_id=team_id)
         TeamOutput.objects.filter(team_id=team_id).update(bytes=F("bytes") + size)
-    return created
+    return "stored" if created else "repeat"
 
 
 def recount_team_output() -> dict[int, int]:

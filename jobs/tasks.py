@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from celery import shared_task
 from django.utils import timezone
 
-from gpunodes.dispatch import preempt_attempt
+from gpunodes.dispatch import log_cut, preempt_attempt
 from jobs import lifecycle
 from jobs.choices import AttemptState, Outcome
 from jobs.models import Attempt
@@ -186,7 +186,11 @@ def attempt_log(attempt_id: int, number: int, node: str, offset: int, text: str)
     if type(offset) is not int or offset < 0 or not isinstance(text, str):
         log.warning("refusing a malformed log chunk of attempt %s from node %r", attempt_id, node)
         return False
-    return log_append(attempt_id=attempt_id, node=node, offset=offset, text=text, team_id=row[1])
+    outcome = log_append(attempt_id=attempt_id, node=node, offset=offset, text=text, team_id=row[1])
+    if outcome == "cut":
+        # Its host ships no more of it (each chunk that still comes asks again: a lost message costs one).
+        log_cut(node, attempt_id, number)
+    return outcome == "stored"
 
 
 @shared_task(name="jobs.tasks.prune_job_output", ignore_result=True)

@@ -218,6 +218,7 @@ class Proc:
     admitted_us: int | None = None  # when the control side admitted it (start message), if it said
     out_of_memory: bool = False
     gpus: tuple[int, ...] = ()
+    log_stopped: bool = False  # the control side stores no more of its output (its team's budget)
 
     def oom_kills(self) -> int:
         """How many of its processes the kernel killed for its memory limit (cgroup v2 or v1)."""
@@ -1022,9 +1023,22 @@ class Runner:
             },
         )
 
+    def stop_log(self, attempt_id: int, number: int) -> bool:
+        """The control side stores no more of this attempt's output (its team's budget of stored
+        output: it said where in the log): nothing more of it is shipped, none of it waits on the broker.
+        Whether this host runs it."""
+        with self._lock:
+            proc = self._procs.get(attempt_id)
+        if proc is None or proc.number != number:
+            return False
+        proc.log_stopped = True
+        return True
+
     def _ship_log(self, proc: Proc, final: bool = False) -> None:
         """Ship new log bytes: at most the first half of `log_cap_bytes` as they come, and at the end the
         last half, with a line that says how many bytes in between were dropped."""
+        if proc.log_stopped:
+            return
         try:
             size = proc.log_path.stat().st_size
         except FileNotFoundError:

@@ -310,3 +310,19 @@ def gpu_recheck(*, node: str, index: int, token: int) -> str:
     if BEAT_NOW is not None:
         BEAT_NOW.set()
     return "unhealthy" if fault is not None else "healthy"
+
+
+@shared_task(name="gpunodes.agent.tasks.log_cut", ignore_result=True, replay_safe=True)
+def log_cut(*, node: str, attempt_id: int, number: int) -> str:
+    """The control side cut this attempt's stored output (its team's budget, TEAM_OUTPUT_MAX_BYTES):
+    the runner ships no more of it (backpressure: none of it waits on the broker or the control queue)."""
+    if not _mine(node):
+        return "refused"
+    try:
+        attempt_id, number = _int("attempt_id", attempt_id, minimum=1), _int("number", number, minimum=1)
+    except Invalid as e:
+        log.error("refusing a log cut: %s", e)
+        return "refused"
+    if RUNNER is None:
+        return "refused"
+    return "stopped" if RUNNER.stop_log(attempt_id, number) else "not running"

@@ -66,6 +66,17 @@ def test_output_past_the_teams_budget_is_cut_with_a_note(
     assert all(attempt_log(other.pk, 1, "node-1", i * 1001, CHUNK) for i in range(4))
 
 
+def test_its_host_is_told_to_stop_shipping_a_cut_attempts_output(bob, vision_share, nodes, sent, settings):
+    settings.TEAM_OUTPUT_MAX_BYTES = 1_500
+    attempt = running(bob, vision_share, nodes[0])
+    assert attempt_log(attempt.pk, 1, "node-1", 0, CHUNK) is True
+    assert [name for name, _ in sent] == []
+    attempt_log(attempt.pk, 1, "node-1", 1001, CHUNK)
+    [(name, message)] = sent
+    assert name == "gpunodes.agent.tasks.log_cut" and message["queue"] == "node.node-1"
+    assert message["kwargs"] == {"node": "node-1", "attempt_id": attempt.pk, "number": 1}
+
+
 def test_no_budget_stores_everything(bob, vision, vision_share, nodes, sent, settings):
     settings.TEAM_OUTPUT_MAX_BYTES = 0
     attempt = running(bob, vision_share, nodes[0])

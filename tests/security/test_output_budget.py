@@ -92,3 +92,34 @@ def test_a_node_shipping_output_faster_than_it_is_stored_stays_within_its_bounds
         assert admin.info("memory")["used_memory"] < 64 * MIB
     finally:
         server.stop()
+
+
+def test_a_cut_attempts_host_ships_no_more_of_its_output(tmp_path, monkeypatch):
+    """Backpressure: told that its output is cut, the agent stops shipping it (a job printing as fast as
+    it can shipped 64 KiB chunks until its 4 MiB head was out, each one refused on the control side)."""
+    import sys
+    import time
+
+    from gpunodes.agent import tasks as agent_tasks
+    from gpunodes.agent.runner import LOG
+    from tests.gpunodes.test_runner import Reports, make_runner, start, wait_finished
+
+    reports = Reports()
+    runner = make_runner(tmp_path, reports)
+    monkeypatch.setattr(agent_tasks, "RUNNER", runner)
+    try:
+        printer = (
+            "import sys, time\nfor i in range(400):\n    print('y' * 4000, flush=True); time.sleep(0.005)"
+        )
+        assert start(runner, [sys.executable, "-c", printer]) == "started"
+        while not reports.of(LOG):
+            runner.poll()
+            time.sleep(0.05)
+        assert agent_tasks.log_cut(node="n1", attempt_id=1, number=2) == "not running"  # another number
+        assert agent_tasks.log_cut(node="other", attempt_id=1, number=1) == "refused"
+        assert agent_tasks.log_cut(node="n1", attempt_id=1, number=1) == "stopped"
+        shipped = len(reports.of(LOG))
+        wait_finished(runner, reports)
+        assert len(reports.of(LOG)) == shipped  # nothing more, not even the end's tail
+    finally:
+        runner.shutdown(grace_s=1)
