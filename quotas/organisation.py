@@ -213,7 +213,9 @@ def fair_part_words(org: Organisation, node: Node, borrowed_day: float | None = 
             f"{r.competing_total_weight:g} among the borrowers that wait"
         )
     if borrowed_day is not None:
-        head += f"; borrowed {borrowed_day:.0f} {r.gpu_type} over the last day"
+        # an average over the day: one decimal where it is small ("0.1 a10g"), else whole GPUs
+        amount = f"{borrowed_day:.1f}".removesuffix(".0") if borrowed_day < 10 else f"{borrowed_day:.0f}"
+        head += f"; borrowed {amount} {r.gpu_type} over the last day"
         if org.half_life_s:
             head += f" (history {r.history:.1f})"
     elif org.half_life_s:

@@ -93,3 +93,40 @@ def test_a_tree_broken_outside_the_layout_schedules_flat_and_says_why(world, vis
     assert snap.groups == () and all(s.group is None for s in snap.shares)
     assert "the organisation tree in the database is not valid" in caplog.text
     scheduler.run_pass("test")  # the pass goes on
+
+
+def test_the_organisation_reads_the_stored_history_into_values_and_words(world):
+    from quotas import organisation
+
+    t0 = timezone.now()
+    fairshare.advance(scheduler.load_snapshot(t0).snapshot, t0)
+    later = t0 + timedelta(hours=1)
+    fairshare.advance(scheduler.load_snapshot(later).snapshot, later)
+    org = organisation.load(now=later)
+    research = org.find("research", "a10g")
+    assert research.history == pytest.approx(1.0)
+    assert research.fair_share_value == pytest.approx((2 + 1.0) / (1 * 4))
+    assert research.parts == "(2 taken + 1.0 history) ÷ (weight 1 × 4 capacity) = 0.75"
+    vision = org.find("vision-main", "a10g")
+    assert organisation.fair_part_words(org, vision, borrowed_day=2.0).endswith(
+        "; borrowed 2 a10g over the last day (history 1.0)"
+    )
+
+
+def test_borrowed_over_the_last_day_is_the_days_average_from_the_usage_samples(world, vision_share):
+    from quotas import organisation
+    from quotas.models import UsageSample
+
+    now = timezone.now()
+    for minute in range(120):  # 4 GPUs borrowed for 2 hours: 8 GPU-hours, 1/3 on average over the day
+        UsageSample.objects.create(
+            at=now - timedelta(minutes=minute + 1), share=vision_share, gpu_type="a10g", borrowed=4, own=4
+        )
+    UsageSample.objects.create(at=now - timedelta(days=2), share=vision_share, gpu_type="a10g", borrowed=8)
+    day = organisation.borrowed_last_day(["vision-main"], now=now)
+    assert day == {("vision-main", "a10g"): pytest.approx(1 / 3)}
+    org = organisation.load()
+    words = organisation.fair_part_words(org, org.find("vision-main", "a10g"), day[("vision-main", "a10g")])
+    assert (
+        "; borrowed 0.2 a10g over the last day" in words or "; borrowed 0.3 a10g over the last day" in words
+    )

@@ -122,5 +122,21 @@ def test_the_django_admin_lists_the_groups_read_only(as_alice, world):
 def test_the_team_page_says_each_shares_fair_part_and_why_it_waits(as_bob, world):
     html = as_bob.get("/teams/vision/").content.decode()
     fair = html.split('data-testid="team-fair"')[1].split("</section>")[0]
-    assert "your fair part of idle a10g now is" in fair and "weight 2 of 2 among the borrowers that wait" in fair
+    assert (
+        "your fair part of idle a10g now is" in fair and "weight 2 of 2 among the borrowers that wait" in fair
+    )
     assert "group research may take 2 a10g from outside: 2 taken" in fair
+
+
+@pytest.mark.parametrize("url", ["/organisation/", "/organisation/?part=tree", "/organisation/?part=mine"])
+def test_the_page_and_its_parts_run_constant_queries(
+    as_bob, bob, vision_share, world, nodes, constant_queries, url
+):
+    from tests.api.conftest import run, submit
+
+    def grow():
+        for _ in range(30):
+            submit(bob, vision_share, gpus=2)
+        run(submit(bob, vision_share), nodes[1], [2])
+
+    constant_queries(as_bob, url, grow, HTTP_HX_REQUEST="true")
