@@ -85,6 +85,7 @@ INSTALLED_APPS = [
     "quotas",
     "gpunodes",
     "jobs",
+    "directory",
 ]
 
 MIDDLEWARE = [
@@ -101,6 +102,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # A directory user's session checked with the provider again every OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS.
+    "directory.middleware.DirectorySessionRefresh",
     # Login tries per client address on /login/ and /admin/login/ (config/logins.py).
     "config.logins.LoginRateMiddleware",
     # Last, as django-axes asks: it turns a locked-out login into its lockout answer.
@@ -423,8 +426,42 @@ REST_FRAMEWORK = {
 # LOGIN_RATE tries a minute per address. /login/, /admin/login/ and POST /api/v1/auth/token/ alike.
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
-    "django.contrib.auth.backends.ModelBackend",
+    # Passwords: Django's ModelBackend, off with LOCAL_LOGIN=0 but for LOCAL_LOGIN_USERS.
+    "directory.backends.LocalBackend",
+    # Sign-in with the organisation's directory (OpenID Connect), where OIDC_ISSUER is set.
+    "directory.backends.DirectoryBackend",
 ]
+# --- Sign-in with the directory (OpenID Connect; directory/, README "Sign-in with your directory") ---
+# mozilla-django-oidc's code flow; the endpoints come from OIDC_ISSUER's discovery document.
+OIDC_ISSUER = os.environ.get("OIDC_ISSUER", "")
+OIDC_RP_CLIENT_ID = os.environ.get("OIDC_CLIENT_ID", "")
+OIDC_RP_CLIENT_SECRET = os.environ.get("OIDC_CLIENT_SECRET", "")
+OIDC_RP_SIGN_ALGO = os.environ.get("OIDC_SIGN_ALGO", "RS256")
+OIDC_RP_SCOPES = os.environ.get("OIDC_SCOPES", "openid email profile")
+OIDC_PROVIDER_NAME = os.environ.get("OIDC_PROVIDER_NAME", "your organisation")
+# The claim that lists the user's groups ("groups" in Keycloak with a group mapper, Entra ID, Okta, Dex).
+OIDC_GROUPS_CLAIM = os.environ.get("OIDC_GROUPS_CLAIM", "groups")
+# A first sign-in of someone the directory knows makes their account (0: only identities an admin linked
+# to an account in the Django admin may sign in). Accounts are matched by issuer and subject only.
+OIDC_CREATE_USER = env_bool("OIDC_CREATE_USER", True)
+# A directory user's session is checked with the provider again (its groups read again) this often; a
+# directory user's API token lasts at most OIDC_API_TOKEN_TTL_HOURS: someone removed from a group or
+# from the directory loses its teams at their next page view after this, and the API at their token's end.
+OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS = env_int("OIDC_RENEW_SECONDS", 900)
+OIDC_API_TOKEN_TTL_HOURS = env_int("OIDC_API_TOKEN_TTL_HOURS", 12)
+OIDC_LEEWAY_S = env_int("OIDC_LEEWAY_S", 30)  # clock skew allowed on exp / iat
+OIDC_USE_PKCE = True
+OIDC_TIMEOUT = env_int("OIDC_TIMEOUT_S", 10)
+OIDC_VERIFY_SSL = env_bool("OIDC_VERIFY_SSL", True)
+OIDC_AUTHENTICATE_CLASS = "directory.views.SignInView"
+OIDC_CALLBACK_CLASS = "directory.views.CallbackView"
+LOGIN_REDIRECT_URL_FAILURE = "login"
+# Passwords (the login page, the admin, POST /api/v1/auth/token/): LOCAL_LOGIN=0 turns them off for all
+# but LOCAL_LOGIN_USERS (the first admin, break-glass; their form is at /login/?local). API tokens
+# already made (robots) keep working.
+LOCAL_LOGIN = env_bool("LOCAL_LOGIN", True)
+LOCAL_LOGIN_USERS = env_list("LOCAL_LOGIN_USERS")
+
 AXES_HANDLER = "config.logins.LoginAttemptHandler"
 AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = env_int("LOGIN_COOLOFF_MINUTES", 15) / 60  # hours

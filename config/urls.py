@@ -5,6 +5,7 @@ from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from directory.views import LoginView
 from quotas.metrics import metrics_view
 
 
@@ -22,8 +23,10 @@ urlpatterns = [
     path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"), permanent=True)),
     path("metrics", metrics_view, name="metrics"),
     path("api/", include("config.api_urls")),
-    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("login/", LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # Sign-in with the directory (OpenID Connect) and the API token page.
+    path("", include("directory.urls")),
     # The dashboard (templates/, static/): the overview at "/", team, job, node and share pages.
     path("", include("jobs.urls")),
     path("", include("gpunodes.urls")),
