@@ -13,6 +13,8 @@ from celery import Celery
 from celery.exceptions import SecurityWarning
 from celery.signals import worker_ready, worker_shutdown
 
+from config.queues import CONTROL_QUEUE, intake_queue, node_queue
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 # Set by `make run`'s process manager (config/procman.py) in its processes: it says once, for all of
@@ -21,24 +23,9 @@ ROOT_SAID_ENV = "GPUQUOTA_ROOT_SAID"
 if os.environ.get(ROOT_SAID_ENV) == "1":
     warnings.filterwarnings("ignore", category=SecurityWarning)
 
-CONTROL_QUEUE = "control"
 WHATIF_QUEUE = "whatif"
 WHATIF_TASKS = frozenset({"quotas.tasks.whatif_replay"})
 AGENT_TASK_PREFIX = "gpunodes.agent."
-
-
-def node_queue(node_name: str) -> str:
-    return f"node.{node_name}"
-
-
-INTAKE_PREFIX = "control.from."
-
-
-def intake_queue(node_name: str) -> str:
-    """Where node `node_name` pushes what it sends the control side on Redis: a list of its own, which
-    the control worker moves onto `control` a few messages per node at a time (config.redisbroker.Intake):
-    a flood from one node waits in its own list, never in front of other nodes' heartbeats."""
-    return f"{INTAKE_PREFIX}{node_name}"
 
 
 def report_queue(node_name: str) -> str:

@@ -39,6 +39,8 @@ import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual as kombu_virtual
 
+from config.queues import CONTROL_QUEUE, INTAKE_PREFIX, intake_queue, node_queue
+
 log = logging.getLogger(__name__)
 
 
@@ -145,8 +147,6 @@ def node_acl(node: str, password: str) -> list[str]:
     holds the server, and the only value it can read back (HGET of its own unacknowledged messages) is
     what it wrote there, within the output buffer limit. `reset` first: an earlier line's grants and
     selectors go."""
-    from config.celery import intake_queue, node_queue
-
     queue, own = node_queue(node), unacked_keys(f"node:{node}")
     return [
         "reset",
@@ -177,8 +177,6 @@ def node_acl(node: str, password: str) -> list[str]:
 
 def node_keys(node: str) -> list[str]:
     """Every key a node's ACL user can write (node_acl)."""
-    from config.celery import intake_queue, node_queue
-
     queue = node_queue(node)
     return [
         intake_queue(node),
@@ -194,7 +192,7 @@ NODE_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$")  # gpunodes.models.
 
 class Intake:
     """The control worker's thread that moves what the nodes sent (each node onto its own list,
-    config.celery.intake_queue) onto `control`, oldest first: each round at most `per_node` messages
+    config.queues.intake_queue) onto `control`, oldest first: each round at most `per_node` messages
     of each node that has some, the turns rotating, and only while `control` holds fewer than
     `backlog`. A node that pushes 20,000 messages at once then has `per_node` of them beside each other
     node's next heartbeat, never all of them in front of it, and what waits on `control` (passes
@@ -219,8 +217,6 @@ class Intake:
         police_every_s: float = 0.25,
         forget_after_s: float = 600.0,
     ) -> None:
-        from config.celery import CONTROL_QUEUE, INTAKE_PREFIX
-
         self.client = client
         self.control = CONTROL_QUEUE
         self.prefix = INTAKE_PREFIX
