@@ -13,8 +13,10 @@ an agent that restarts does not start again from the first uid.
 Each attempt runs in a mount and IPC namespace of its own: its working directory (its HOME, TMPDIR and
 cwd, under `JOB_ROOT`; a size-limited tmpfs by default) holds its `/tmp` and `/var/tmp`, `/dev/shm` is
 a fresh tmpfs, SysV IPC is its own, `/proc` shows its own processes only. What it leaves there goes
-with it. Checkpoints live in `CHECKPOINT_ROOT/job-<id>` (0700), root's between attempts and handed
-to the uid of an attempt only while it runs, never through a link.
+with it. Checkpoints live in `CHECKPOINT_ROOT/job-<id>` (2770), owned by an id of the job's own that
+no process runs as (checkpoint_owner), which every attempt and rank of the job sees as its own through
+an idmapped mount (or reaches through the job's group): nothing in it is ever re-owned. An attempt holds
+the directory from its start to the end of its clean-up (CheckpointHolds).
 
 Paths built from message fields are checked here: ints are ints, and every path resolves inside its
 root without following a symlink.
