@@ -80,7 +80,7 @@ class ShareSerializer(serializers.ModelSerializer):
     # Its place in the organisation tree (changed through the layout) and, per GPU type, its fair-share
     # value with its parts, its state in words and its fair part of what borrowers may hold now.
     group = serializers.SlugRelatedField(
-        slug_field="name", read_only=True, help_text="null: under the cluster"
+        slug_field="name", read_only=True, allow_null=True, help_text="null: under the cluster"
     )
     fair_share = serializers.SerializerMethodField()
 
