@@ -19,6 +19,7 @@ import pytest
 
 from gpunodes.agent import identity
 from gpunodes.agent.identity import UidPool
+from gpunodes.agent.runner import Runner
 from tests.security.agent_helpers import as_root, job_python, make_runner, uid_pool, wait_until
 
 pytestmark = as_root
@@ -139,7 +140,13 @@ def test_a_start_while_the_last_attempt_is_handed_back_is_refused_then_the_next_
         runner.start(attempt_id=1, number=1, job_id=7, command=[save], use_shell=True)
         wait_until(lambda: (runner.checkpoint_root / "job-7" / "model.pt").exists(), runner=runner)
         runner.stop(attempt_id=1, number=1, grace_s=0)  # as a GPU failure kills it
-        reaper = threading.Thread(target=runner.poll)
+
+        def reap():  # the agent's reaper: it meets the end, then stays in the hand-back until go_on
+            while not handing_back.is_set():
+                runner.poll()
+                time.sleep(0.02)
+
+        reaper = threading.Thread(target=reap)
         reaper.start()
         assert handing_back.wait(10), "the hand-back did not begin"
 
@@ -172,8 +179,15 @@ def test_two_agents_of_one_host_run_both_ranks_on_one_directory_and_keep_other_a
     pool = uid_pool()
     # As `make run`: two agents, one checkpoint root, the same uid range (taken host-wide).
     rank0 = make_runner(root_dir, reports, uids=pool)
-    rank1 = make_runner(root_dir, reports, uids=UidPool(pool.first, pool.last))
-    rank1.node = "n2"
+    rank1 = Runner(
+        node="n2",
+        log_dir=root_dir / "logs",
+        checkpoint_root=root_dir / "ckpt",
+        work_root=root_dir / "work",
+        report=reports,
+        state_path=root_dir / "state-n2" / "running.json",
+        uids=UidPool(pool.first, pool.last),
+    )
     both = (
         'cd "$GPUQUOTA_CHECKPOINT_DIR" && echo mine > "rank-$GPUQUOTA_NODE_RANK" && '
         "while [ ! -e rank-0 ] || [ ! -e rank-1 ]; do sleep 0.05; done; cat rank-0 rank-1 && id -u"
