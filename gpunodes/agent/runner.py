@@ -809,9 +809,9 @@ class Runner:
         ran: bool = False,
     ) -> bool:
         """After an attempt: nothing of it runs, its cgroups and working directory are gone, its
-        checkpoint directory is set back (O(1)) and, last, let go of (`hold`), what it left in the host's shared directories is gone (`ran`: it
-        ran), its uid is free again. A uid whose processes could not all be
-        killed is not handed out again. Returns whether they could."""
+        checkpoint directory is set back (O(1)) and, once no process of it is left, let go of (`hold`),
+        what it left in the host's shared directories is gone (`ran`: it ran), its uid is free again. A
+        uid whose processes could not all be killed is not handed out again. Returns whether they could."""
         empty = kill_attempt(cgroup=cgroup, pgid=None, uid=user.uid if user else None)
         if user is not None and empty and ran:
             # What it left in the host's shared directories (where it had no private copy) goes too:
