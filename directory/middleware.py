@@ -32,7 +32,9 @@ class DirectorySessionRefresh(SessionRefresh):
             return None
         if request.session.get("oidc_id_token_expiration", 0) > time.time():
             return None
-        if request.method != "GET" or request.path.startswith("/api/") or request.path in self.exempt_urls:
+        if request.path in self.exempt_urls:
+            return None  # the sign-in's own pages (the callback renews the time)
+        if request.method != "GET" or request.path.startswith("/api/"):
             auth.logout(request)  # no round trip possible: answered as signed out
             return None
         self.OIDC_OP_AUTHORIZATION_ENDPOINT = provider.discovery()["authorization_endpoint"]

@@ -45,4 +45,9 @@ OAUTH2_PROVIDER = {
     "PKCE_REQUIRED": True,
     "ID_TOKEN_EXPIRE_SECONDS": 300,
 }
-LOGGING = {"version": 1, "disable_existing_loggers": False, "root": {"level": "WARNING"}}
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},  # provider.log, beside knobs.json
+    "root": {"handlers": ["console"], "level": "WARNING"},
+}

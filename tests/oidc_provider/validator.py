@@ -24,6 +24,15 @@ class Validator(OAuth2Validator):
             "groups": user.get("groups", []),
         }
 
+    # prompt=none (the relying party's session renewal): django-oauth-toolkit leaves these to its user.
+    # A request that reaches them has a signed-in user (its view answers login_required before), and
+    # the application skips the consent page.
+    def validate_silent_login(self, request):
+        return True
+
+    def validate_silent_authorization(self, request):
+        return True
+
     def get_id_token_dictionary(self, token, token_handler, request):
         claims, expiration = super().get_id_token_dictionary(token, token_handler, request)
         fault = knobs().get("id_token", {})
