@@ -1139,7 +1139,10 @@ class CheckpointHolds:
             if user is not None:
                 hold.owner = checkpoint_owner(job_id)
                 if idmap:
-                    hold.userns_fd = id_mapping(hold.owner, user.uid, user.gid)
+                    try:
+                        hold.userns_fd = id_mapping(hold.owner, user.uid, user.gid)
+                    except OSError as e:  # the host's trouble (user namespaces used up): the group path
+                        log.warning("no idmapped mount of %s for uid %d: %s", hold.path, user.uid, e)
         except BaseException:
             hold.release()
             raise
