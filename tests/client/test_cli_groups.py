@@ -83,3 +83,16 @@ def test_a_cycle_planned_from_a_file_is_exit_2_under_its_path(cli, live_server, 
     code, _, err = cli("shares", "plan", "-f", path)
     assert code == 2
     assert "groups[0].parent: a cycle: lang -> research -> lang" in err
+
+
+def test_a_plan_of_a_lower_group_limit_says_what_it_leaves_uncovered(
+    cli, live_server, world, config_file, tmp_path
+):
+    login(cli, live_server, "alice", "alice-pw-123")
+    code, text, err = cli("shares", "export")
+    path = tmp_path / "layout.yaml"
+    path.write_text(text.replace("{name: research, borrow_limit: 50}", "{name: research, borrow_limit: 0}"))
+    code, out, err = cli("shares", "plan", "-f", path, "--no-whatif")
+    assert code == 0, err
+    assert "group research changed: borrow_limit 50 → 0" in out
+    assert "  uncovered: group research may take 0 a10g from outside: 2 taken, 2 uncovered" in out

@@ -503,6 +503,7 @@ def plan_lines(plan: dict) -> list[str]:
     now = plan.get("now") or {}
     effects = [f"  over-committed: {clean(o['words'])}" for o in now.get("overcommit", [])]
     effects += [f"  could never run any more: {clean(g['words'])}" for g in now.get("never_runnable", [])]
+    effects += [f"  uncovered: {clean(u['words'])}" for u in now.get("uncovered", [])]  # a lower group limit
     if now.get("borrowed_total"):
         effects.append(f"  {now['borrowed_total']} running job(s) become borrowed (reclaimable):")
         effects += [f"    {clean(b['words'])}" for b in now.get("borrowed", [])]
