@@ -1033,6 +1033,18 @@ def log_append(*, attempt_id: int, node: str, offset: int, text: str, team_id: i
     return "stored" if created else "repeat"
 
 
+def team_output(team) -> dict:
+    """A team's stored output against its budget, for its page (one query)."""
+    from jobs.models import TeamOutput
+
+    used = TeamOutput.objects.filter(team=team).values_list("bytes", flat=True).first() or 0
+    return {
+        "used": used,
+        "budget": settings.TEAM_OUTPUT_MAX_BYTES,
+        "keep_days": settings.JOB_OUTPUT_KEEP_DAYS,
+    }
+
+
 def recount_team_output() -> dict[int, int]:
     """Count each team's stored output again from its chunks (after a prune; a job deleted with its
     output, or chunks stored by other means, leave the running count off until then). One query to

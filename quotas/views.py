@@ -384,6 +384,7 @@ def team_page(request, slug):
     if part is None:
         context["form"] = submit_form_for(team)
         context["members"] = list(team.memberships.select_related("user").order_by("user__username"))
+        context["output"] = job_services.team_output(team)
         shares = list(team.shares.order_by("name"))
         records = track_record.summaries(shares)  # two queries for all of them
         visible = track_record.sees_jobs(request.user, team.pk)  # points name the team's jobs

@@ -139,3 +139,14 @@ def test_the_count_is_made_good_from_the_chunks(bob, charlie, vision, language, 
     TeamOutput.objects.create(team=language, bytes=123)  # a team whose output is gone
     recount_team_output()
     assert (used(vision), used(language)) == (3 * 7, 0)
+
+
+def test_the_team_page_shows_its_stored_output_against_the_budget(
+    client, bob, vision, vision_share, nodes, sent, settings
+):
+    settings.TEAM_OUTPUT_MAX_BYTES = 2 * 1024**3
+    attempt = running(bob, vision_share, nodes[0])
+    attempt_log(attempt.pk, 1, "node-1", 0, "z" * 3 * 1024 * 1024)
+    client.force_login(bob)
+    page = client.get(f"/teams/{vision.slug}/").content.decode()
+    assert "Stored output: 3.0\xa0MB of 2.0\xa0GB" in page
