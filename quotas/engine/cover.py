@@ -29,6 +29,7 @@ class CoverAccounting:
         sh_tree = self.sh.tree
         self.history = history
         self.fair_reclaim = fair_reclaim
+        self._values: tuple[int, dict[int, float]] = (-1, {})  # fair-share values at one version
         # Rule 5 and rule 3's order by fair-share value (weights or history); the cover per level (groups).
         self.fair = sh_tree is not None or bool(history)
         self.tree = sh_tree if sh_tree is not None and sh_tree.has_groups else None
@@ -41,21 +42,23 @@ class CoverAccounting:
         tree = self.tree
         self.node_lend_cap = base.node_lend_cap
         self.node_borrow_cap = base.node_borrow_cap
-        total = len(tree.names)
-        self.node_net = [0] * total
-        self.node_offer = [0] * total  # what a node contributes to its parent's net: its net, capped
-        for s in range(tree.n_shares):
-            n = self._share_net(s)
-            self.node_net[s] = n
-            self.node_offer[s] = n  # a share has no lend limit
+        # (pend is 0 here: a share's net is its idle lendable GPUs, or minus what it borrows.)
+        net = [
+            c - u if u > c or lends else 0
+            for u, c, lends in zip(self.held, self.capacity, self.lender, strict=True)
+        ]
+        net += [0] * (len(tree.names) - len(net))
+        offer = net.copy()  # what a node contributes to its parent's net: its net, capped (a share: none)
+        lend_cap, children = self.node_lend_cap, tree.children
         for g in tree.depth_order:  # deepest first: children before parents
             n = 0
-            for c in tree.children[g]:
-                n += self.node_offer[c]
-            self.node_net[g] = n
-            cap = self.node_lend_cap[g]
-            self.node_offer[g] = cap if n > cap else n
-        self.top_sum = self.pool + sum(self.node_offer[x] for x in tree.top)
+            for c in children[g]:
+                n += offer[c]
+            net[g] = n
+            cap = lend_cap[g]
+            offer[g] = cap if n > cap else n
+        self.node_net, self.node_offer = net, offer
+        self.top_sum = self.pool + sum(offer[x] for x in tree.top)
 
     def _share_net(self, s: int, more: int = 0) -> int:
         u = self.held[s] + self.pend[s] + more
@@ -164,6 +167,13 @@ class CoverAccounting:
     def _node_value(self, x: int) -> float:
         """SEMANTICS' fair-share value of node x of this type: (taken from outside + history) / (weight x
         max(1, capacity))."""
+        cache = self._values
+        if cache[0] == self.version:
+            v = cache[1].get(x)
+            if v is not None:
+                return v
+        else:
+            self._values = cache = (self.version, {})
         tree = self.sh.tree
         taken = max(0, -self.node_net[x]) if self.tree is not None else self._borrowed(x)
         if tree is None:  # no groups and every weight 1 (fair reclaim or history alone)
@@ -171,7 +181,8 @@ class CoverAccounting:
         else:
             name, weight, c = tree.names[x], tree.weight[x], self.node_capacity[x]
         h = self.history.get((name, self.t), 0.0) if self.history else 0.0
-        return (taken + h) / (weight * (c if c > 1 else 1))
+        v = cache[1][x] = (taken + h) / (weight * (c if c > 1 else 1))
+        return v
 
     def _fair_key(self, s: int) -> tuple:
         """Rule 5's order for share s: its path's values and names from the top down (the lowest value

@@ -83,7 +83,7 @@ from quotas.engine.policy import (
 )
 from quotas.engine.reasons import WaitingReasons
 from quotas.engine.timeline import Timeline, percentile
-from quotas.engine.tree import FairShareHistory, Tree, nets
+from quotas.engine.tree import FairShareHistory, Tree
 
 SUCCEEDED = "SUCCEEDED"
 FAILED = "FAILED"
@@ -329,6 +329,80 @@ def simulate(
         WaitingReasons._wait = wait
 
 
+class _NetCalc:
+    """tree.nets() for one type as plain lists, for the simulator's accounting after every instant:
+    the same numbers (tests/quotas/test_policy_tree.py compares them), without its dictionaries."""
+
+    def __init__(self, tree: Tree, gpu_type: str) -> None:
+        names = list(tree.shares) + list(tree.groups)
+        index = {name: i for i, name in enumerate(names)}
+        self.names = names
+        self.n_shares = len(tree.shares)
+        shares = list(tree.shares.values())
+        self.capacity = [max(0, s.capacity.get(gpu_type, 0)) for s in shares]
+        self.lends = [s.strategy in (policy.LEND, policy.LEND_AND_BORROW) for s in shares]
+        self.index = index
+        order: list[str] = []
+
+        def post(name: str) -> None:
+            for child in tree.children[name]:
+                if child in tree.groups:
+                    post(child)
+            order.append(name)
+
+        for name in tree.top:
+            if name in tree.groups:
+                post(name)
+        for name in tree.groups:
+            if name not in order:
+                post(name)
+        self.groups = [
+            (index[g], [index[c] for c in tree.children[g]], tree.lend_cap(g, gpu_type)) for g in order
+        ]
+        self.top = [index[c] for c in tree.top]
+        self.levels = [
+            [index[c] for c in kids] for parent, kids in tree.children.items() if parent is not None
+        ]
+
+    def run(
+        self,
+        used: Mapping[str, int],
+        pool: int,
+        gpu_type: str,
+        taken: dict[tuple[str, str], int],
+        lent: dict[tuple[str, str], float],
+    ) -> None:
+        names, n = self.names, len(self.names)
+        net = [0] * n
+        offer = [0] * n
+        for s in range(self.n_shares):
+            c, u = self.capacity[s], used.get(names[s], 0)
+            v = c - u if u > c or self.lends[s] else 0
+            net[s] = v
+            offer[s] = v if v > 0 else 0
+        for g, kids, cap in self.groups:
+            total = 0
+            for c in kids:
+                total += offer[c] if net[c] > 0 else net[c]
+            net[g] = total
+            offer[g] = (cap if total > cap else total) if total > 0 else 0
+        for x in range(n):
+            if net[x] < 0:
+                taken[(names[x], gpu_type)] = -net[x]
+        for kids, extra in [(self.top, pool)] + [(k, 0) for k in self.levels]:
+            offers = extra
+            needs = 0
+            for c in kids:
+                offers += offer[c]
+                if net[c] < 0:
+                    needs -= net[c]
+            if offers and needs:
+                factor = needs / offers if needs < offers else 1.0
+                for c in kids:
+                    if offer[c]:
+                        lent[(names[c], gpu_type)] = offer[c] * factor
+
+
 class _OrgAccounting:
     """The organisation tree's numbers along a run: per group the GPUs its subtree takes from and lends
     outside itself at each instant (integrated into the result's `groups` block), and the decayed
@@ -349,8 +423,10 @@ class _OrgAccounting:
         if self.history.half_life_s:
             self.sim.engine.set_history(self.history.advance(now, self.taken))
 
-    def account(self, t: int) -> None:
-        """After instant t: integrate what held since the last change, then read the new numbers."""
+    def account(self, t: int, values: Mapping[tuple[str, str, str], float] | None = None) -> None:
+        """After instant t: integrate what held since the last change, then, given the timeline's values
+        of the instant (own and borrowed GPUs per share and type, the unassigned pool's capacity), read
+        the new numbers."""
         dt = t - self.at
         if dt:
             for (name, _), gpus in self.taken.items():
@@ -360,30 +436,31 @@ class _OrgAccounting:
                 if name in self.lent_outside_s:
                     self.lent_outside_s[name] += gpus * dt
         self.at = t
+        if values is None:
+            return
         sim = self.sim
         if self.tree is None:
             self.tree = Tree.build([g.spec() for g in sim.groups.values()], list(sim.share_views.values()))
+            self.calcs: dict[str, _NetCalc] = {}
         used: dict[str, dict[str, int]] = {}
         pools: dict[str, int] = {}
-        for share, gpu_type, capacity, use, _, _ in sim.engine.usage_rows():
-            if share == policy.UNASSIGNED:
-                pools[gpu_type] = capacity
-            elif use:
-                used.setdefault(gpu_type, {})[share] = use
+        for (share, gpu_type, metric), gpus in values.items():
+            if metric in ("own", "borrowed"):
+                by_share = used.setdefault(gpu_type, {})
+                by_share[share] = by_share.get(share, 0) + int(gpus)
+            elif metric == "capacity" and share == policy.UNASSIGNED:
+                pools[gpu_type] = int(gpus)
         taken: dict[tuple[str, str], int] = {}
         lent: dict[tuple[str, str], float] = {}
         for gpu_type in used.keys() | pools.keys():
-            n = nets(self.tree, gpu_type, used.get(gpu_type, {}), pools.get(gpu_type, 0))
-            for name, gpus in n.taken.items():
-                if gpus:
-                    taken[(name, gpu_type)] = gpus
-            for name, gpus in n.lent.items():
-                if gpus:
-                    lent[(name, gpu_type)] = gpus
+            calc = self.calcs.get(gpu_type)
+            if calc is None:
+                calc = self.calcs[gpu_type] = _NetCalc(self.tree, gpu_type)
+            calc.run(used.get(gpu_type, {}), pools.get(gpu_type, 0), gpu_type, taken, lent)
         self.taken, self.lent = taken, lent
 
     def result(self, end: int) -> dict[str, dict[str, int]]:
-        self.account(end)
+        self.account(end)  # what held since the last change, up to the end
         return {
             name: {
                 "gpu_seconds_from_outside": round(self.from_outside_s[name]),
@@ -1038,7 +1115,7 @@ class _Simulator:
             values[key] = values.get(key, 0) + gpus
         self.timeline.record(t, values)
         if self.org is not None:
-            self.org.account(t)
+            self.org.account(t, values)
 
     def result(self, end: int, cut: bool) -> SimResult:
         self.timeline.end = end

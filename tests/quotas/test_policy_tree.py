@@ -662,3 +662,20 @@ def test_the_report_shows_each_group_and_the_work_lost_to_fair_share():
     fair = sc.parse(fair_scenario(True))
     fair_result = simulate(fair)
     assert "GPU-h lost: fair share" in render_report(fair, fair_result, fair_result.timeline)
+
+
+@PROPERTY
+@given(tree_scenarios(), st.lists(st.integers(0, 8), min_size=6, max_size=6), st.integers(0, 3))
+def test_property_the_simulators_list_accounting_equals_the_trees(data, uses, pool):
+    from quotas.engine.simulate import _NetCalc
+
+    spec = sc.parse(data)
+    shares = [policy.ShareView(s.name, dict(s.capacity), s.strategy, group=s.group) for s in spec.shares]
+    tree = Tree.build([g.spec() for g in spec.groups], shares)
+    used = {s.name: u for s, u in zip(shares, uses, strict=False)}  # (up to 6 shares)
+    n = nets(tree, "a10g", used, pool)
+    taken: dict = {}
+    lent: dict = {}
+    _NetCalc(tree, "a10g").run(used, pool, "a10g", taken, lent)
+    assert taken == {(k, "a10g"): v for k, v in n.taken.items() if v}
+    assert lent == pytest.approx({(k, "a10g"): v for k, v in n.lent.items() if v})
