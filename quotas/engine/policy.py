@@ -1,7 +1,7 @@
 """The scheduling policy: one pure function from a snapshot to a plan.
 
-This module, with its parts views.py, state.py and rules.py, owns the semantics of
-../shared/spec/SEMANTICS.md. It imports nothing from Django and does no I/O: production passes (quotas/scheduler.py), the simulator (quotas/engine/simulate.py), queue positions,
+This module, with its parts views.py, state.py, tree.py and rules.py (and the modules rules.py is made of),
+owns the semantics of ../shared/spec/SEMANTICS.md. It imports nothing from Django and does no I/O: production passes (quotas/scheduler.py), the simulator (quotas/engine/simulate.py), queue positions,
 ETAs and the what-if preview all call `plan()` and the accounting helpers here. Never a second copy.
 
 Identifiers (job ids, attempt ids) are opaque hashable, orderable values: ints in production, strings
@@ -51,8 +51,10 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 
 # The package's layout: views.py (what the policy sees and decides, and the accounting read from a
-# snapshot), state.py (a GPU type's pass state, kept by Engine), rules.py (one pass: rules 1-10). The names
-# below are this module's public interface, as before the split.
+# snapshot), tree.py (the organisation tree: its input, validation, nets, history and view), state.py (a
+# GPU type's pass state, kept by Engine), rules.py (one pass: rules 1-11, with one module per concern:
+# cover, placement, victims, reclaim, borrowing, fairshare, reasons). The names below are this module's
+# public interface.
 from quotas.engine.rules import NodeFit, TypePass, run_pass  # noqa: F401
 from quotas.engine.state import (  # noqa: F401
     MASKS,
