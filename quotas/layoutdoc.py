@@ -961,10 +961,8 @@ def _tree_changes(current: Layout, target: Layout) -> list[dict[str, Any]]:
         old, new = current.groups.get(name), target.groups.get(name)
         before = group_flat(old) if old else {}
         after = group_flat(new) if new else {}
-        if old is None:
-            fields = [
-                {"field": k, "before": None, "after": v} for k, v in after.items() if v != GROUP_DEFAULTS[k]
-            ]
+        if old is None:  # every field, as for a share added: the plan's table shows a row per field
+            fields = [{"field": k, "before": None, "after": v} for k, v in after.items()]
         elif new is None:
             fields = [{"field": k, "before": v, "after": None} for k, v in before.items()]
         else:

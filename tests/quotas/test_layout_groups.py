@@ -153,7 +153,7 @@ def test_the_diff_names_groups_and_settings_field_by_field():
     words = [layoutdoc.describe(c) for c in changes]
     assert "share vision-main changed: group – → research, weight 1 → 2" in words
     assert "group research changed: borrow_limit 50 → 25" in words
-    assert "group audio added" in words
+    assert "group audio added: parent –, weight 1, borrow_limit -1, lend_limit -1" in words
     assert "settings fair-sharing changed: fair_share_half_life_s 0 → 3600" in words
     assert layoutdoc.summary(changes) == (
         "1 share: 1 changed (vision-main); 2 groups: 1 added (audio), 1 changed (research); "

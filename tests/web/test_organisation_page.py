@@ -140,3 +140,12 @@ def test_the_page_and_its_parts_run_constant_queries(
         run(submit(bob, vision_share), nodes[1], [2])
 
     constant_queries(as_bob, url, grow, HTTP_HX_REQUEST="true")
+
+
+def test_a_group_added_with_its_defaults_has_its_rows_in_the_plans_table(as_alice, world):
+    edited = layout_text(as_alice).replace("  - {name: lang}\n", "  - {name: audio}\n  - {name: lang}\n")
+    r = as_alice.post("/layout/plan/", {"document": edited, "whatif": "0"}, HTTP_HX_REQUEST="true")
+    body = r.content.decode()
+    assert r.status_code == 200, body
+    table = body.split('data-testid="layout-diff"')[1].split("</table>")[0]
+    assert "group <b>audio</b>" in table and "<code>lend_limit</code>" in table
