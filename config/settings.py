@@ -302,6 +302,9 @@ MAX_QUEUED_PER_SHARE = env_int("MAX_QUEUED_PER_SHARE", 100_000)
 # The most jobs one user may have queued: single submits and arrays count alike (a submit past it is
 # refused with both numbers).
 MAX_QUEUED_PER_USER = env_int("MAX_QUEUED_PER_USER", 20_000)
+# Container images every share may run (README "Container images"): registries or image prefixes,
+# comma-separated (e.g. "registry.example.com/ml/,ghcr.io/acme/"). Empty: only what a share allows.
+ALLOWED_IMAGES = env_list("ALLOWED_IMAGES")
 # A job whose attempts ended with their host's agent while they ran (NODE_LOST: the agent died, the node
 # went silent or was fenced alone) on this many different hosts in a row is HELD until an admin releases
 # it, instead of run again for ever (a refused start, an orderly agent stop, hosts lapsing together: no

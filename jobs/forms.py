@@ -40,6 +40,12 @@ class SubmitForm(forms.Form):
         max_length=16 * 1024,
         help_text="Split like a shell would (quotes group words); it is not run through a shell.",
     )
+    image = forms.CharField(
+        max_length=255,
+        required=False,
+        help_text="Optional: a container image to run the command in (registry/path:tag); empty runs it "
+        "on the host.",
+    )
     max_runtime_s = LimitedIntegerField(limits.MAX_RUNTIME, required=False, label="Max runtime (s)")
     preemption_grace_s = LimitedIntegerField(limits.PREEMPTION_GRACE, required=False, label="Grace (s)")
     array_size = LimitedIntegerField(

@@ -55,6 +55,8 @@ class Job(models.Model):
     priority = models.IntegerField(default=0)
     command = models.JSONField(default=list)  # argv list
     use_shell = models.BooleanField(default=False)  # run command[0] through /bin/sh -c, only if asked
+    # A container image to run the command in (README "Container images"); "" runs it on the host.
+    image = models.CharField(max_length=255, blank=True, default="", db_default="")
     env = models.JSONField(default=dict, blank=True)
     max_runtime_s = models.PositiveIntegerField(null=True, blank=True)
     preemption_grace_s = models.PositiveIntegerField(default=30)

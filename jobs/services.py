@@ -14,7 +14,7 @@ from django.db import connections, router, transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from jobs import limits, signals
+from jobs import images, limits, signals
 from jobs.choices import (
     JOB_OPEN_STATES,
     JOB_STOPPING_STATES,
@@ -196,6 +196,7 @@ def job_submit(
     preemption_grace_s: int | None = None,
     max_preemptions: int = -1,
     use_shell: bool = False,
+    image: str = "",
     submitted_at=None,
     known: Known | None = None,
 ) -> Job | None:
@@ -217,6 +218,7 @@ def job_submit(
         preemption_grace_s=preemption_grace_s,
         max_preemptions=max_preemptions,
         use_shell=use_shell,
+        image=image,
         submitted_at=submitted_at,
         known=known,
     )
@@ -275,6 +277,7 @@ def _new_job(
     preemption_grace_s: int | None = None,
     max_preemptions: int = -1,
     use_shell: bool = False,
+    image: str = "",
     submitted_at=None,
     errors: dict[str, str] | None = None,
     known: Known | None = None,
@@ -327,6 +330,11 @@ def _new_job(
         env = _validate_env(env)
     except ValidationError as e:
         errors.update({k: v[0] for k, v in e.message_dict.items()})
+    image = image or ""
+    if image:
+        problem = images.image_problem(image, share_name=share.name, share_rules=share.allowed_images)
+        if problem:
+            errors["image"] = problem
     if errors:
         raise ValidationError(errors)
 
@@ -339,6 +347,7 @@ def _new_job(
         priority=priority,
         command=command,
         use_shell=use_shell,
+        image=image,
         env=env,
         max_runtime_s=max_runtime_s,
         preemption_grace_s=(

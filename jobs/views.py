@@ -146,6 +146,7 @@ def job_submit(request, slug):
             "gpus": data["gpus"],
             "priority": data["priority"],
             "command": data["command"],
+            "image": data["image"],
             "max_runtime_s": _int_or_none(data["max_runtime_s"]),
             "preemption_grace_s": _int_or_none(data["preemption_grace_s"]),
         }

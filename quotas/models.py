@@ -142,6 +142,8 @@ class Share(models.Model):
     # for idle capacity with its siblings. db_default: rows of a release without the columns get them.
     group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.PROTECT, related_name="shares")
     weight = models.FloatField(default=1, db_default=1)
+    # Container images this share's jobs may run besides the cluster's ALLOWED_IMAGES (jobs/images.py).
+    allowed_images = models.JSONField(default=list, db_default=[], blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -93,6 +93,14 @@ class JobSubmitSerializer(StrictSerializer):
     use_shell = serializers.BooleanField(
         required=False, default=False, help_text="Run command[0] through /bin/sh -c (one string)."
     )
+    image = serializers.CharField(
+        max_length=255,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="A container image to run the command in (registry/path[:tag][@digest]), allowed by the "
+        "cluster's ALLOWED_IMAGES or the share's allowed_images. Empty: the command runs on the host.",
+    )
     array = ArraySpecSerializer(
         required=False,
         help_text="Submit an array: `size` tasks alike but for GPUQUOTA_ARRAY_INDEX (start, start+1, ...). "
@@ -207,6 +215,7 @@ class JobSerializer(EnvRedactionMixin, serializers.ModelSerializer):
             "state_reason",
             "command",
             "use_shell",
+            "image",
             "env",
             "max_runtime_s",
             "preemption_grace_s",

@@ -857,6 +857,8 @@ def cmd_submit(args, out) -> int:
         extra["preemption_grace_s"] = args.grace
     if args.array is not None:
         extra["array"] = args.array
+    if getattr(args, "image", None):
+        extra["image"] = args.image
     job = args.client().submit(
         share=args.share,
         gpus=args.gpus,
@@ -1168,6 +1170,11 @@ def _submit(p) -> None:
         help="submit an array: one task per index (e.g. 0-999), each with GPUQUOTA_ARRAY_INDEX set",
     )
     p.add_argument("--env", "-e", type=parse_env, action="append", metavar="NAME=VALUE")
+    p.add_argument(
+        "--image",
+        metavar="REGISTRY/PATH:TAG",
+        help="run the command in this container image (one the cluster or the share allows)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD...")
 
 
@@ -1369,6 +1376,7 @@ SUBMIT_VALUES = {
     "--array": ("array", parse_array),
     "--env": ("env", parse_env),
     "-e": ("env", parse_env),
+    "--image": ("image", str),
 }
 
 
@@ -1408,6 +1416,7 @@ def quick_submit_args(argv: Sequence[str]) -> Args | None:
         forecast=False,
         array=None,
         env=None,
+        image=None,
     )
     i += 1
     while i < n:
