@@ -352,7 +352,7 @@ def end_attempt(
             no_strike = "it never ran there"
         if not no_strike:
             strike_node = strike_node or _lost_node(attempt)
-            from gpunodes.services import shared_lapse
+            from gpunodes.leases import shared_lapse
 
             others = shared_lapse(strike_node, timezone.now())
             if others:

@@ -144,9 +144,9 @@ def attempt_finished(
 def ended_time(attempt: Attempt, node: str, ended_at) -> datetime:
     """When an attempt's processes ended, as its host says (`ended_at`, epoch seconds), within what this
     side can trust: not before the attempt was started (admitted, if it never was), not after now (the
-    report's receipt), nor after its host's lease ran out (gpunodes.services.lease_end: its fence had
+    report's receipt), nor after its host's lease ran out (gpunodes.leases.lease_end: its fence had
     killed them by then). Now where the host says nothing (an older agent)."""
-    from gpunodes.services import lease_end
+    from gpunodes.leases import lease_end
 
     now = timezone.now()
     if type(ended_at) not in (int, float) or not math.isfinite(ended_at):

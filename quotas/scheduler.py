@@ -150,7 +150,7 @@ def expire_stops(now: datetime) -> list[int]:
     lease_cutoff), so that a dead host cannot hold a beneficiary back forever. A host still heard runs
     it until it says otherwise (its heartbeat: gpunodes.services.node_heartbeat sends the stop again),
     whatever its disk: the job never runs again elsewhere while its old copy may still run (issue 41)."""
-    from gpunodes.services import lease_cutoff
+    from gpunodes.leases import lease_cutoff
 
     cutoff = now - timedelta(seconds=settings.PREEMPT_ACK_TIMEOUT_S)
     ended = []

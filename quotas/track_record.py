@@ -144,9 +144,12 @@ def summaries(shares: Sequence[Share], *, now: datetime | None = None, days: int
 def sees_jobs(user, team_id: int) -> bool:
     """Whether `user` may see a team's track-record points (its jobs and their waits): its members and
     admins, as jobs.services.can_see_job (other teams' jobs do not exist for anyone else)."""
-    from jobs.services import role_in_team
+    # A membership row is read here, not jobs.services.role_in_team: jobs.services imports this app.
+    from quotas.models import Membership
 
-    return bool(user.is_superuser or role_in_team(user, team_id))
+    if not user.is_authenticated:
+        return False
+    return user.is_superuser or Membership.objects.filter(user=user, team_id=team_id).exists()
 
 
 def shown(summary: dict, *, jobs_visible: bool) -> dict:
