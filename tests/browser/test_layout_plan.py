@@ -69,7 +69,10 @@ def test_edit_plan_apply_and_plan_a_rollback(page, alice, bob, vision_share, lan
     versions = page.locator('[data-testid="layout-versions"]')
     expect(versions).to_contain_text("vision-main (changed)")
     expect(page.locator('[data-testid="temporary-changes"]')).to_contain_text("capacity.a10g goes back to 4")
-    page.get_by_role("button", name="Plan a rollback to this").click()
+    # version 1's row (the row below it plans a rollback to the layout before version 1)
+    versions.locator("tr", has_text="vision-main (changed)").get_by_role(
+        "button", name="Plan a rollback to this"
+    ).click()
     expect(plan).to_contain_text("(a rollback to version 1)")  # version 1 itself: nothing to change
     expect(plan).to_contain_text("Nothing to apply: this is the layout as it is.")
     assert LayoutVersion.objects.count() == 1
