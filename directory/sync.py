@@ -47,13 +47,15 @@ def wanted_roles(groups: Iterable[str]) -> dict[int, str]:
 
 
 @transaction.atomic
-def sync_memberships(*, user, groups: list[str]) -> list[str]:
-    """Make the user's directory memberships what `groups` say; returns what changed, in words."""
+def sync_memberships(*, user, groups: list[str], seen: bool = True) -> list[str]:
+    """Make the user's directory memberships what `groups` say (`seen`: a sign-in's claim, whose groups
+    are noted as known); returns what changed, in words."""
     from jobs import submit_cache
 
-    now = timezone.now()
-    for name in groups:
-        DirectoryGroup.objects.update_or_create(name=name, defaults={"last_seen": now})
+    if seen:
+        now = timezone.now()
+        for name in groups:
+            DirectoryGroup.objects.update_or_create(name=name, defaults={"last_seen": now})
     wanted = wanted_roles(groups)
     granted = dict(DirectoryMembership.objects.filter(user=user).values_list("team_id", "role"))
     manual = set(

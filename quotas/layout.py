@@ -92,19 +92,30 @@ class Live:
 
 
 def load_live() -> Live:
-    """The live layout, in four queries whatever its size."""
+    """The live layout, in a handful of queries whatever its size (six)."""
     teams = list(Team.objects.values_list("pk", "slug", "name"))
     slugs = {pk: slug for pk, slug, _ in teams}
+    from directory import layoutdb  # the teams' directory groups (issue 40)
+
+    # The memberships the directory made follow its groups, not the document: left out of `members`.
+    directory_made = layoutdb.directory_made()
     members: dict[int, list[tuple[str, str]]] = {}
     for team_id, username, role in Membership.objects.values_list("team_id", "user__username", "role"):
-        members.setdefault(team_id, []).append((username, role))
+        if (team_id, username) not in directory_made:
+            members.setdefault(team_id, []).append((username, role))
+    team_groups = layoutdb.load(slugs)
     capacity: dict[int, dict[str, int]] = {}
     for share_id, gpu_type, n in ShareCapacity.objects.values_list("share_id", "gpu_type", "max_gpus"):
         if n:
             capacity.setdefault(share_id, {})[gpu_type] = n
     layout = Layout()
     for pk, slug, name in sorted(teams, key=lambda t: t[1]):
-        layout.teams[slug] = TeamSpec(slug=slug, name=name, members=tuple(sorted(members.get(pk, ()))))
+        layout.teams[slug] = TeamSpec(
+            slug=slug,
+            name=name,
+            members=tuple(sorted(members.get(pk, ()))),
+            directory=team_groups.get(slug, ()),
+        )
     share_ids = {}
     columns = (*layoutdoc.VALUE_FIELDS, "group__name", "weight")
     for row in Share.objects.order_by("name").values_list("pk", "name", "team_id", *columns):
@@ -629,6 +640,9 @@ def plan(
     changes = layoutdoc.diff(live.layout, target)
     temporary, warnings = _temporary(changes, target)
     warnings += _pending_warnings(live, changes)
+    from directory import layoutdb
+
+    warnings += layoutdb.warnings(target.teams)  # a directory group no sign-in has named yet
     effects = (
         now_effects(live, target)
         if changes
@@ -864,6 +878,10 @@ def _write(live: Live, target: Layout, now: datetime) -> None:
             elif old[u] != role:
                 Membership.objects.filter(team_id=team_ids[slug], user_id=users[u]).update(role=role)
 
+    from directory import layoutdb
+
+    if layoutdb.write(team_ids, current.teams, target.teams):
+        layoutdb.resync()  # who signed in before has the teams the new mapping gives them, now
     group_ids = _write_groups(live, target)
     matched = layoutdoc.matches(current, target)
     taken = {m for m in matched.values() if m}

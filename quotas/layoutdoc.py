@@ -25,6 +25,7 @@ from datetime import date, datetime, timedelta
 from typing import Any
 
 from config.validators import REFUSED_CATEGORIES
+from directory import teamgroups
 from quotas.engine import policy
 from quotas.engine.tree import GroupSpec, validate_tree
 
@@ -149,7 +150,7 @@ VALUE_FIELDS = tuple(f.name for f in SHARE_FIELDS if not f.is_capacity)
 # default, so that a layout without groups reads, exports and hashes exactly as before them.
 TREE_DEFAULTS: dict[str, Any] = {"group": None, "weight": 1}
 SHARE_KEYS = ("name", "team", *FIELDS_BY_NAME, *TREE_DEFAULTS, "previous_name", "until")
-TEAM_KEYS = ("slug", "name", "members")
+TEAM_KEYS = ("slug", "name", "members", *teamgroups.KEYS)
 MEMBER_KEYS = ("user", "role")
 GROUP_KEYS = ("name", "parent", "weight", "borrow_limit", "lend_limit")
 GROUP_DEFAULTS: dict[str, Any] = {"parent": None, "weight": 1, "borrow_limit": -1, "lend_limit": -1}
@@ -194,6 +195,7 @@ class TeamSpec:
     members: tuple[tuple[str, str], ...] = ()  # (username, role), by username
     index: int | None = None  # its place in the document read (error paths)
     positions: Mapping[str, int] = field(default_factory=dict, compare=False)  # user -> place in members
+    directory: teamgroups.TeamGroups = ()  # members_from / managers_from (directory/teamgroups.py)
 
 
 @dataclass(frozen=True)
@@ -271,6 +273,7 @@ def team_data(team: TeamSpec) -> dict[str, Any]:
         "slug": team.slug,
         "name": team.name,
         "members": [{"user": user, "role": role} for user, role in team.members],
+        **teamgroups.data(team.directory),
     }
 
 
@@ -609,9 +612,15 @@ def _parse_teams(errors: Errors, layout: Layout, raw: list[Any]) -> None:
         else:
             names[name] = i
         members, positions = _parse_members(errors, path, item.get("members", []))
+        directory = teamgroups.parse(item, path, lambda where, message: add_error(errors, where, message))
         if slug is not None:
             layout.teams[slug] = TeamSpec(
-                slug=slug, name=name or slug, members=members, index=i, positions=positions
+                slug=slug,
+                name=name or slug,
+                members=members,
+                index=i,
+                positions=positions,
+                directory=directory,
             )
 
 
@@ -818,7 +827,9 @@ def specs_from_data(data: Mapping[str, Any]) -> Layout:
         layout.group_index[g["name"]] = i
     for t in data.get("teams", ()):
         members = tuple((m["user"], m["role"]) for m in t.get("members", ()))
-        layout.teams[t["slug"]] = TeamSpec(slug=t["slug"], name=t["name"], members=members)
+        layout.teams[t["slug"]] = TeamSpec(
+            slug=t["slug"], name=t["name"], members=members, directory=teamgroups.from_data(t)
+        )
     for i, s in enumerate(data.get("shares", ())):
         values = {
             f.name: (dict(s.get(f.name) or {}) if f.is_capacity else s.get(f.name, f.default))
@@ -877,7 +888,11 @@ def _field_changes(before: Mapping[str, Any], after: Mapping[str, Any], zero: An
 
 
 def _team_flat(team: TeamSpec) -> dict[str, Any]:
-    return {"name": team.name, **{f"members.{u}": r for u, r in team.members}}
+    return {
+        "name": team.name,
+        **{f"members.{u}": r for u, r in team.members},
+        **teamgroups.flat(team.directory),
+    }
 
 
 def diff(current: Layout, target: Layout) -> list[dict[str, Any]]:
@@ -1109,6 +1124,9 @@ def render_yaml(
         lines.append(f"    name: {_scalar(t['name'])}")
         lines.append("    members:" + (" []" if not t["members"] else ""))
         lines.extend(f"      - {_flow_mapping(m)}" for m in t["members"])
+        lines.extend(
+            f"    {key}: [{', '.join(_scalar(g) for g in t[key])}]" for key in teamgroups.KEYS if t.get(key)
+        )
     if data.get("groups"):
         lines.append("groups:")
         lines.extend(f"  - {_flow_mapping(g)}" for g in data["groups"])
