@@ -449,7 +449,7 @@ def now_effects(live: Live, target: Layout) -> dict[str, Any]:
         "no_longer_borrowed": len(freed),
         "never_runnable": never,
         "overcommit": overcommit,
-        "uncovered": uncovered_by(snapshot, planned_snapshot, after, renamed)
+        "uncovered": uncovered_by(snapshot, planned_snapshot, after)
         if current.groups or target.groups
         else [],
     }
@@ -482,7 +482,7 @@ def _shortfalls(snapshot) -> tuple[Any, dict[tuple[str | None, str], tuple[int, 
     return tree, out
 
 
-def uncovered_by(snapshot, planned_snapshot, borrowed_after, renamed: Mapping[str, str]) -> list[dict]:
+def uncovered_by(snapshot, planned_snapshot, borrowed_after) -> list[dict]:
     """The borrowed jobs a new tree (a limit lowered, a share moved, a capacity cut) leaves uncovered: per
     group (or the top level) whose shortfall the plan makes larger, its borrowed jobs. They go on; no
     new borrowing draws on that shortfall and owners take those GPUs back first (SEMANTICS "Groups")."""
