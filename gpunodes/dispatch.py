@@ -83,6 +83,7 @@ def start_payloads(
     addresses: dict[str, str | None] | None = None,
     admitted_at: datetime | None = None,
     user: int | None = None,
+    image: str = "",
 ) -> list[dict]:
     """The start messages of one attempt ({"node", "payload"}, one per node of its placement, with its
     rank in the gang and the same rendezvous for all: rank 0's address, the attempt's port): what the
@@ -112,6 +113,8 @@ def start_payloads(
                 "admitted_us": admitted_us(admitted_at),
                 # The job's owner: the agent bounds its host log files per user too (agent/joblog.py).
                 "user": user,
+                # A container job's image (agent/containers.py); sent only where there is one.
+                **({"image": image} if image else {}),
             },
         }
         for rank, (node, gpus) in enumerate(placement)
@@ -143,6 +146,7 @@ def start_messages(attempt_ids, only_node: str | None = None) -> list[dict]:
         "rendezvous_port",
         "admitted_at",
         "job__submitted_by_id",
+        "job__image",
     )
     rows = list(rows)
     names = {p["node"] for row in rows for p in row[3]}
@@ -165,6 +169,7 @@ def start_messages(attempt_ids, only_node: str | None = None) -> list[dict]:
         port,
         admitted,
         user,
+        image,
     ) in rows:
         for message in start_payloads(
             attempt_id=pk,
@@ -180,6 +185,7 @@ def start_messages(attempt_ids, only_node: str | None = None) -> list[dict]:
             addresses=addresses,
             admitted_at=admitted,
             user=user,
+            image=image,
         ):
             if only_node is None or message["node"] == only_node:
                 messages.append(message)

@@ -446,6 +446,7 @@ def apply_admissions(loaded: Loaded, admissions: tuple[policy.Admission, ...], n
             "preemption_grace_s",
             "submitted_by_id",
             "reclaim_needed_at",
+            "image",
         )
     )
     if not rows:
@@ -485,11 +486,11 @@ def apply_admissions(loaded: Loaded, admissions: tuple[policy.Admission, ...], n
                 rendezvous_port=port_of[pk],
                 reclaim_needed_at=reclaim_needed_at,
             )
-            for pk, count, *_, reclaim_needed_at in rows
+            for pk, count, *_, reclaim_needed_at, _image in rows
         ]
     )
     claims, through, events, messages = [], [], [], []
-    for attempt, (pk, count, command, env, use_shell, max_runtime, grace, user, _) in zip(
+    for attempt, (pk, count, command, env, use_shell, max_runtime, grace, user, _, image) in zip(
         attempts, rows, strict=True
     ):
         adm = by_job[pk]
@@ -512,6 +513,7 @@ def apply_admissions(loaded: Loaded, admissions: tuple[policy.Admission, ...], n
             addresses=loaded.addresses,
             admitted_at=now,
             user=user,
+            image=image,
         )
         events.append(
             JobEvent(

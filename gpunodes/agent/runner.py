@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpunodes.agent import identity
+from gpunodes.agent import containers, identity
 from gpunodes.agent.checkpoints import CheckpointWatcher
 from gpunodes.agent.containment import (
     JOB_OOM_SCORE_ADJ,
@@ -219,6 +219,7 @@ class Proc:
     out_of_memory: bool = False
     gpus: tuple[int, ...] = ()
     log_stopped: bool = False  # the control side stores no more of its output (its team's budget)
+    container: str | None = None  # its podman container's name, for a job that names an image
 
     def oom_kills(self) -> int:
         """How many of its processes the kernel killed for its memory limit (cgroup v2 or v1)."""
@@ -269,8 +270,14 @@ class Runner:
         checkpoint_settle_s: float = 2.0,
         gpu_use_check_s: float = 5.0,
         rendezvous_ports: tuple[int, int] | str | None = "auto",
+        podman: containers.Podman | str | None = "auto",
+        image_cache_bytes: int = 0,
     ) -> None:
         self.node = node
+        # Container jobs (containers.py): podman, found at the first one ("auto"), and the image cache.
+        self._podman, self._podman_why = (podman, "") if podman != "auto" else (None, None)
+        self.image_cache_bytes = image_cache_bytes
+        self.fake_gpus = not gpu_devices
         self.gpu_health = gpu_health
         self.log_dir = identity.ensure_root(Path(log_dir), 0o700)  # the jobs never read the logs
         # Reachable (0711, not listable) by the jobs' uids, each of which owns only its own entry.
@@ -402,8 +409,15 @@ class Runner:
         world: list[str] | None = None,
         rendezvous: dict | None = None,
         admitted_us: int | None = None,
+        image: str = "",
     ) -> str:
         key = (attempt_id, number)
+        # A container job's image is pulled first, outside the lock and before the attempt counts as
+        # started (its max_runtime_s and protection run from its start report, after the pull).
+        pulled: list[str] = []
+        image_problem = (
+            self._prepare_image(image, pulled.append, attempt_words(job_id, number)) if image else ""
+        )
         with self._lock:
             if attempt_id in self._procs or key in self._finished:
                 return "duplicate"
@@ -418,6 +432,9 @@ class Runner:
             if self.lease_lapsed():
                 self.refuse(attempt_id, number, f"{self.node} holds no lease (its jobs were fenced)")
                 return "refused"
+            if image_problem:
+                log.error("%s did not start: %s", attempt_words(job_id, number), image_problem)
+                return self._end_unstarted(key, "failed_to_start", image_problem, exit_code=127)
             held = self._gpus_in_use(list(gpus))
             if held:
                 # Not the job's doing, nor a strike against it: it is re-queued ("refused").
@@ -499,24 +516,54 @@ class Runner:
             # argv as given; a shell only when the job asked for it explicitly.
             argv = ["/bin/sh", "-c", command[0]] if use_shell else list(command)
             cwd = self.workdir or workdir
+            container = None
+            if image:
+                container = containers.container_name(self.node, attempt_id, number)
+                try:
+                    argv = self._container_argv(
+                        container,
+                        image,
+                        argv,
+                        child_env,
+                        env or {},
+                        attempt_id,
+                        number,
+                        user,
+                        hold,
+                        workdir,
+                        attempt_limits,
+                        cgroup,
+                        limits,
+                        list(gpus),
+                    )
+                except (containers.ContainerError, OSError) as e:
+                    self._end_container(container)
+                    sink.note(f"gpuquota: {e}\n")
+                    sink.finish()
+                    self._cleanup(user, cgroup, workdir, devices, limits, hold)
+                    return self._end_unstarted(key, "failed_to_start", str(e), exit_code=127)
+                for line in pulled:
+                    sink.note(f"gpuquota: {line}\n")
             check_r, check_w = os.pipe2(os.O_CLOEXEC)
             steps = [f.enter_fn() for f in (cgroup, limits, devices) if f is not None]
-            if user is not None and self.private_mounts:
+            if user is not None and self.private_mounts and not image:
                 steps.append(
                     identity.namespaces_fn(
                         self._mounts(workdir, hold, cwd, user, argv, child_env, env or {}, attempt_limits)
                     )
                 )
-            steps.append(_limits_fn(attempt_limits, user, self.rlimit_as))
-            if user is not None:
+            # A container's podman runs as root (its container as the attempt's uid: containers.py).
+            steps.append(_limits_fn(attempt_limits, None if image else user, self.rlimit_as))
+            if user is not None and not image:
                 steps.append(identity.drop_privileges_fn(user, groups=hold.groups))
-                if self._deny_user_namespaces is not None:
-                    steps.append(self._deny_user_namespaces)
-            steps.append(
-                identity.program_check_fn(
-                    argv, child_env.get("PATH", ""), check_w, arguments=not use_shell, cwd=str(cwd)
+            if user is not None and self._deny_user_namespaces is not None:
+                steps.append(self._deny_user_namespaces)
+            if not image:
+                steps.append(
+                    identity.program_check_fn(
+                        argv, child_env.get("PATH", ""), check_w, arguments=not use_shell, cwd=str(cwd)
+                    )
                 )
-            )
 
             def preexec() -> None:
                 for step in steps:
@@ -534,7 +581,7 @@ class Runner:
                     stdin=subprocess.DEVNULL,
                     stdout=sink.write_fd,
                     stderr=subprocess.STDOUT,
-                    env=child_env,
+                    env=containers.podman_env() if image else child_env,
                     cwd=cwd,
                     start_new_session=True,
                     umask=hold.umask,
@@ -565,6 +612,7 @@ class Runner:
                     )
                 sink.note(f"gpuquota: {why}\n")
                 sink.finish()
+                self._end_container(container)
                 self._cleanup(user, cgroup, workdir, devices, limits, hold)
                 log.info("%s did not start: %s", attempt_words(job_id, number), why)
                 return self._end_unstarted(key, how, why, exit_code=code)
@@ -591,6 +639,7 @@ class Runner:
                 memory_bytes=attempt_limits.memory_bytes,
                 gpus=tuple(gpus),
                 admitted_us=admitted_us,
+                container=container,
             )
             self.checkpoints.begin(key, checkpoint_dir)
             self._save_state()
@@ -601,6 +650,113 @@ class Runner:
         if self.uids is None:
             return None
         return self.uids.acquire(roots=(self.checkpoint_root, self.work_root))
+
+    @property
+    def podman(self) -> containers.Podman | None:
+        """podman and the runtime that works here, found at the first container job (and logged)."""
+        if self._podman_why is None:
+            self._podman, self._podman_why = containers.Podman.detect()
+            if self._podman is None:
+                log.warning("container jobs cannot run on %s: %s", self.node, self._podman_why)
+        return self._podman
+
+    def _prepare_image(self, image: str, say, words: str) -> str:
+        """Pull the image where this host lacks it ("" when it is here), or why it cannot run."""
+        podman = self.podman
+        if podman is None:
+            return f"{self.node} cannot run container jobs: {self._podman_why or 'no podman'}"
+        if self.uids is None:
+            # Without a uid of its own the container would run as root on the host.
+            return f"{self.node} cannot run container jobs: its agent runs without per-attempt uids"
+        if not self.fake_gpus and not containers.cdi_spec_present():
+            return f"{self.node} cannot give a container its GPUs: {containers.CDI_HINT}"
+        cache = containers.ImageCache(podman, self.state_path.parent / "images.json", self.image_cache_bytes)
+        try:
+            if not podman.has_image(image):
+                podman.pull(image, lambda line: (say(line), log.info("%s: %s", words, line)))
+                cache.prune(keep={image})
+        except containers.ContainerError as e:
+            return str(e)
+        except (OSError, subprocess.SubprocessError) as e:
+            return f"could not pull image {image}: {e}"
+        cache.used(image)
+        return ""
+
+    def _container_argv(
+        self,
+        name,
+        image,
+        argv,
+        child_env,
+        job_env,
+        attempt_id,
+        number,
+        user,
+        hold,
+        workdir,
+        attempt_limits,
+        cgroup,
+        limits,
+        gpus,
+    ) -> list[str]:
+        """The attempt's `podman run` (containers.py), its environment in a root-only env file."""
+        env = {k: v for k, v in child_env.items() if k != "PATH" or "PATH" in job_env}
+        if not self.fake_gpus:
+            # CDI gives the container only its GPUs, which CUDA numbers from 0 there.
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
+            env["GPUQUOTA_HOST_GPUS"] = ",".join(str(i) for i in gpus)
+        env_dir = identity.ensure_root(self.state_path.parent / "containers", 0o700)
+        env_file = env_dir / f"{name}.env"
+        containers.write_env_file(env_file, env)
+        # The checkpoint directory as the attempt's own, as a host command sees it: an idmapped bind
+        # mount in the agent's private directory, which podman mounts into the container.
+        if hold.userns_fd is None:
+            raise containers.ContainerError(
+                f"{self.node} cannot give a container its checkpoint directory: container jobs need "
+                "idmapped mounts (Linux 5.12+ and a filesystem that allows them) under CHECKPOINT_ROOT"
+            )
+        checkpoint_source = env_dir / f"{name}.ckpt"
+        containers.mount_idmapped(hold.path, checkpoint_source, hold.userns_fd)
+        paths = [
+            *(limits.paths if limits is not None else ()),
+            *([cgroup.path] if cgroup is not None else ()),
+        ]
+        size = (
+            self.workdir_bytes
+            if self.workdir_bytes != WORKDIR_AUTO
+            else (attempt_limits.memory_bytes or 0) // 2
+        )
+        return containers.run_argv(
+            self.podman,
+            name=name,
+            image=image,
+            command=argv,
+            node=self.node,
+            attempt_id=attempt_id,
+            number=number,
+            env_file=env_file,
+            uid=user.uid if user else None,
+            gid=user.gid if user else None,
+            workdir=workdir,
+            checkpoint=hold.path,
+            checkpoint_source=checkpoint_source,
+            memory_bytes=attempt_limits.memory_bytes,
+            pids=attempt_limits.pids,
+            cpu_weight=attempt_limits.cpu_weight,
+            parent=containers.cgroup_parent(paths) if paths else None,
+            gpus=gpus,
+            real_gpus=not self.fake_gpus,
+            tmpfs_bytes=max(0, size),
+        )
+
+    def _end_container(self, name: str | None) -> None:
+        """Its container record and env file go (the processes went with the attempt's uid/cgroup)."""
+        if not name or self._podman is None:
+            return
+        self._podman.remove(name)
+        with contextlib.suppress(OSError):
+            (self.state_path.parent / "containers" / f"{name}.env").unlink()
+        containers.unmount(self.state_path.parent / "containers" / f"{name}.ckpt")
 
     def _mounts(self, workdir, hold, cwd, user, argv, child_env, job_env, limits) -> identity.PrivateMounts:
         """What the child mounts: its tmpfs working directory, and what of the host's /tmp and /var/tmp
@@ -947,6 +1103,7 @@ class Runner:
         except (ProcessLookupError, PermissionError):
             pass
         oom = proc.out_of_memory or proc.oom_kills() > 0  # read before its cgroup goes
+        self._end_container(proc.container)
         empty = self._cleanup(
             proc.user, proc.cgroup, proc.workdir, proc.devices, proc.limits, proc.checkpoint_hold, ran=True
         )
@@ -1261,11 +1418,30 @@ class Runner:
                     pass
             self._forget_orphan(entry)
         self.state_path.unlink(missing_ok=True)
+        self.end_orphan_containers()
         if self.limit_tree is not None:
             self.limit_tree.remove_stale()
         if killed:
             log.warning("killed %d orphaned process group(s) of a previous agent", len(killed))
         return killed
+
+    def end_orphan_containers(self) -> list[str]:
+        """End and remove the containers of this node that no attempt of this agent owns (a killed
+        agent's: their processes may outlive it under conmon). Nothing where podman is not installed."""
+        if not containers.shutil.which("podman") or self.podman is None:
+            return []
+        with self._lock:
+            owned = {containers.attempt_label(p.attempt_id, p.number) for p in self._procs.values()}
+        ended = []
+        for name, label in self.podman.containers(self.node):
+            if label not in owned:
+                self.podman.remove(name)
+                ended.append(name)
+        if ended:
+            log.warning(
+                "ended %d orphaned container(s) of a previous agent: %s", len(ended), ", ".join(ended)
+            )
+        return ended
 
     def _orphan_uid(self, entry: dict) -> int | None:
         """The uid a state entry names, if it is of our range and no other agent runs as it now."""

@@ -37,6 +37,9 @@ LOG_BYTES_PER_USER = 0
 
 NODE_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$")  # gpunodes.models.NODE_NAME_RE
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# The control side checks an image fully (jobs/images.py); here only that it is one word podman reads as
+# an image, never an option.
+IMAGE = re.compile(r"^[a-z0-9][a-z0-9._:/@-]{0,254}$")
 STATES = {"PENDING", "READY", "CORDONED", "DRAINING", "LOST"}
 MAX_ARGV = 4096
 MAX_ARG_BYTES = 256 * 1024
@@ -95,6 +98,9 @@ def validate_start(msg: dict) -> dict:
     if world is not None and rank >= len(world):
         raise Invalid("rank must index world")
     rendezvous = validate_rendezvous(msg.get("rendezvous"), nodes=len(world) if world is not None else 1)
+    image = msg.get("image") or ""
+    if not isinstance(image, str) or (image and IMAGE.match(image) is None):
+        raise Invalid("image must be an image name (registry/path[:tag][@digest])")
     return {
         "attempt_id": _int("attempt_id", msg.get("attempt_id"), minimum=1),
         "number": _int("number", msg.get("number"), minimum=1),
@@ -113,6 +119,8 @@ def validate_start(msg: dict) -> dict:
         "admitted_us": _int("admitted_us", msg.get("admitted_us"), optional=True),
         # The job's owner (a user id): its host log files are bounded per user too.
         "user": _int("user", msg.get("user"), minimum=1, optional=True),
+        # A container image to run the command in (containers.py); "" runs it on the host.
+        "image": image,
     }
 
 

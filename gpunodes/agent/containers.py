@@ -1,0 +1,453 @@
+"""Jobs that name a container image (README "Container images"): podman, started by the agent for each
+attempt (no daemon), runs the job's command in the image with the attempt's own confinement.
+
+What this module owns: finding podman and an OCI runtime that works on this host (crun refuses to start
+anything on a host whose cgroups are in hybrid mode; runc works there), the `podman run` command line of
+an attempt, pulling an image (a phase of its own: it does not count against max_runtime_s, since the
+attempt is reported started only once its container starts), the host's image cache (a disk cap,
+least recently used images removed first, never one an attempt uses), and the containers an agent that
+was killed left behind (each is labelled with its node and attempt).
+
+How an attempt's container is confined, with a root agent:
+- it runs as the attempt's own uid and gid (`--user`, plus the groups its checkpoint hold gives), the
+  same per-attempt identity a host command gets; rootful podman maps no user namespace, so its files
+  on the host belong to that uid;
+- no capabilities (`--cap-drop=all`), `no-new-privileges`, never `--privileged`, podman's default
+  seccomp profile, a read-only root (`--read-only`) with the attempt's working directory and its job's
+  checkpoint directory mounted read-write at the paths its environment names;
+- its processes live in a cgroup under the attempt's own (`--cgroup-parent`) and conmon stays in the
+  attempt's (`--cgroups=no-conmon`: podman is started inside it), with the attempt's memory, task and
+  CPU limits set again on the container itself (`--memory`, `--pids-limit`, `--cpu-shares`);
+- a pid namespace of its own (it sees only its own processes), the host's network (as a host command:
+  gangs reach each other at their hosts' addresses and the attempt's rendezvous port);
+- its environment is written to an env file only root reads (never on podman's command line, which
+  every user of the host can read), and podman itself runs with the agent's clean environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import re
+import resource
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+LABEL_NODE = "gpuquota.node"
+LABEL_ATTEMPT = "gpuquota.attempt"
+# Where the NVIDIA Container Toolkit writes its CDI spec (`nvidia-ctk cdi generate`).
+CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+CDI_HINT = (
+    "this host has no CDI spec for NVIDIA GPUs in /etc/cdi or /var/run/cdi: install the NVIDIA Container "
+    "Toolkit and run `nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`"
+)
+PULL_TIMEOUT_S = 3600
+# What podman's own process may see of the agent's environment (the job's goes through the env file).
+# The registry credentials are the admin's (REGISTRY_AUTH_FILE, kept on the host like the signing keys):
+# podman reads them, the job never sees them.
+PODMAN_ENV = (
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "HOME",
+    "TZ",
+    "CONTAINERS_REGISTRIES_CONF",
+    "CONTAINERS_CONF",
+    "REGISTRY_AUTH_FILE",
+)
+
+
+class ContainerError(Exception):
+    """An image the host cannot run (a failed pull, a missing CDI spec): the job's attempt ends with
+    this message, in plain words."""
+
+
+@dataclass(frozen=True)
+class Podman:
+    """podman on this host, with the OCI runtime chosen for it."""
+
+    path: str
+    runtime: str | None  # None: podman's default
+    cgroups: str  # "v1" (hybrid or legacy) or "v2"
+
+    @classmethod
+    def detect(cls, podman: str | None = None) -> tuple[Podman | None, str]:
+        """podman and a runtime that works here, or None and why not. The choice is logged once."""
+        path = podman or shutil.which("podman")
+        if not path:
+            return None, "podman is not installed (apt-get install podman runc)"
+        try:
+            out = subprocess.run(
+                [path, "info", "--format", "json"], capture_output=True, text=True, timeout=60, check=True
+            ).stdout
+            info = json.loads(out)
+        except (OSError, subprocess.SubprocessError, ValueError) as e:
+            return None, f"podman info failed: {getattr(e, 'stderr', None) or e}"
+        host = info.get("host", {})
+        cgroups = host.get("cgroupVersion", "v2")
+        default = (host.get("ociRuntime") or {}).get("name", "")
+        runtime = None
+        if cgroups == "v1" and default != "runc":
+            # crun refuses every container on a hybrid host; runc runs them.
+            if not shutil.which("runc"):
+                return (
+                    None,
+                    f"cgroups {cgroups} need runc here ({default or 'crun'} refuses): apt-get install runc",
+                )
+            runtime = "runc"
+        log.info(
+            "containers: podman %s with runtime %s (cgroups %s)",
+            (info.get("version") or {}).get("Version", "?"),
+            runtime or default or "default",
+            cgroups,
+        )
+        return cls(path, runtime, cgroups), ""
+
+    def base(self) -> list[str]:
+        argv = [self.path, "--cgroup-manager", "cgroupfs"]
+        if self.runtime:
+            argv += ["--runtime", self.runtime]
+        return argv
+
+    def _run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*self.base(), *args], capture_output=True, text=True, timeout=timeout, env=podman_env()
+        )
+
+    # --- images -------------------------------------------------------------------------------
+
+    def has_image(self, image: str) -> bool:
+        return self._run("image", "exists", image).returncode == 0
+
+    def image_size(self, image: str) -> int:
+        r = self._run("image", "inspect", "--format", "{{.Size}}", image)
+        try:
+            return int(r.stdout.strip())
+        except ValueError:
+            return 0
+
+    def pull(self, image: str, say=lambda _line: None, timeout: float = PULL_TIMEOUT_S) -> float:
+        """Pull an image; `say` gets the progress in words. Returns the seconds it took. Raises
+        ContainerError with the registry's message in plain words (once: no retry loop)."""
+        began = time.monotonic()
+        say(f"pulling image {image}")
+        proc = subprocess.Popen(
+            [*self.base(), "pull", image],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=podman_env(),
+        )
+        lines: list[str] = []
+        blobs = 0
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        try:
+            for line in proc.stdout:
+                line = line.strip()
+                lines.append(line)
+                if line.startswith("Copying blob"):
+                    blobs += 1
+                    say(f"pulling image {image}: layer {blobs}, {time.monotonic() - began:.1f} s")
+            code = proc.wait()
+        finally:
+            timer.cancel()
+        if code != 0:
+            raise ContainerError(f"could not pull image {image}: {pull_error(lines)}")
+        took = time.monotonic() - began
+        size = self.image_size(image)
+        say(f"pulled image {image}: {size / 1e9:.2f} GB in {took:.1f} s")
+        return took
+
+    def images(self) -> list[dict]:
+        """[{"id", "names", "size"}] of the host's images."""
+        r = self._run("images", "--format", "json")
+        try:
+            rows = json.loads(r.stdout or "[]")
+        except ValueError:
+            return []
+        return [
+            {"id": i.get("Id", ""), "names": i.get("Names") or [], "size": int(i.get("Size") or 0)}
+            for i in rows
+        ]
+
+    def remove_image(self, image_id: str) -> bool:
+        return self._run("rmi", image_id).returncode == 0
+
+    # --- containers -----------------------------------------------------------------------------
+
+    def containers(self, node: str) -> list[tuple[str, str]]:
+        """(name, attempt label) of every container this node's agents made, running or not."""
+        r = self._run("ps", "-a", "--filter", f"label={LABEL_NODE}={node}", "--format", "json")
+        try:
+            rows = json.loads(r.stdout or "[]")
+        except ValueError:
+            return []
+        out = []
+        for row in rows:
+            names = row.get("Names") or []
+            labels = row.get("Labels") or {}
+            if names:
+                out.append((names[0], labels.get(LABEL_ATTEMPT, "")))
+        return out
+
+    def remove(self, name: str) -> None:
+        """End a container (SIGKILL to all of it) and remove it; nothing if it is gone."""
+        r = self._run("rm", "--force", "--time", "0", name)
+        if r.returncode != 0 and "no such container" not in (r.stderr or "").lower():
+            log.warning("podman rm %s: %s", name, (r.stderr or "").strip())
+
+    def images_in_use(self) -> set[str]:
+        r = self._run("ps", "-a", "--format", "{{.ImageID}}")
+        return {line.strip() for line in (r.stdout or "").splitlines() if line.strip()}
+
+
+def podman_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k in PODMAN_ENV}
+    env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    return env
+
+
+def pull_error(lines: list[str]) -> str:
+    """The registry's reason out of podman's output: the last "Error: ..." line, without the layers of
+    "initializing source ...:" prefixes (e.g. "manifest unknown", "unauthorized: ...", "connection
+    refused")."""
+    errors = [ln for ln in lines if ln.startswith("Error")] or lines[-1:] or ["podman pull failed"]
+    text = errors[-1].removeprefix("Error:").strip()
+    parts = [p.strip() for p in text.split(": ") if p.strip()]
+    # Keep the last two parts: what failed and why ("reading manifest 9 ...: manifest unknown").
+    plain = ": ".join(parts[-2:]) if len(parts) > 1 else text
+    return re.sub(r"\s+", " ", plain)[:500]
+
+
+def container_name(node: str, attempt_id: int, number: int) -> str:
+    return f"gpuquota-{node}-a{attempt_id}-{number}"
+
+
+def attempt_label(attempt_id: int, number: int) -> str:
+    return f"{attempt_id}-{number}"
+
+
+def cdi_spec_present(dirs=CDI_DIRS) -> bool:
+    for d in dirs:
+        with contextlib.suppress(OSError):
+            if any(p.suffix in (".yaml", ".yml", ".json") and "nvidia" in p.name for p in Path(d).iterdir()):
+                return True
+    return False
+
+
+MS_BIND, MS_REC, MNT_DETACH = 0x1000, 0x4000, 2
+
+
+def mount_idmapped(path: Path, target: Path, userns_fd: int) -> None:
+    """Bind `path` at `target` (made here), then mount an idmapped copy over it (identity.idmap_over):
+    what the container gets as its checkpoint directory. Undone by unmount()."""
+    from gpunodes.agent import identity
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    target.mkdir(mode=0o700, exist_ok=True)
+    if libc.mount(str(path).encode(), str(target).encode(), None, MS_BIND, None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"cannot bind {path}: {os.strerror(err)}")
+    try:
+        identity.idmap_over(libc, str(target), userns_fd)
+    except OSError:
+        unmount(target)
+        raise
+
+
+def unmount(target: Path) -> None:
+    """Detach whatever is mounted at `target` (the idmapped copy and the bind below it), then remove
+    the directory; nothing if it is not there."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for _ in range(4):
+        if libc.umount2(str(target).encode(), MNT_DETACH) != 0:
+            break
+    with contextlib.suppress(OSError):
+        target.rmdir()
+
+
+def cgroup_parent(paths) -> str | None:
+    """The one cgroup path (relative to each hierarchy's mount) of the attempt's cgroups, if they share
+    it: podman's cgroupfs manager makes the container's cgroup under it in every hierarchy."""
+    rel = set()
+    for path in paths:
+        parts = Path(path).parts
+        # /sys/fs/cgroup/<controller>/<rel...> (v1) or /sys/fs/cgroup/<rel...> (v2, unified).
+        if len(parts) < 4 or parts[:3] != ("/", "sys", "fs"):
+            return None
+        rest = parts[4:] if parts[3] == "cgroup" else parts[3:]
+        if parts[3] == "cgroup" and rest and rest[0] in _V1_NAMES:
+            rest = rest[1:]
+        rel.add("/" + "/".join(rest))
+    return rel.pop() if len(rel) == 1 else None
+
+
+_V1_NAMES = {"memory", "pids", "cpu", "cpuacct", "cpu,cpuacct", "devices", "unified"}
+
+
+def write_env_file(path: Path, env: dict[str, str]) -> None:
+    """The container's environment, readable by root only. A value with a newline cannot be written
+    in podman's format: refused in words."""
+    bad = [k for k, v in env.items() if "\n" in v or "\r" in v]
+    if bad:
+        raise ContainerError(
+            f"a container job's variables may not hold line breaks: {', '.join(sorted(bad))}"
+        )
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(f"{k}={v}\n" for k, v in env.items()))
+
+
+def run_argv(
+    podman: Podman,
+    *,
+    name: str,
+    image: str,
+    command: list[str],
+    node: str,
+    attempt_id: int,
+    number: int,
+    env_file: Path,
+    uid: int | None,
+    gid: int | None,
+    workdir: Path,
+    checkpoint: Path,
+    checkpoint_source: Path,
+    memory_bytes: int | None,
+    pids: int | None,
+    cpu_weight: int | None,
+    parent: str | None,
+    gpus: list[int],
+    real_gpus: bool,
+    tmpfs_bytes: int = 0,
+) -> list[str]:
+    """`podman run` for one attempt (module docstring)."""
+    nofile_soft, nofile_hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # podman's default ulimits exceed some hosts' hard limits (then nothing starts): the agent's own.
+    nofile = nofile_hard if nofile_hard != resource.RLIM_INFINITY else 1 << 20
+    nproc_hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    nproc = pids or (nproc_hard if nproc_hard != resource.RLIM_INFINITY else 1 << 16)
+    argv = [
+        *podman.base(),
+        "run",
+        "--rm",
+        "--name",
+        name,
+        "--label",
+        f"{LABEL_NODE}={node}",
+        "--label",
+        f"{LABEL_ATTEMPT}={attempt_label(attempt_id, number)}",
+        "--pull",
+        "never",  # pulled before, as a phase of its own
+        "--log-driver",
+        "none",  # the output goes to the attempt's log through podman's stdout, not twice to disk
+        "--cgroups",
+        "no-conmon",
+        "--read-only",
+        "--cap-drop",
+        "all",
+        "--security-opt",
+        "no-new-privileges",
+        "--network",
+        "host",
+        "--ulimit",
+        f"nofile={min(nofile_soft, nofile)}:{nofile}",
+        "--ulimit",
+        f"nproc={nproc}:{nproc}",
+        "--env-file",
+        str(env_file),
+        "--volume",
+        f"{workdir}:{workdir}:rw",
+        "--volume",
+        f"{checkpoint_source}:{checkpoint}:rw",
+        "--workdir",
+        str(workdir),
+    ]
+    if shutil.which("catatonit") or Path("/usr/libexec/podman/catatonit").exists():
+        argv.append("--init")  # signals reach the job's program; zombies are reaped
+    if tmpfs_bytes > 0:
+        argv += ["--tmpfs", f"/tmp:rw,nosuid,nodev,size={tmpfs_bytes}"]
+    if uid is not None:
+        argv += ["--user", f"{uid}:{gid}"]
+    if parent:
+        argv += ["--cgroup-parent", parent]
+    if memory_bytes:
+        argv += ["--memory", str(memory_bytes), "--memory-swap", str(memory_bytes)]
+    if pids:
+        argv += ["--pids-limit", str(pids)]
+    if cpu_weight:
+        argv += ["--cpu-shares", str(max(2, cpu_weight * 1024 // 100))]
+    if real_gpus:
+        for i in gpus:
+            argv += ["--device", f"nvidia.com/gpu={i}"]
+    argv += ["--", image, *command]
+    return argv
+
+
+# --- the host's image cache ---------------------------------------------------------------------
+
+
+class ImageCache:
+    """When each image was last used here (a small JSON file of the agent's), and the cap: after a
+    pull, the least recently used images go until the rest fit, never one a container (running or
+    not yet removed) uses."""
+
+    def __init__(self, podman: Podman, path: Path, cap_bytes: int) -> None:
+        self.podman, self.path, self.cap_bytes = podman, Path(path), cap_bytes
+        self._lock = threading.Lock()
+
+    def _read(self) -> dict[str, float]:
+        try:
+            data = json.loads(self.path.read_text())
+            return {k: float(v) for k, v in data.items()}
+        except (OSError, ValueError, AttributeError):
+            return {}
+
+    def used(self, image: str) -> None:
+        with self._lock:
+            data = self._read()
+            data[image] = time.time()
+            tmp = self.path.with_suffix(".tmp")
+            with contextlib.suppress(OSError):
+                tmp.write_text(json.dumps(data))
+                tmp.replace(self.path)
+
+    def prune(self, keep: set[str] = frozenset()) -> list[str]:
+        """Remove least recently used images until the cache fits its cap; `keep`: image names that
+        must stay (the one about to start). Returns the removed names."""
+        if self.cap_bytes <= 0:
+            return []
+        with self._lock:
+            images = self.podman.images()
+            total = sum(i["size"] for i in images)
+            if total <= self.cap_bytes:
+                return []
+            in_use = self.podman.images_in_use()
+            last = self._read()
+            removable = [
+                i
+                for i in images
+                if not any(i["id"].startswith(u) or u.startswith(i["id"]) for u in in_use if u)
+                and not set(i["names"]) & set(keep)
+            ]
+            removable.sort(key=lambda i: max((last.get(n, 0.0) for n in i["names"]), default=0.0))
+            removed = []
+            for i in removable:
+                if total <= self.cap_bytes:
+                    break
+                if self.podman.remove_image(i["id"]):
+                    total -= i["size"]
+                    removed += i["names"] or [i["id"]]
+            if removed:
+                log.info("image cache over %d bytes: removed %s", self.cap_bytes, ", ".join(removed))
+            return removed
