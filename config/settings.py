@@ -86,6 +86,7 @@ INSTALLED_APPS = [
     "gpunodes",
     "jobs",
     "directory",
+    "notify",
 ]
 
 MIDDLEWARE = [
@@ -350,6 +351,9 @@ AGENT_DISK_RESERVE_BYTES = env_int("AGENT_DISK_RESERVE_BYTES", 16 * 1024 * 1024)
 JOB_MEMORY_MAX_BYTES = env_int("JOB_MEMORY_MAX_BYTES", 0)
 AGENT_MEMORY_RESERVE_BYTES = env_int("AGENT_MEMORY_RESERVE_BYTES", 0)
 JOB_PIDS_MAX = env_int("JOB_PIDS_MAX", 4096)
+# What a GPU host's container images may take on its disk (README "Container images"): after a pull,
+# the least recently used go until the rest fit, never one an attempt uses. 0: no cap.
+AGENT_IMAGE_CACHE_BYTES = env_int("AGENT_IMAGE_CACHE_BYTES", 50 * 2**30)
 JOB_CPU_WEIGHT_PER_GPU = env_int("JOB_CPU_WEIGHT_PER_GPU", 100)
 # Without a memory cgroup, limit each job process's address space to the memory limit instead (off by
 # default: CUDA reserves far more address space than it uses, so GPU jobs do not start under it).
@@ -464,6 +468,26 @@ LOGIN_REDIRECT_URL_FAILURE = "login"
 # already made (robots) keep working.
 LOCAL_LOGIN = env_bool("LOCAL_LOGIN", True)
 LOCAL_LOGIN_USERS = env_list("LOCAL_LOGIN_USERS")
+
+# --- Notifications (notify/, README "Notifications") -------------------------------------------------
+# E-mail through SMTP at EMAIL_HOST (each user their own events); webhooks may not point at private, loopback or
+# link-local addresses, nor at the database's or Redis' hosts, unless NOTIFY_ALLOWED_HOSTS lists them
+# (host names, addresses or networks such as 10.20.0.0/16).
+EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT_S", 10)
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "gpuquota@localhost")
+NOTIFY_ALLOWED_HOSTS = env_list("NOTIFY_ALLOWED_HOSTS")
+# A channel's news waits this long for more before it is sent as one message (a burst: one message).
+NOTIFY_BATCH_S = env_int("NOTIFY_BATCH_S", 10)
+# A failing endpoint is tried again with back-off (1 s, 2 s, 4 s ... at most an hour apart) and switched
+# off this many hours after its first failure; its owner sees it on the notifications page.
+NOTIFY_GIVE_UP_AFTER_H = env_float("NOTIFY_GIVE_UP_AFTER_H", 24)
+NOTIFY_TIMEOUT_S = env_int("NOTIFY_TIMEOUT_S", 10)
 
 AXES_HANDLER = "config.logins.LoginAttemptHandler"
 AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)

@@ -27,6 +27,8 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     # Sign-in with the directory (OpenID Connect) and the API token page.
     path("", include("directory.urls")),
+    # What each user (and team) is told about their jobs, and where.
+    path("", include("notify.urls")),
     # The dashboard (templates/, static/): the overview at "/", team, job, node and share pages.
     path("", include("jobs.urls")),
     path("", include("gpunodes.urls")),

@@ -12,6 +12,8 @@ from django.db import transaction
 from django.dispatch import Signal
 
 queue_changed = Signal()
+# Sent with `event` for each JobEvent record_event writes (the notifications subscribe, notify.hook).
+job_event_recorded = Signal()
 
 
 def announce(why: str, *, coalesce: bool = False, reforecast: bool = False) -> None:

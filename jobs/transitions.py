@@ -10,6 +10,7 @@ from typing import Any
 from django.utils import timezone
 
 from jobs.models import Job, JobEvent
+from jobs.signals import job_event_recorded
 
 
 def record_event(
@@ -21,7 +22,7 @@ def record_event(
     detail: Mapping[str, Any] | None = None,
     at=None,
 ) -> JobEvent:
-    return JobEvent.objects.create(
+    event = JobEvent.objects.create(
         job_id=job_id,
         kind=kind,
         reason=reason[:300],
@@ -29,6 +30,8 @@ def record_event(
         detail=dict(detail or {}),
         at=at or timezone.now(),
     )
+    job_event_recorded.send(sender=JobEvent, event=event)  # notify.hook: queued after commit
+    return event
 
 
 def transition(
