@@ -10,6 +10,7 @@ from rest_framework.routers import DefaultRouter
 from config.api_auth import CurrentTokenView, ObtainTokenView, TokenViewSet
 from gpunodes.api.views import NodeViewSet
 from jobs.api.views import JobArrayViewSet, JobViewSet, QueueView
+from quotas.api.advice import AdviceCancelView, AdviceDetailView, AdvicePlanView, AdviceView
 from quotas.api.groups import GroupViewSet
 from quotas.api.views import (
     AuditEntryViewSet,
@@ -41,7 +42,9 @@ router.register("layout", LayoutViewSet, basename="layout")
 def index(request):
     """GET /api/v1/: where everything is (the schema has the details)."""
     root = request.build_absolute_uri("/api/")
-    endpoints = {name: f"{root}v1/{name}/" for name in ("auth/token", "auth/token/current", "queue", "usage")}
+    endpoints = {
+        name: f"{root}v1/{name}/" for name in ("advice", "auth/token", "auth/token/current", "queue", "usage")
+    }
     endpoints.update({prefix: f"{root}v1/{prefix}/" for prefix, _viewset, _basename in router.registry})
     return JsonResponse(
         {"endpoints": dict(sorted(endpoints.items())), "schema": f"{root}schema/", "docs": f"{root}docs/"}
@@ -54,6 +57,10 @@ v1 = [
     path("auth/token/current/", CurrentTokenView.as_view(), name="token-current"),
     path("queue/", QueueView.as_view(), name="queue"),
     path("usage/", UsageView.as_view(), name="usage"),
+    path("advice/", AdviceView.as_view(), name="advice"),
+    path("advice/<slug:run_id>/", AdviceDetailView.as_view(), name="advice-detail"),
+    path("advice/<slug:run_id>/cancel/", AdviceCancelView.as_view(), name="advice-cancel"),
+    path("advice/<slug:run_id>/plan/", AdvicePlanView.as_view(), name="advice-plan"),
     *router.urls,
 ]
 

@@ -24,7 +24,7 @@ if os.environ.get(ROOT_SAID_ENV) == "1":
     warnings.filterwarnings("ignore", category=SecurityWarning)
 
 WHATIF_QUEUE = "whatif"
-WHATIF_TASKS = frozenset({"quotas.tasks.whatif_replay"})
+WHATIF_TASKS = frozenset({"quotas.tasks.whatif_replay", "quotas.tasks.advice_replay"})
 AGENT_TASK_PREFIX = "gpunodes.agent."
 
 

@@ -106,6 +106,18 @@ def whatif_replay(run_id: str, index: int) -> str:
     return whatif.run_part(run_id, index, isolated=not whatif_replay.request.is_eager)
 
 
+# Acknowledged late and rejected when its worker is lost: the broker gives the replay to another
+# worker (the part, found half-done, is replayed to the same figures).
+@shared_task(
+    name="quotas.tasks.advice_replay", ignore_result=True, acks_late=True, reject_on_worker_lost=True
+)
+def advice_replay(run_id: str, index: int) -> str:
+    """One replay of an advice run (quotas.advice.run_part), on the `whatif` queue."""
+    from quotas import advice
+
+    return advice.run_part(run_id, index)
+
+
 @shared_task(name="quotas.tasks.revert_temporary_changes", ignore_result=True)
 def revert_temporary_changes() -> int:
     """Every LAYOUT_REVERT_INTERVAL_S: set back the temporary layout changes whose time has come

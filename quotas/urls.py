@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from quotas import org_views, sharing_views, views
+from quotas import advice_views, org_views, sharing_views, views
 
 urlpatterns = [
     path("", views.overview, name="overview"),
@@ -25,4 +25,8 @@ urlpatterns = [
     path("audit/", views.audit_log, name="audit"),
     path("usage/", sharing_views.usage_page, name="usage"),
     path("organisation/", org_views.organisation_page, name="organisation"),
+    path("advice/", advice_views.advice_page, name="advice"),
+    path("advice/<slug:run_id>/", advice_views.advice_run, name="advice_run"),
+    path("advice/<slug:run_id>/cancel/", advice_views.advice_cancel, name="advice_cancel"),
+    path("advice/<slug:run_id>/plan/", advice_views.advice_plan, name="advice_plan"),
 ]

@@ -79,15 +79,19 @@ class Preview:
 # --- the scenario ------------------------------------------------------------------------------------
 
 
-def build_scenario(*, now: datetime | None = None) -> tuple[sc.Scenario, int, datetime]:
-    """The last 7 days (from the first submission replayed, if later) as a Scenario. Returns (scenario,
-    jobs left out, window start). A constant number of queries, whatever the number of jobs."""
+def build_scenario(
+    *, now: datetime | None = None, window: timedelta = WINDOW
+) -> tuple[sc.Scenario, int, datetime]:
+    """The last 7 days (`window`: the advisor reads 1-4 weeks; from the first submission replayed, if
+    later) as a Scenario. Returns (scenario, jobs left out, window start). A constant number of queries,
+    whatever the number of jobs."""
     from gpunodes.models import Node
     from jobs.models import Attempt, Job
     from quotas.models import Share
 
     now = now or timezone.now()
-    start = now - WINDOW
+    start = now - window
+    days = window.days  # `window` names the submissions' queryset below
     nodes = tuple(
         sc.Node(name=name, gpu_type=gpu_type, gpus=n)
         for name, gpu_type, n in Node.objects.annotate(n=Count("gpus"))
@@ -180,7 +184,7 @@ def build_scenario(*, now: datetime | None = None) -> tuple[sc.Scenario, int, da
         groups=tree["groups"],
         shares=shares,
         jobs=tuple(jobs),
-        description="last 7 days of submissions",
+        description=f"last {days} days of submissions",
     )
     return scenario, total - len(jobs), start
 

@@ -76,6 +76,11 @@ PAGES = [
     ("share_layout_apply", "post", "/layout/plans/{plan}/apply/", {}, ADMINS),
     ("usage", "get", "/usage/", None, ADMINS),
     ("organisation", "get", "/organisation/", None, EVERYONE),
+    ("advice", "get", "/advice/", None, ADMINS),
+    ("advice", "post", "/advice/", {"weeks": "9"}, ADMINS),  # a 400 for an admin: no run started here
+    ("advice_run", "get", "/advice/{advice_run}/", None, ADMINS),
+    ("advice_cancel", "post", "/advice/{advice_run}/cancel/", {}, ADMINS),
+    ("advice_plan", "post", "/advice/{advice_run}/plan/", {"point": "0"}, ADMINS),  # 400: no answer yet
     ("admin", "get", "/admin/", None, expect("ok", "login", "login", "login", "ok")),
     ("healthz", "get", "/healthz", None, expect("ok", "ok", "ok", "ok", "ok", "ok", "ok")),
     ("metrics", "get", "/metrics", None, expect(*(["denied"] * 5), "denied", "denied")),
@@ -104,11 +109,12 @@ CASES = [_case(n, m, p, d, role, want[role]) for n, m, p, d, want in PAGES for r
 
 @pytest.fixture
 def pages(world, django_user_model, vision):
-    from quotas import layout, whatif
+    from quotas import advice, layout, whatif
     from tests.conftest import make_share
 
     make_share(vision, "old", capacity={"a10g": 1}, state="DISABLED")
     world["whatif_run"] = whatif.start_preview(share="vision-main", changes={})  # its tasks are not run
+    world["advice_run"] = advice.start(weeks=1)  # nor these
     world["plan"] = layout.plan(source=layout.load_live().layout.to_data(), run_whatif=False).pk
     staff = django_user_model.objects.create_user("sam", "sam@example.com", "sam-pw-123", is_staff=True)
     world["users"]["staff"] = staff

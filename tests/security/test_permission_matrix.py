@@ -90,6 +90,11 @@ MATRIX = [
     ("queue", "get", "/queue/", None, READ_ALL),
     # usage, lost work and what sharing cost: admins only
     ("usage", "get", "/usage/", None, ADMIN_ONLY_READ),
+    # the advisor: admins only (a bad body is a 400 for an admin, a 403 for anyone else)
+    ("advice-start", "post", "/advice/", {"weeks": 9}, expect(400, 403, 403, 403)),
+    ("advice-retrieve", "get", "/advice/no-such-run/", None, expect(404, 403, 403, 403)),
+    ("advice-cancel", "post", "/advice/no-such-run/cancel/", None, expect(404, 403, 403, 403)),
+    ("advice-plan", "post", "/advice/no-such-run/plan/", {"point": 0}, expect(404, 403, 403, 403)),
     # audit log: admins only, read-only
     ("audit-list", "get", "/audit/", None, ADMIN_ONLY_READ),
     ("audit-retrieve", "get", "/audit/{audit}/", None, ADMIN_ONLY_READ),
