@@ -607,4 +607,6 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": float(LAYOUT_REVERT_INTERVAL_S)},
     },
     "prune-layout-plans": {"task": "quotas.tasks.prune_layout_plans", "schedule": 3600.0},
+    # Queued jobs still waiting past the end of their likely range, for those who asked to be told.
+    "notify-overdue": {"task": "notify.tasks.overdue", "schedule": 60.0, "options": {"expires": 60.0}},
 }

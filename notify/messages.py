@@ -62,6 +62,13 @@ def line_for(job, kind: str, detail: dict[str, Any], at: datetime) -> tuple[str,
             data["checkpoint_age_s"] = None
             text += ", no checkpoint"
         text += "; it is queued again"
+    elif kind == "WAITING":
+        until = datetime.fromisoformat(detail["until"])
+        data["likely_start_by"] = until.isoformat()
+        text = (
+            f"{name} on {job.share.name} is still waiting: its likely start range ended "
+            f"{duration_words((at - until).total_seconds())} ago"
+        )
     else:
         text = f"{name} on {job.share.name} {kind.lower()}"
     return text, data

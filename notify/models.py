@@ -96,3 +96,15 @@ class Delivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.subject} to {self.channel}"
+
+
+class Promise(models.Model):
+    """The end of the likely range a queued job was first given (what its owner was told to expect): a
+    job still queued past it is told of once (Event.WAITING), whatever later forecasts say."""
+
+    job_id = models.BigIntegerField(primary_key=True)
+    until = models.DateTimeField()
+    told_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} likely started by {self.until:%Y-%m-%d %H:%M}"

@@ -22,7 +22,7 @@ from django.utils import timezone
 from config.celery import app
 from notify import urlcheck
 from notify.messages import EVENT_OF_KIND, compose, line_for
-from notify.models import Channel, Delivery, Kind, Pending
+from notify.models import Channel, Delivery, Event, Kind, Pending, Promise
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,52 @@ def collect(event_ids: list[int]) -> int:
         if Channel.objects.filter(pk=channel_id, flush_due=False).update(flush_due=True):
             app.send_task("notify.tasks.flush", args=[channel_id], countdown=settings.NOTIFY_BATCH_S)
     return made
+
+
+@shared_task(name="notify.tasks.overdue", ignore_result=True)
+def overdue(now=None) -> int:
+    """Queued jobs still waiting past the end of the likely range they were first given, for channels
+    that asked (a beat task, every minute); returns how many were told."""
+    from jobs.choices import JobState
+    from jobs.models import Job
+    from quotas.models import QueueForecast, likely_range
+
+    now = now or timezone.now()
+    # A few channels at most per user and team: filtered here (SQLite has no JSON "contains").
+    wanting = [c for c in Channel.objects.filter(disabled_at__isnull=True) if Event.WAITING in c.events]
+    if not wanting:
+        return 0
+    users = {c.user_id for c in wanting if c.user_id}
+    teams = {c.team_id for c in wanting if c.team_id}
+    queued = Job.objects.filter(state=JobState.QUEUED).filter(
+        Q(submitted_by_id__in=users) | Q(share__team_id__in=teams)
+    )
+    promised = dict(Promise.objects.filter(job_id__in=queued.values("pk")).values_list("job_id", "until"))
+    for job_id, eta, low, high in QueueForecast.objects.filter(job__in=queued).values_list(
+        "job_id", "eta", "eta_low", "eta_high"
+    ):
+        _, until = likely_range(eta, low, high)
+        if until is not None and job_id not in promised:
+            Promise.objects.create(job_id=job_id, until=until)
+    told = 0
+    due = Promise.objects.filter(until__lt=now, told_at__isnull=True, job_id__in=queued.values("pk"))
+    for promise in due:
+        # Told once: compare-and-set, so that two beats never tell it twice.
+        if not Promise.objects.filter(pk=promise.pk, told_at__isnull=True).update(told_at=now):
+            continue
+        job = Job.objects.select_related("share__team", "submitted_by").get(pk=promise.job_id)
+        line, data = line_for(job, "WAITING", {"until": promise.until.isoformat()}, now)
+        for channel in [
+            c for c in wanting if c.user_id == job.submitted_by_id or c.team_id == job.share.team_id
+        ]:
+            Pending.objects.create(
+                channel=channel, event=Event.WAITING, job_id=job.pk, line=line, data=data, at=now
+            )
+            if Channel.objects.filter(pk=channel.pk, flush_due=False).update(flush_due=True):
+                app.send_task("notify.tasks.flush", args=[channel.pk], countdown=settings.NOTIFY_BATCH_S)
+        told += 1
+    Promise.objects.exclude(job_id__in=Job.objects.filter(state=JobState.QUEUED).values("pk")).delete()
+    return told
 
 
 @shared_task(name="notify.tasks.flush", ignore_result=True)

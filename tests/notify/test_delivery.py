@@ -165,3 +165,32 @@ def test_a_delivery_is_sent_once(sent, bob, vision_share, receiver, monkeypatch)
     assert tasks.deliver(delivery) is True
     assert tasks.deliver(delivery) is False  # a duplicated task changes nothing
     assert len(receiver.requests) == 1
+
+
+def test_a_job_still_waiting_past_its_likely_range_is_told_once(sent, bob, vision_share, receiver):
+    from quotas.models import QueueForecast
+
+    Channel.objects.create(user=bob, kind=Kind.CHAT, url=receiver.url, events=[Event.WAITING])
+    job = submit(bob, vision_share, name="long-wait")
+    now = timezone.now()
+    QueueForecast.objects.create(
+        job=job,
+        position_in_share=1,
+        position_overall=1,
+        eta=now + timedelta(minutes=10),
+        eta_low=now + timedelta(minutes=5),
+        eta_high=now + timedelta(minutes=30),
+        kind="estimate",
+        computed_at=now,
+    )
+    assert tasks.overdue(now=now) == 0  # the range it was given: until now + 30 min
+    # a later forecast moves the range on: the promise made stays the one first given
+    QueueForecast.objects.filter(job=job).update(eta_high=now + timedelta(hours=5))
+    assert tasks.overdue(now=now + timedelta(minutes=45)) == 1
+    assert tasks.overdue(now=now + timedelta(minutes=46)) == 0  # told once
+    [delivery] = collect_and_flush(sent)
+    tasks.deliver(delivery)
+    assert (
+        "'long-wait' on vision-main is still waiting: its likely start range ended 15 min ago"
+        in receiver.json()["text"]
+    )
