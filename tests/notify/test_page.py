@@ -27,7 +27,9 @@ def test_a_bad_event_is_a_form_error(client, bob):
 
 
 def test_only_its_owner_or_team_manager_removes_a_channel(client, bob, charlie, vision):
-    channel = Channel.objects.create(team=vision, kind=Kind.CHAT, url="https://hooks.example.org/x", events=[])
+    channel = Channel.objects.create(
+        team=vision, kind=Kind.CHAT, url="https://hooks.example.org/x", events=[]
+    )
     client.force_login(charlie)
     assert client.post(f"/account/notifications/{channel.pk}/delete/").status_code == 404
     client.force_login(bob)  # a member, not a manager
