@@ -758,6 +758,85 @@ def cmd_groups(args, out) -> int:
     return 0
 
 
+def _wait_for_advice(client, run: dict, timeout_s: float) -> dict:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    shown = False
+    while not run["finished"] and time.monotonic() < deadline:
+        if sys.stderr.isatty():
+            total = run["replays_total"] if run["replays_final"] else f"at least {run['replays_total']}"
+            sys.stderr.write(f"\rreplays: {run['replays_done']} of {total}  ")
+            sys.stderr.flush()
+            shown = True
+        time.sleep(1.0)
+        run = client.advice_get(run["id"])
+    if shown:
+        sys.stderr.write("\r" + " " * 40 + "\r")
+    return run
+
+
+def _wait_words(seconds) -> str:
+    return "-" if seconds is None else human_seconds(seconds)
+
+
+def cmd_advise(args, out) -> int:
+    """Start an advice run (or read --run ID), wait for it, print the frontier; --plan N makes a layout
+    plan of point N (then `gpuquota shares apply PLAN`)."""
+    client = args.client()
+    if args.plan is not None:
+        if not args.run:
+            raise UsageError("advise: --plan N needs --run ID (the run whose frontier has point N)")
+        plan = client.advice_plan(args.run, args.plan)
+        if args.json:
+            out(plan)
+            return 0
+        out(f"Layout plan {plan['plan']} made of point {args.plan}; its what-if runs.")
+        out(f"See it: {plan['page']}\nApply it: gpuquota shares apply {plan['plan']}")
+        return 0
+    run = client.advice_get(args.run) if args.run else client.advice_start(weeks=args.weeks)
+    if not args.no_wait:
+        run = _wait_for_advice(client, run, args.wait)
+    if args.json:
+        out(run)
+        return 0
+    if not run["finished"]:
+        out(
+            f"Advice run {run['id']}: {run['replays_done']} replays done; see it with gpuquota advise --run {run['id']}"
+        )
+        return 0
+    if run["state"] != "done":
+        out(f"Advice run {run['id']} {run['state']}: " + "; ".join(run["errors"] or ["no answer"]))
+        return 1
+    advice = run["advice"]
+    window = run["window"]
+    out(
+        f"{advice['replays']} replays of {window['jobs']} jobs ({run['weeks']} week(s) of history) in "
+        f"{run['seconds']} s. Today: utilisation {advice['today']['utilisation']} %, owners' p95 wait "
+        f"{_wait_words(advice['today']['owners_p95_wait_s'])}."
+    )
+    rows = []
+    for i, point in enumerate(advice["frontier"]):
+        mark = "today" if point["today"] else ("recommended" if i == advice["recommended"] else "")
+        if point["today"] and i == advice["recommended"]:
+            mark = "today, recommended"
+        rows.append(
+            (
+                i,
+                point["utilisation"],
+                _wait_words(point["owners_p95_wait_s"]),
+                round(point["lost_gpu_seconds"] / 3600, 1),
+                point["never_started"],
+                "; ".join(c["words"] for c in point["changes"]) or "today's layout",
+                mark,
+            )
+        )
+    out(table(rows, ["POINT", "UTIL%", "OWNERS P95", "LOST GPU-H", "NEVER STARTED", "CHANGES", ""]))
+    out(f"Recommended: {advice['rule']}.")
+    out(f"Plan a point: gpuquota advise --run {run['id']} --plan N")
+    return 0
+
+
 def cmd_nodes(args, out) -> int:
     nodes = args.client().nodes()
     if args.json:
@@ -1239,6 +1318,18 @@ def _groups(p) -> None:
     p.add_argument("--gpu-type", help="only this GPU type")
 
 
+def _advise(p) -> None:
+    p.add_argument(
+        "--weeks", type=int, default=2, choices=range(1, 5), metavar="1-4", help="weeks of history (2)"
+    )
+    p.add_argument("--run", help="read this run instead of starting one")
+    p.add_argument(
+        "--plan", type=int, metavar="N", help="make a layout plan of frontier point N (with --run)"
+    )
+    p.add_argument("--no-wait", action="store_true", help="do not wait for the replays")
+    p.add_argument("--wait", type=float, default=600, metavar="SECONDS", help="wait at most this long (600)")
+
+
 def _nothing(p) -> None:
     pass
 
@@ -1307,6 +1398,12 @@ COMMANDS = {
         "and state",
         _groups,
         "cmd_groups",
+    ),
+    "advise": (
+        "utilisation or reservation? replay the last weeks with variants of the layout and show the "
+        "trade-off; --plan N makes a layout plan of a point (admins)",
+        _advise,
+        "cmd_advise",
     ),
     "nodes": ("GPU hosts", _nothing, "cmd_nodes"),
     "submit": (

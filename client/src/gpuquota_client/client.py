@@ -606,6 +606,20 @@ class Client:
             "POST", f"layout/plans/{plan_id}/apply/", json={"confirm": True} if confirm else None
         )
 
+    def advice_start(self, *, weeks: int) -> dict:
+        """Start an advice run: the last `weeks` weeks replayed with variants of the layout (admins)."""
+        return self.request("POST", "advice/", json={"weeks": weeks})
+
+    def advice_get(self, run_id: str) -> dict:
+        return self.request("GET", f"advice/{run_id}/")
+
+    def advice_cancel(self, run_id: str) -> dict:
+        return self.request("POST", f"advice/{run_id}/cancel/")
+
+    def advice_plan(self, run_id: str, point: int) -> dict:
+        """A layout plan of frontier point `point` (apply it with layout_apply)."""
+        return self.request("POST", f"advice/{run_id}/plan/", json={"point": point})
+
     def layout_versions(self, limit: int = 20) -> list[dict]:
         return self.request("GET", "layout/versions/", params={"limit": limit})["results"]
 
