@@ -25,6 +25,7 @@ def test_only_admins_see_the_advisor(as_alice, as_bob):
     page = as_alice.get("/advice/")
     assert page.status_code == 200
     assert b'data-testid="advice-form"' in page.content
+    assert b'href="/advice/"' in as_alice.get("/layout/").content  # found from the layout page
 
 
 def test_bad_weeks_are_said_beside_the_form(as_alice):

@@ -1,0 +1,123 @@
+"""Benchmark 14 (issue 38): the advisor's replays, and whether its advice holds out of sample.
+
+`speed`: tracegen (6 teams, 512 GPUs, --jobs N, seed 1) advised with quotas.advise.search, replays in
+this process (--jobs 1) and in a pool of 2 processes; per run the replays, the seconds per replay (the
+mean of the one-process run) and the total, and whether the two answers are identical.
+
+`holdout` (needs ../shared/data/msft-itp-2021.csv): advise on an ITP fortnight (bench 10's scenario,
+days 14-28 by default), then replay the **next** week (days 28-35) with today's layout and with the
+recommended one, and compare utilisation, owners' p95 wait and lost GPU-hours (quotas.advise.evaluate).
+--quick advises on days 14-17 and holds out days 17-19.
+
+    python bench/bench_advise.py speed --jobs 2000
+    python bench/bench_advise.py holdout [--quick] [--pool 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from quotas import advise  # noqa: E402
+from quotas.engine import measures, tracegen  # noqa: E402
+from quotas.engine import scenario as sc  # noqa: E402
+
+DAY = 86400
+
+
+def _timed_replayer(scenario, window_s, jobs, seconds):
+    inner = advise.local_replayer(scenario, window_s=window_s, jobs=jobs)
+
+    def many(variants):
+        t0 = time.perf_counter()
+        out = inner(variants)
+        seconds.append((len(variants), time.perf_counter() - t0))
+        return out
+
+    return many
+
+
+def speed(args) -> None:
+    scenario = sc.parse(tracegen.generate(teams=6, gpus=512, jobs=args.jobs, seed=1))
+    window = measures.natural_window(scenario)
+    answers = {}
+    for jobs in (1, 2):
+        seconds: list[tuple[int, float]] = []
+        t0 = time.perf_counter()
+        answer = advise.search(
+            scenario, window_s=window, replay_many=_timed_replayer(scenario, window, jobs, seconds)
+        )
+        total = time.perf_counter() - t0
+        answers[jobs] = answer
+        n = answer["replays"]
+        print(
+            f"tracegen {args.jobs} jobs, {len(scenario.shares)} shares: --jobs {jobs}: {n} replays "
+            f"(stage 1 {seconds[0][0]}, stage 2 {seconds[1][0] if len(seconds) > 1 else 0}), "
+            f"{total:.1f} s total, {total / n:.2f} s per replay of wall time"
+        )
+    print("identical answers with 1 and 2 processes:", answers[1] == answers[2])
+    print(f"frontier: {len(answers[1]['frontier'])} points, recommended {answers[1]['recommended']}")
+
+
+def holdout(args) -> None:
+    from bench.bench_itp import itp_scenario
+
+    start = 14 * DAY
+    train = (start, start + (3 if args.quick else 14) * DAY)
+    test = (train[1], train[1] + (2 if args.quick else 7) * DAY)
+    advised = itp_scenario(train)
+    window = train[1] - train[0]
+    t0 = time.perf_counter()
+    answer = advise.search(
+        advised, window_s=window, replay_many=advise.local_replayer(advised, window_s=window, jobs=args.pool)
+    )
+    took = time.perf_counter() - t0
+    chosen = answer["frontier"][answer["recommended"]]
+    print(f"advised on days {train[0] // DAY}-{train[1] // DAY}: {answer['replays']} replays in {took:.0f} s")
+    print("recommended:", "; ".join(c["words"] for c in chosen["changes"]) or "today's layout")
+    held = itp_scenario(test)
+    layout = chosen["layout"]
+    names = {s.name for s in held.shares}
+    recommended = sc.parse(
+        {
+            **held.to_dict(),
+            "shares": [s for s in layout["shares"] if s["name"] in names],
+            "settings": {**held.to_dict()["settings"], **layout["settings"]},
+        }
+    )
+    assert names == {s["name"] for s in layout["shares"]}, "the held-out week has other shares"
+    hwindow = test[1] - test[0]
+    rows = {}
+    for label, scenario in (("today's layout", held), ("recommended", recommended)):
+        point = advise.evaluate(scenario, window_s=hwindow)
+        rows[label] = point
+        print(
+            f"held out days {test[0] // DAY}-{test[1] // DAY}, {label}: utilisation {point['utilisation']} %, "
+            f"owners' p95 wait {point['owners_p95_wait_s']} s, lost {point['lost_gpu_seconds'] / 3600:.0f} GPU-h, "
+            f"never started {point['never_started']}"
+        )
+    in_sample = {k: chosen[k] for k in ("utilisation", "owners_p95_wait_s", "lost_gpu_seconds")}
+    today = {k: answer["today"][k] for k in ("utilisation", "owners_p95_wait_s", "lost_gpu_seconds")}
+    print("in sample: today", json.dumps(today), "recommended", json.dumps(in_sample))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    s = sub.add_parser("speed")
+    s.add_argument("--jobs", type=int, default=2000)
+    h = sub.add_parser("holdout")
+    h.add_argument("--quick", action="store_true")
+    h.add_argument("--pool", type=int, default=1)
+    args = parser.parse_args()
+    {"speed": speed, "holdout": holdout}[args.what](args)
+
+
+if __name__ == "__main__":
+    main()
