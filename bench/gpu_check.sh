@@ -228,4 +228,9 @@ if [ $RC != 0 ]; then
   echo "== agent log (last 40 lines)"
   tail -n 40 "$WORK/agent.log"
 fi
+# 6. The container path (issue 39): a 1-GPU container job given its GPU by CDI (bench/gpu_container_check.py).
+echo "== 6. a container job (podman, CDI)"
+"$PY" bench/gpu_container_check.py
+CT=$?
+if [ $CT = 1 ]; then RC=1; fi  # 2: podman or its parts missing here, said above; not a failure of the GPUs
 exit $RC

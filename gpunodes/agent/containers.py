@@ -200,6 +200,12 @@ class Podman:
                 out.append((names[0], labels.get(LABEL_ATTEMPT, "")))
         return out
 
+    def signal(self, name: str, sig: int) -> None:
+        """Send a signal to a container's init (which passes it on), without waiting for podman."""
+        threading.Thread(
+            target=self._run, args=("kill", "--signal", str(int(sig)), name), daemon=True, name=f"kill-{name}"
+        ).start()
+
     def remove(self, name: str) -> None:
         """End a container (SIGKILL to all of it) and remove it; nothing if it is gone."""
         r = self._run("rm", "--force", "--time", "0", name)
@@ -218,15 +224,16 @@ def podman_env() -> dict[str, str]:
 
 
 def pull_error(lines: list[str]) -> str:
-    """The registry's reason out of podman's output: the last "Error: ..." line, without the layers of
-    "initializing source ...:" prefixes (e.g. "manifest unknown", "unauthorized: ...", "connection
-    refused")."""
+    """The registry's reason out of podman's output: its last "Error: ..." line without the
+    "initializing source docker://..." prefix and with its repeats dropped (e.g. "reading manifest 1 in
+    reg/x: manifest unknown", "pinging container registry reg: ...: connection refused")."""
     errors = [ln for ln in lines if ln.startswith("Error")] or lines[-1:] or ["podman pull failed"]
     text = errors[-1].removeprefix("Error:").strip()
-    parts = [p.strip() for p in text.split(": ") if p.strip()]
-    # Keep the last two parts: what failed and why ("reading manifest 9 ...: manifest unknown").
-    plain = ": ".join(parts[-2:]) if len(parts) > 1 else text
-    return re.sub(r"\s+", " ", plain)[:500]
+    parts: list[str] = []
+    for part in (p.strip() for p in text.split(": ")):
+        if part and not part.startswith("initializing source") and (not parts or parts[-1] != part):
+            parts.append(part)
+    return re.sub(r"\s+", " ", ": ".join(parts) or text)[:500]
 
 
 def container_name(node: str, attempt_id: int, number: int) -> str:

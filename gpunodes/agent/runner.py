@@ -1024,10 +1024,13 @@ class Runner:
         else:
             self._kill(proc)
 
-    @staticmethod
-    def _signal(proc: Proc, sig: int) -> None:
+    def _signal(self, proc: Proc, sig: int) -> None:
         """A signal to the attempt's process group and, where it has one, to everything in its cgroup
-        (a `setsid` child gets its SIGTERM too)."""
+        (a `setsid` child gets its SIGTERM too). A container's goes to the container (podman kill): a
+        signal to podman's group would also end the `runc kill` podman forwards it with."""
+        if proc.container and self._podman is not None:
+            self._podman.signal(proc.container, sig)
+            return
         try:
             os.killpg(proc.popen.pid, sig)
         except (ProcessLookupError, PermissionError):

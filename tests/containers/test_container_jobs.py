@@ -40,7 +40,10 @@ def test_a_failed_pull_ends_the_attempt_with_the_registrys_reason_once(runner, r
     assert start(runner, f"{registry}/nothing/here:1", "true") == "failed"
     done = reports.finished(1)
     assert done["how"] == "failed_to_start"
-    assert "could not pull image" in done["detail"] and "manifest unknown" in done["detail"].lower(), done
+    assert done["detail"].startswith(f"could not pull image {registry}/nothing/here:1: reading manifest"), (
+        done
+    )
+    assert done["detail"].endswith(": manifest unknown"), done
 
 
 def test_an_image_is_pulled_from_the_registry_before_the_attempt_starts(

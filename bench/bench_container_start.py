@@ -1,0 +1,101 @@
+"""Bench 14: how long a container job takes to start, against the same command on the host (issue 39).
+
+Run as root on a host with podman, runc, busybox-static and docker-registry:
+    .venv/bin/python bench/bench_container_start.py [--runs 7]
+It builds a small image from busybox (no network), starts a local registry on a free port, and times,
+through the agent's Runner (a uid per attempt, its cgroups, its directories), from start() to the
+job's first line of output: a bare host command, the image already cached, the image pulled from the
+local registry first (removed before each run)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=7)
+    args = parser.parse_args()
+    import subprocess
+
+    from gpunodes.agent.containers import Podman
+    from tests.containers import conftest as ct
+    from tests.security.agent_helpers import Reports, make_runner, uid_pool
+
+    if ct.WHY_NOT:
+        sys.exit(f"cannot bench containers here: {ct.WHY_NOT}")
+    podman = Podman.detect()[0]
+    work = Path(tempfile.mkdtemp(prefix="gpuquota-bench-", dir="/var/tmp"))
+    work.chmod(0o711)
+    image = f"localhost/gpuquota-bench/bb:{uuid.uuid4().hex[:6]}"
+    subprocess.run(
+        [*podman.base(), "import", "--change", "ENV=PATH=/bin", ct.rootfs_tar(work / "r.tar"), image],
+        check=True,
+        capture_output=True,
+    )
+    registry_gen = ct.registry.__wrapped__(podman, _Factory(work))
+    registry = next(registry_gen)
+    pushed = f"{registry}/bench/bb:1"
+    podman._run("tag", image, pushed)
+    podman._run("push", "--tls-verify=false", pushed)
+    reports = Reports()
+    runner = make_runner(work, reports, uids=uid_pool(), podman=podman, image_cache_bytes=0)
+    runner.node = f"bench{uuid.uuid4().hex[:4]}"
+    host_echo = shutil.which("echo", path="/usr/bin:/bin")
+    results: dict[str, list[float]] = {"bare command": [], "image cached": [], "image pulled": []}
+    attempt = 0
+    try:
+        for _ in range(args.runs):
+            for what in results:
+                attempt += 1
+                if what == "image pulled":
+                    podman._run("rmi", pushed)
+                kw = {"image": image if what == "image cached" else pushed} if what != "bare command" else {}
+                command = [host_echo if what == "bare command" else "echo", "first-line"]
+                began = time.monotonic()
+                runner.start(attempt_id=attempt, number=1, job_id=attempt, command=command, **kw)
+                while "first-line" not in reports.log_of(attempt):
+                    runner.poll()
+                    time.sleep(0.005)
+                results[what].append(time.monotonic() - began)
+                while not reports.finished(attempt):
+                    runner.poll()
+                    time.sleep(0.01)
+    finally:
+        runner.shutdown(grace_s=1)
+        podman._run("rmi", "-f", image, pushed)
+        next(registry_gen, None)
+        shutil.rmtree(work, ignore_errors=True)
+    print(
+        f"{'start to first output line':<28} {'median s':>9} {'min s':>7} {'max s':>7}  (runs: {args.runs})"
+    )
+    for what, times in results.items():
+        print(f"{what:<28} {statistics.median(times):>9.3f} {min(times):>7.3f} {max(times):>7.3f}")
+
+
+class _Factory:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def mktemp(self, name: str) -> Path:
+        path = self.root / f"{name}-{uuid.uuid4().hex[:4]}"
+        path.mkdir()
+        return path
+
+
+if __name__ == "__main__":
+    import django
+
+    django.setup()
+    main()
