@@ -81,8 +81,10 @@ def holdout(args) -> None:
     chosen = answer["frontier"][answer["recommended"]]
     print(f"advised on days {train[0] // DAY}-{train[1] // DAY}: {answer['replays']} replays in {took:.0f} s")
     print("recommended:", "; ".join(c["words"] for c in chosen["changes"]) or "today's layout")
-    held = itp_scenario(test)
+    # The held-out week with the advised fortnight's shares (importtrace's top 8 of a window differ
+    # from week to week): each trained share takes its own cluster's jobs, `other` the rest.
     layout = chosen["layout"]
+    held = _held_out(test, today=answer["today"]["layout"]["shares"])
     names = {s.name for s in held.shares}
     recommended = sc.parse(
         {
@@ -105,6 +107,35 @@ def holdout(args) -> None:
     in_sample = {k: chosen[k] for k in ("utilisation", "owners_p95_wait_s", "lost_gpu_seconds")}
     today = {k: answer["today"][k] for k in ("utilisation", "owners_p95_wait_s", "lost_gpu_seconds")}
     print("in sample: today", json.dumps(today), "recommended", json.dumps(in_sample))
+
+
+def _held_out(window: tuple[int, int], *, today: list[dict]):
+    import csv
+
+    from quotas.engine import importtrace
+
+    with open(importtrace.ITP_TRACE, encoding="utf-8", newline="") as f:
+        clusters = sorted({row["group"] for row in csv.DictReader(f)})
+    layout = []
+    for share in today:
+        takes = [c for c in clusters if importtrace.share_name(c) == share["name"]]
+        layout.append({**share, "groups": takes or ["*"]})
+    opts = importtrace.Options(
+        start=window[0],
+        end=window[1],
+        nodes=168,
+        node_gpus=8,
+        gpu_type="a100",
+        layout=layout,
+        grace_s=30,
+        checkpoint_fraction=0.5,
+        checkpoint_every_s=1800,
+        seed=1,
+        source=importtrace.ITP_TRACE.name,
+    )
+    with open(importtrace.ITP_TRACE, encoding="utf-8", newline="") as f:
+        data, _ = importtrace.import_trace(f, opts)
+    return sc.parse(data)
 
 
 def main() -> None:

