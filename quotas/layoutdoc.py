@@ -106,6 +106,20 @@ def _min_runtime(value: Any) -> tuple[Any, str | None]:
     return value, None
 
 
+def _image_rules(value: Any) -> tuple[Any, str | None]:
+    """A share's allowed_images: registries or image prefixes its jobs may run (jobs/images.py)."""
+    from jobs.images import prefix_problem
+
+    if value is None:
+        return [], None
+    if not isinstance(value, list | tuple):
+        return None, "must be a list of registries or image prefixes, e.g. [registry.example.com/ml/]"
+    for item in value:
+        if problem := prefix_problem(item):
+            return None, problem
+    return list(dict.fromkeys(value)), None
+
+
 def _capacity(value: Any) -> tuple[Any, str | None]:
     # Checked per type by parse() (each type its own path); here only the shape.
     if value is None:
@@ -142,8 +156,10 @@ SHARE_FIELDS: tuple[Field, ...] = (
         "min_runtime_s", 0, _min_runtime, "seconds an attempt is protected from pre-emption after it starts"
     ),
     Field("state", ENABLED, _choice(STATES)),
+    Field("allowed_images", [], _image_rules, "container images its jobs may run besides ALLOWED_IMAGES"),
 )
 FIELDS_BY_NAME = {f.name: f for f in SHARE_FIELDS}
+OMITTED_WHEN_DEFAULT = frozenset({"allowed_images"})
 # The settings that are Share columns (capacity is its own table).
 VALUE_FIELDS = tuple(f.name for f in SHARE_FIELDS if not f.is_capacity)
 # A share's place in the organisation tree (SEMANTICS "Groups"): written only where it is not the
@@ -298,6 +314,8 @@ def share_data(share: ShareSpec, *, directions: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {"name": share.name, "team": share.team}
     for f in SHARE_FIELDS:
         value = share.values[f.name]
+        if f.name in OMITTED_WHEN_DEFAULT and value == f.default:
+            continue  # a layout without images exports and hashes as before them
         out[f.name] = dict(sorted(value.items())) if f.is_capacity else value
     for key, default in TREE_DEFAULTS.items():
         value = share.values.get(key, default)

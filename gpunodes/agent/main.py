@@ -183,6 +183,7 @@ class Agent:
             gpu_health=self.health,
             checkpoint_scan_s=settings.CHECKPOINT_SCAN_S,
             checkpoint_settle_s=settings.CHECKPOINT_SETTLE_S,
+            image_cache_bytes=settings.AGENT_IMAGE_CACHE_BYTES,
         )
         self.runner.gpu_indexes = {g.index for g in self.gpus}
         # Its room on its own disks: a reserve for its own files, no start (and no job output) below

@@ -76,7 +76,9 @@ def test_the_written_yaml_reads_back_the_same_document_in_a_stable_order():
         notes={"vision-main": ["temporary: until Friday"]},
     )
     assert [s["name"] for s in data["shares"]] == ["language-main", "vision-main"]  # by name
-    assert list(data["shares"][0]) == ["name", "team", *layoutdoc.FIELDS_BY_NAME]
+    # Every setting, but those written only where they are not the default (allowed_images).
+    shown = [f for f in layoutdoc.FIELDS_BY_NAME if f not in layoutdoc.OMITTED_WHEN_DEFAULT]
+    assert list(data["shares"][0]) == ["name", "team", *shown]
     assert "    # temporary: until Friday" in text
 
 
