@@ -1,0 +1,43 @@
+"""The image travels from the job to its host: the pass's start message and a resent one carry it (only
+where the job has one), and the agent takes it only as an image name, never as an option (no podman
+needed)."""
+
+import pytest
+
+from gpunodes.agent.tasks import Invalid, validate_start
+from gpunodes.dispatch import start_messages
+from jobs.services import job_submit
+from tests.quotas import test_scheduler as scheduler_suite
+
+fresh, sent, run = scheduler_suite.fresh, scheduler_suite.sent, scheduler_suite.run  # its fixtures
+
+IMAGE = "registry.example.com/ml/train:1.4"
+
+
+def test_the_pass_sends_the_image_and_a_resent_start_has_it_too(
+    bob,
+    vision_share,
+    fresh,
+    sent,
+    settings,
+    django_capture_on_commit_callbacks,
+):
+    settings.ALLOWED_IMAGES = ["registry.example.com/ml/"]
+    job = job_submit(
+        user=bob, share=vision_share, gpus=1, gpu_type="a10g", command=["python", "t.py"], image=IMAGE
+    )
+    plain = job_submit(user=bob, share=vision_share, gpus=1, gpu_type="a10g", command=["true"])
+    run(django_capture_on_commit_callbacks)
+    by_job = {kw["kwargs"]["job_id"]: kw["kwargs"] for name, kw in sent if name.endswith("start_attempt")}
+    assert by_job[job.pk]["image"] == IMAGE and "image" not in by_job[plain.pk]
+    assert validate_start(by_job[job.pk])["image"] == IMAGE
+    assert validate_start(by_job[plain.pk])["image"] == ""
+    [resent] = start_messages([job.attempts.get().pk])
+    assert resent["payload"]["image"] == IMAGE
+
+
+@pytest.mark.parametrize("image", ["--privileged", "-v/:/host", "reg.example.com/x y", 3, "A" * 300])
+def test_the_agent_refuses_an_image_that_is_not_a_name(image):
+    message = {"attempt_id": 1, "number": 1, "job_id": 1, "command": ["true"], "image": image}
+    with pytest.raises(Invalid, match="image"):
+        validate_start(message)
