@@ -182,10 +182,12 @@ def evaluate(scenario: sc.Scenario, *, window_s: float) -> dict[str, Any]:
     lost = int(sum(lost.values()) if isinstance(lost, Mapping) else lost)
     utilisation = measures.utilisation(scenario, result, window_s)
     ready = _utilisation_between(scenario, result, cut, 0, window_s, ready_only=True)
+    held = _utilisation_between(scenario, result, cut, 0, window_s, unrounded=True)
     return {
         "utilisation": utilisation,
         # Held GPU-time less the work thrown away by pre-emptions: what the cluster got done.
-        "useful_utilisation": round(utilisation - (100 * lost / ready if ready else 0.0), 1),
+        # Two decimals: a small gain bought by a larger loss must not round to a tie.
+        "useful_utilisation": round(held - (100 * lost / ready if ready else 0.0), 2),
         "owners_p95_wait_s": _p95(every),
         "owners_jobs": len(every),
         "lost_gpu_seconds": lost,
@@ -199,7 +201,14 @@ def evaluate(scenario: sc.Scenario, *, window_s: float) -> dict[str, Any]:
 
 
 def _utilisation_between(
-    scenario: sc.Scenario, result: Any, cut: int, start: float, end: float, *, ready_only: bool = False
+    scenario: sc.Scenario,
+    result: Any,
+    cut: int,
+    start: float,
+    end: float,
+    *,
+    ready_only: bool = False,
+    unrounded: bool = False,
 ) -> float:
     """Percent of the READY GPU-seconds in [start, end) held by attempts (ready_only: those seconds)."""
     busy = sum(
@@ -213,6 +222,8 @@ def _utilisation_between(
     )
     if ready_only:
         return capacity
+    if unrounded:
+        return 100 * busy / capacity if capacity else 0.0
     return round(100 * busy / capacity, 1) if capacity else 0.0
 
 
