@@ -277,6 +277,9 @@ class Runner:
         # Container jobs (containers.py): podman, found at the first one ("auto"), and the image cache.
         self._podman, self._podman_why = (podman, "") if podman != "auto" else (None, None)
         self.image_cache_bytes = image_cache_bytes
+        # Attempts whose image is being pulled: a start of one sent again meanwhile (the heartbeat
+        # resends a start not reported running within seconds) returns at once, holding no thread.
+        self._pulling: set[tuple[int, int]] = set()
         self.fake_gpus = not gpu_devices
         self.gpu_health = gpu_health
         self.log_dir = identity.ensure_root(Path(log_dir), 0o700)  # the jobs never read the logs
@@ -415,9 +418,17 @@ class Runner:
         # A container job's image is pulled first, outside the lock and before the attempt counts as
         # started (its max_runtime_s and protection run from its start report, after the pull).
         pulled: list[str] = []
-        image_problem = (
-            self._prepare_image(image, pulled.append, attempt_words(job_id, number)) if image else ""
-        )
+        image_problem = ""
+        if image:
+            with self._lock:
+                if key in self._pulling or attempt_id in self._procs:
+                    return "duplicate"
+                self._pulling.add(key)
+            try:
+                image_problem = self._prepare_image(image, pulled.append, attempt_words(job_id, number))
+            finally:
+                with self._lock:
+                    self._pulling.discard(key)
         with self._lock:
             if attempt_id in self._procs or key in self._finished:
                 return "duplicate"
