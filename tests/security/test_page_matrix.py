@@ -86,6 +86,21 @@ PAGES = [
     ("metrics", "get", "/metrics", None, expect(*(["denied"] * 5), "denied", "denied")),
     ("login", "get", "/login/", None, expect("ok", "ok", "ok", "ok", "ok", "ok", "ok")),
     ("logout", "post", "/logout/", {}, expect(*(["login"] * 5), "login", "login")),  # back to log in
+    # Sign-in with the directory: not configured here, so not there for anyone (issue 40).
+    ("oidc_authentication_init", "get", "/oidc/authenticate/", None, expect(*(["denied"] * 7))),
+    ("oidc_authentication_callback", "get", "/oidc/callback/", None, expect(*(["denied"] * 7))),
+    ("account-tokens", "get", "/account/tokens/", None, EVERYONE),
+    ("account-tokens", "post", "/account/tokens/", {}, EVERYONE),
+    ("notifications", "get", "/account/notifications/", None, EVERYONE),
+    ("notifications", "post", "/account/notifications/", {"form": "email", "events": ["ended"]}, EVERYONE),
+    # a channel of team vision: its managers' (and admins') to remove
+    (
+        "notification-channel-delete",
+        "post",
+        "/account/notifications/{channel}/delete/",
+        {},
+        expect("ok", "ok", "denied", "denied", "denied"),
+    ),
 ]
 
 
@@ -109,6 +124,7 @@ CASES = [_case(n, m, p, d, role, want[role]) for n, m, p, d, want in PAGES for r
 
 @pytest.fixture
 def pages(world, django_user_model, vision):
+    from notify.models import Channel
     from quotas import advice, layout, whatif
     from tests.conftest import make_share
 
@@ -116,6 +132,7 @@ def pages(world, django_user_model, vision):
     world["whatif_run"] = whatif.start_preview(share="vision-main", changes={})  # its tasks are not run
     world["advice_run"] = advice.start(weeks=1)  # nor these
     world["plan"] = layout.plan(source=layout.load_live().layout.to_data(), run_whatif=False).pk
+    world["channel"] = Channel.objects.create(team=vision, kind="chat", url="https://hooks.example.org/x").pk
     staff = django_user_model.objects.create_user("sam", "sam@example.com", "sam-pw-123", is_staff=True)
     world["users"]["staff"] = staff
     return world
