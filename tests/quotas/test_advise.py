@@ -98,14 +98,31 @@ def test_the_recommendation_follows_its_rule():
     chosen = advice["frontier"][advice["recommended"]]
 
     def allowed(f):
-        return (f["owners_p95_wait_s"] or 0) <= (today["owners_p95_wait_s"] or 0) and (
-            f["useful_utilisation"] >= today["useful_utilisation"]
+        return f["today"] or (
+            (f["owners_p95_wait_s"] or 0) <= (today["owners_p95_wait_s"] or 0)
+            and f["useful_utilisation"] >= today["useful_utilisation"]
+            and f["utilisation"] >= today["utilisation"] + advise.MARGIN_UTILISATION
         )
 
     assert allowed(chosen)
     for f in advice["frontier"]:
         if allowed(f):
             assert f["utilisation"] <= chosen["utilisation"]
+
+
+def test_a_gain_below_the_margin_is_not_recommended():
+    scenario = small()
+    base = dict(
+        owners_jobs=1, never_started=0, never_started_words=[], weeks=[], shares={}, lost_gpu_seconds=0
+    )
+    today = {"utilisation": 50.0, "useful_utilisation": 50.0, "owners_p95_wait_s": 30, **base}
+    small_gain = {"utilisation": 50.4, "useful_utilisation": 50.4, "owners_p95_wait_s": 30, **base}
+    real_gain = {"utilisation": 51.0, "useful_utilisation": 51.0, "owners_p95_wait_s": 30, **base}
+    m = advise.move("train", "min_runtime_s", 0, 600)
+    advice = advise.answer(scenario, today, [([m], small_gain)], replays=2, window_s=3600)
+    assert advice["frontier"][advice["recommended"]]["today"]
+    advice = advise.answer(scenario, today, [([m], real_gain)], replays=2, window_s=3600)
+    assert advice["frontier"][advice["recommended"]]["utilisation"] == 51.0
 
 
 def test_more_utilisation_bought_with_lost_work_is_not_recommended():
