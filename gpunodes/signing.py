@@ -66,6 +66,7 @@ NODE_TASKS = {
     "jobs.tasks.attempt_finished": "node",
     "jobs.tasks.attempt_checkpoint": "node",
     "jobs.tasks.attempt_log": "node",
+    "jobs.tasks.attempt_pulling": "node",  # a container job's pull, as it goes (agent/containers.py)
 }
 # A protocol-2 body's third part; anything else in it becomes an attribute of the task's request.
 EMBED_KEYS = frozenset({"callbacks", "errbacks", "chain", "chord"})

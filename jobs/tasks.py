@@ -171,6 +171,32 @@ def attempt_checkpoint(attempt_id: int, number: int, node: str, at: float, count
     return lifecycle.record_checkpoint(attempt_id, number, node=node, at=at, count=count)
 
 
+@shared_task(name="jobs.tasks.attempt_pulling", ignore_result=True)
+def attempt_pulling(attempt_id: int, number: int, node: str, text: str) -> bool:
+    """A host is pulling the image of an attempt it was told to start: while the attempt waits for it
+    (ADMITTED), its job's reason says how far ("pulling image X: layer 2, 14.0 s"). Best effort: a lost
+    report costs one line. From a node of its placement only."""
+    from jobs.choices import JobState
+    from jobs.models import Job
+
+    if type(attempt_id) is not int or type(number) is not int or not isinstance(text, str):
+        return False
+    row = (
+        Attempt.objects.filter(pk=attempt_id, number=number, state=AttemptState.ADMITTED)
+        .values_list("placement", "job_id")
+        .first()
+    )
+    if row is None or not _in_placement(row[0], node, attempt_id, "a pull report"):
+        return False
+    reason = "".join(c for c in text if c.isprintable())[:300]
+    return (
+        Job.objects.filter(pk=row[1], state=JobState.ADMITTED, attempt_count=number).update(
+            state_reason=reason
+        )
+        == 1
+    )
+
+
 @shared_task(name="jobs.tasks.attempt_log", ignore_result=True)
 def attempt_log(attempt_id: int, number: int, node: str, offset: int, text: str) -> bool:
     """A chunk of an attempt's output, stored within its team's budget (jobs.services.log_append)."""

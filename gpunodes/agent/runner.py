@@ -71,6 +71,7 @@ STARTED = "jobs.tasks.attempt_started"
 FINISHED = "jobs.tasks.attempt_finished"
 CHECKPOINT = "jobs.tasks.attempt_checkpoint"
 LOG = "jobs.tasks.attempt_log"
+PULLING = "jobs.tasks.attempt_pulling"
 # The fields of a started/finished report that its control-side task takes; the outbox entry of an end
 # also keeps the job id and `log_ranges`, the byte ranges of the log that were shipped (the control side
 # asks for the gaps it finds: reship_log).
@@ -425,7 +426,9 @@ class Runner:
                     return "duplicate"
                 self._pulling.add(key)
             try:
-                image_problem = self._prepare_image(image, pulled.append, attempt_words(job_id, number))
+                image_problem = self._prepare_image(
+                    image, lambda line: self._say_pulling(key, line, pulled), attempt_words(job_id, number)
+                )
             finally:
                 with self._lock:
                     self._pulling.discard(key)
@@ -759,6 +762,15 @@ class Runner:
             real_gpus=not self.fake_gpus,
             tmpfs_bytes=max(0, size),
         )
+
+    def _say_pulling(self, key: tuple[int, int], line: str, said: list[str]) -> None:
+        """A line of a pull: kept for the attempt's log, and sent to the control side for the job's
+        page (best effort: not through the outbox; a lost one costs a line)."""
+        said.append(line)
+        try:
+            self.report(PULLING, {"attempt_id": key[0], "number": key[1], "node": self.node, "text": line})
+        except Exception as e:  # noqa: BLE001 - a broker hiccup never fails a pull
+            log.info("could not report the pull of attempt %s/%s: %s", *key, e)
 
     def _end_container(self, name: str | None) -> None:
         """Its container record and env file go (the processes went with the attempt's uid/cgroup)."""

@@ -61,6 +61,9 @@ def test_an_image_is_pulled_from_the_registry_before_the_attempt_starts(
     out = reports.log_of(1)
     assert done["how"] == "exited" and "inside" in out, out
     assert f"pulling image {pushed}" in out and f"pulled image {pushed}" in out
+    # ...and the control side heard the pull as it went (the job's page shows it while it waits).
+    said = [k["text"] for k in reports.of("jobs.tasks.attempt_pulling")]
+    assert said[0] == f"pulling image {pushed}" and said[-1].startswith(f"pulled image {pushed}: "), said
     podman._run("rmi", pushed)
 
 

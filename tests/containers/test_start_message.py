@@ -41,3 +41,21 @@ def test_the_agent_refuses_an_image_that_is_not_a_name(image):
     message = {"attempt_id": 1, "number": 1, "job_id": 1, "command": ["true"], "image": image}
     with pytest.raises(Invalid, match="image"):
         validate_start(message)
+
+
+def test_a_pull_report_shows_on_the_job_while_it_waits_and_only_from_its_node(
+    bob, vision_share, fresh, sent, settings, django_capture_on_commit_callbacks
+):
+    from jobs.models import Job
+    from jobs.tasks import attempt_pulling
+
+    settings.ALLOWED_IMAGES = ["registry.example.com/ml/"]
+    job = job_submit(user=bob, share=vision_share, gpus=1, gpu_type="a10g", command=["t"], image=IMAGE)
+    run(django_capture_on_commit_callbacks)
+    attempt = job.attempts.get()
+    node = attempt.placement[0]["node"]
+    other = "node-2" if node == "node-1" else "node-1"
+    assert attempt_pulling(attempt.pk, 1, other, "pulling image forged") is False
+    assert attempt_pulling(attempt.pk, 1, node, f"pulling image {IMAGE}: layer 2, 14.0 s") is True
+    assert Job.objects.get(pk=job.pk).state_reason == f"pulling image {IMAGE}: layer 2, 14.0 s"
+    assert attempt_pulling(attempt.pk, 2, node, "pulling image of another attempt") is False
