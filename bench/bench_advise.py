@@ -78,7 +78,8 @@ def holdout(args) -> None:
         advised, window_s=window, replay_many=advise.local_replayer(advised, window_s=window, jobs=args.pool)
     )
     took = time.perf_counter() - t0
-    chosen = answer["frontier"][answer["recommended"]]
+    rec = answer["recommended"]
+    chosen = answer["today"] if rec is None else answer["frontier"][rec]
     print(f"advised on days {train[0] // DAY}-{train[1] // DAY}: {answer['replays']} replays in {took:.0f} s")
     print("recommended:", "; ".join(c["words"] for c in chosen["changes"]) or "today's layout")
     # The held-out week with the advised fortnight's shares (importtrace's top 8 of a window differ

@@ -26,7 +26,7 @@ The figures of a point, over the window the scenario stands for (quotas.engine.m
 - per week of the window: utilisation and owners' p95, whose spread says how sure the figure is.
 
 The frontier: the points no other point beats on both utilisation (higher) and owners' p95 wait (lower),
-ties broken by lost work. "recommended": the frontier point with the highest utilisation whose owners'
+ties broken by lost work. "recommended" (null: keep today's layout): the frontier point with the highest utilisation whose owners'
 p95 wait is no worse than today's and whose useful utilisation (GPU-time held less the work thrown away
 by pre-emptions) is no lower than today's (today's own point qualifies, so there always is one). The
 second condition came from the held-out test on ITP (bench/RESULTS.md): without it a fair_reclaim that

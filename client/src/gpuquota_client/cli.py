@@ -832,7 +832,10 @@ def cmd_advise(args, out) -> int:
             )
         )
     out(table(rows, ["POINT", "UTIL%", "OWNERS P95", "LOST GPU-H", "NEVER STARTED", "CHANGES", ""]))
-    out(f"Recommended: {advice['rule']}.")
+    out(
+        f"Recommended: {advice['rule']}"
+        + (" (here: keep today's layout)." if advice["recommended"] is None else ".")
+    )
     out(f"Plan a point: gpuquota advise --run {run['id']} --plan N")
     return 0
 
