@@ -6,14 +6,21 @@ answers login_required, and the session ends). Past that time a request that can
 
 from __future__ import annotations
 
+import logging
 import time
 
+import requests
 from django.conf import settings
 from django.contrib import auth
+from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpResponse
+from django.urls import reverse
+from django.utils.functional import cached_property
 from mozilla_django_oidc.middleware import SessionRefresh
 
 from directory import provider
+
+log = logging.getLogger(__name__)
 
 
 class DirectorySessionRefresh(SessionRefresh):
@@ -27,6 +34,12 @@ class DirectorySessionRefresh(SessionRefresh):
         self.OIDC_USE_NONCE = True
         self.OIDC_NONCE_SIZE = 32
 
+    @cached_property
+    def exempt_urls(self):
+        # mozilla-django-oidc's list names its own logout URL, which gpuquota leaves out (its /logout/).
+        names = [*self.OIDC_EXEMPT_URLS, "oidc_authentication_init", "oidc_authentication_callback"]
+        return {url if url.startswith("/") else reverse(url) for url in names}
+
     def process_request(self, request):
         if not provider.enabled() or not self._is_directory_session(request):
             return None
@@ -37,7 +50,13 @@ class DirectorySessionRefresh(SessionRefresh):
         if request.method != "GET" or request.path.startswith("/api/"):
             auth.logout(request)  # no round trip possible: answered as signed out
             return None
-        self.OIDC_OP_AUTHORIZATION_ENDPOINT = provider.discovery()["authorization_endpoint"]
+        try:
+            self.OIDC_OP_AUTHORIZATION_ENDPOINT = provider.discovery()["authorization_endpoint"]
+        except (requests.RequestException, ValueError, ImproperlyConfigured) as exc:
+            # The session cannot be checked: it ends (closed, not open, while the provider is away).
+            log.warning("directory session of %s ended: the provider did not answer (%s)", request.user, exc)
+            auth.logout(request)
+            return None
         response = super().process_request(request)
         if response is not None and getattr(request, "htmx", False):
             # A poll cannot follow a redirect to the provider: the whole page goes, and comes back.

@@ -10,7 +10,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("config", "quotas", "jobs", "gpunodes", "bench")
+PACKAGES = ("config", "quotas", "jobs", "gpunodes", "bench", "directory", "notify")
 
 
 def project_modules(root: Path = ROOT) -> dict[str, Path]:

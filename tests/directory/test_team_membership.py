@@ -120,3 +120,15 @@ def test_local_sessions_are_not_sent_to_the_provider(directory, bob):
     local.force_login(bob, backend="directory.backends.LocalBackend")
     renew(local)
     assert local.get("/").status_code == 200
+
+
+def test_a_session_due_for_its_check_ends_while_the_provider_is_away(directory, client, settings):
+    from directory import provider
+
+    SignIn(client, directory, "dana").sign_in()
+    renew(client)
+    settings.OIDC_ISSUER = "http://127.0.0.1:1/o"  # nobody answers there
+    provider.forget()
+    page = client.get("/")
+    assert page.status_code == 302 and page["Location"].startswith("/login/")
+    assert not page.wsgi_request.user.is_authenticated
