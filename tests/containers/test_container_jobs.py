@@ -114,3 +114,21 @@ def _owner(pid: str) -> int:
         return os.stat(f"/proc/{pid}").st_uid
     except OSError:
         return -1
+
+
+def test_a_gang_rank_sees_the_rendezvous_and_the_hosts_network(runner, reports, image):
+    meet = {
+        "master_addr": "10.0.0.1",
+        "master_port": 29512,
+        "hosts": ["10.0.0.1", "10.0.0.2"],
+        "world_size": 4,
+    }
+    script = (
+        'echo "$MASTER_ADDR:$MASTER_PORT $WORLD_SIZE $NODE_RANK $NNODES $GPUQUOTA_HOSTS"; ls /sys/class/net'
+    )
+    start(runner, image, script, gpus=[0, 1], rank=1, world=["other", runner.node], rendezvous=meet)
+    done = wait_until(lambda: reports.finished(1), timeout=30, runner=runner, what="the rank")
+    out = reports.log_of(1).splitlines()
+    assert done["exit_code"] == 0, out
+    assert out[0] == "10.0.0.1:29512 4 1 2 10.0.0.1,10.0.0.2"
+    assert sorted(out[1:]) == sorted(os.listdir("/sys/class/net"))  # the host's interfaces: its network
