@@ -289,10 +289,14 @@ def plan_document(advice: dict[str, Any], index: int, live_document: dict[str, A
     point = advice["frontier"][index]
     doc = {k: (list(v) if isinstance(v, list) else v) for k, v in live_document.items()}
     shares = {s["name"]: dict(s) for s in doc.get("shares", [])}
+    groups = {g["name"]: dict(g) for g in doc.get("groups", [])}
     settings = dict(doc.get("settings") or {})
     for change in point["changes"]:
         if change["target"] == advise.SETTINGS_TARGET:
             settings[change["field"]] = change["to"]
+            continue
+        if change["target"] in groups:  # a group's weight (names of groups and shares never collide)
+            groups[change["target"]][change["field"]] = change["to"]
             continue
         share = shares.get(change["target"])
         if share is None:
@@ -301,6 +305,8 @@ def plan_document(advice: dict[str, Any], index: int, live_document: dict[str, A
         if change["field"] == "strategy" and change["to"] != "LEND_AND_BORROW":
             share["borrow_limit"] = -1  # only a LEND_AND_BORROW share has a borrow limit
     doc["shares"] = [shares[s["name"]] for s in doc.get("shares", [])]
+    if groups:
+        doc["groups"] = [groups[g["name"]] for g in doc["groups"]]
     if settings:
         doc["settings"] = settings
     return doc

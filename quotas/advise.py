@@ -98,6 +98,8 @@ def moves(scenario: sc.Scenario) -> list[dict[str, Any]]:
         )
         if share.group is not None:
             out.append(move(share.name, "weight", share.weight, share.weight * 2))
+    for group in sorted(scenario.groups, key=lambda g: g.name):  # a group's weight among its siblings
+        out.append(move(group.name, "weight", group.weight, group.weight * 2))
     settings = scenario.settings
     half_life = settings.fair_share_half_life_s
     out.append(
@@ -115,17 +117,24 @@ def variant_key(variant: Sequence[Mapping[str, Any]]) -> str:
 def apply(scenario: sc.Scenario, variant: Sequence[Mapping[str, Any]]) -> sc.Scenario:
     """The scenario with the variant's moves applied to its layout (jobs, nodes and events unchanged)."""
     shares = {s.name: s for s in scenario.shares}
+    groups = {g.name: g for g in scenario.groups}
     settings = scenario.settings
     for m in variant:
         if m["target"] == SETTINGS_TARGET:
             settings = dataclasses.replace(settings, **{m["field"]: m["to"]})
+            continue
+        if m["target"] in groups:  # names of groups and shares never collide (validate_tree)
+            groups[m["target"]] = dataclasses.replace(groups[m["target"]], **{m["field"]: m["to"]})
             continue
         changes = {m["field"]: m["to"]}
         if m["field"] == "strategy" and m["to"] != policy.LEND_AND_BORROW:
             changes["borrow_limit"] = policy.UNLIMITED  # only a LEND_AND_BORROW share has a borrow limit
         shares[m["target"]] = dataclasses.replace(shares[m["target"]], **changes)
     return dataclasses.replace(
-        scenario, shares=tuple(shares[s.name] for s in scenario.shares), settings=settings
+        scenario,
+        shares=tuple(shares[s.name] for s in scenario.shares),
+        groups=tuple(groups[g.name] for g in scenario.groups),
+        settings=settings,
     )
 
 
@@ -200,8 +209,10 @@ def evaluate(scenario: sc.Scenario, *, window_s: float) -> dict[str, Any]:
         "lost_gpu_seconds": lost,
         "never_started": never,
         "never_started_words": measures.never_started(scenario, result, limit=5),
+        # every share, one without owners' jobs too (None): "what changes for whom" names it
         "shares": {
-            name: {"owners_p95_wait_s": _p95([w for _, w in ws])} for name, ws in sorted(owners.items())
+            s.name: {"owners_p95_wait_s": _p95([w for _, w in owners.get(s.name, [])])}
+            for s in sorted(scenario.shares, key=lambda s: s.name)
         },
         "weeks": weeks,
     }
@@ -322,12 +333,12 @@ def change_words(m: Mapping[str, Any], point: Mapping[str, Any], today: Mapping[
     )
     gain = point["utilisation"] - today["utilisation"]
     words = f"{label}: {what}: {gain:+.1f}% utilisation"
-    if m["target"] != SETTINGS_TARGET:
+    if m["target"] in today["shares"] or m["target"] in point["shares"]:  # a share: its owners' wait
         before = today["shares"].get(m["target"], {}).get("owners_p95_wait_s")
         after = point["shares"].get(m["target"], {}).get("owners_p95_wait_s")
         words += f", {m['target']}'s owners' p95 wait {duration_words(before)} → {duration_words(after)}"
     else:
-        words += f", owners' p95 wait {duration_words(today['owners_p95_wait_s'])} → {duration_words(point['owners_p95_wait_s'])}"
+        words += f", all owners' p95 wait {duration_words(today['owners_p95_wait_s'])} → {duration_words(point['owners_p95_wait_s'])}"
     return words
 
 

@@ -168,3 +168,11 @@ def test_plan_document_applies_each_change():
     assert out["shares"][1]["min_runtime_s"] == 600
     assert out["settings"] == {"fair_reclaim": True}
     assert doc["shares"][0]["strategy"] == "LEND_AND_BORROW"  # today's document untouched
+
+
+def test_plan_document_changes_a_groups_weight():
+    doc = {"format": 1, "teams": [], "groups": [{"name": "research"}], "shares": [{"name": "a", "team": "t"}]}
+    result = {"frontier": [{"changes": [advise.move("research", "weight", 1, 2)]}]}
+    out = advice.plan_document(result, 0, doc)
+    assert out["groups"] == [{"name": "research", "weight": 2}]
+    assert doc["groups"] == [{"name": "research"}]

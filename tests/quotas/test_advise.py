@@ -269,3 +269,14 @@ def test_a_bad_scenario_exits_2_naming_the_field(tmp_path, capsys):
     assert not (tmp_path / "out.json").exists()
     path.write_text("{not json")
     assert advise.main([str(path)]) == 2
+
+
+def test_a_groups_weight_is_a_move_where_the_tree_exists():
+    scenario = sc.load(FIXTURES / "two-departments-lend-limit.json")
+    group_moves = [m for m in advise.moves(scenario) if m["target"] in {g.name for g in scenario.groups}]
+    assert group_moves and {m["field"] for m in group_moves} == {"weight"}
+    m = group_moves[0]
+    changed = advise.apply(scenario, [m])
+    assert next(g for g in changed.groups if g.name == m["target"]).weight == m["to"]
+    assert next(g for g in scenario.groups if g.name == m["target"]).weight == m["from"]  # today's untouched
+    assert advise.layout_of(changed)["groups"] != advise.layout_of(scenario)["groups"]
