@@ -1457,12 +1457,20 @@ class Runner:
         if not containers.shutil.which("podman") or self.podman is None:
             return []
         with self._lock:
-            owned = {containers.attempt_label(p.attempt_id, p.number) for p in self._procs.values()}
+            procs = list(self._procs.values())
+        owned = {containers.attempt_label(p.attempt_id, p.number) for p in procs}
         ended = []
         for name, label in self.podman.containers(self.node):
             if label not in owned:
-                self.podman.remove(name)
+                self._end_container(name)
                 ended.append(name)
+        # What a killed agent left of containers podman no longer lists: env files (the jobs' values)
+        # and idmapped checkpoint mounts.
+        mine = {p.container for p in procs if p.container}
+        left = self.state_path.parent / "containers"
+        for path in sorted(left.glob(f"gpuquota-{self.node}-a*")) if left.is_dir() else ():
+            if path.name.rsplit(".", 1)[0] not in mine:
+                self._end_container(path.name.rsplit(".", 1)[0])
         if ended:
             log.warning(
                 "ended %d orphaned container(s) of a previous agent: %s", len(ended), ", ".join(ended)

@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 import uuid
+from pathlib import Path
 
 from gpunodes.agent.containment import LimitPolicy
 from tests.containers.conftest import needs_podman
@@ -133,6 +134,9 @@ def test_a_container_left_by_an_agent_killed_with_minus_9_is_ended_by_the_next_a
         took = time.monotonic() - began
         assert podman.containers(node) == []
         assert not [p for p in running if alive(int(p))], "processes of the orphan container live on"
+        # ...nor its env file (the job's values) nor its idmapped checkpoint mount.
+        assert list((root_dir / "state" / "containers").iterdir()) == []
+        assert str(root_dir / "state" / "containers") not in Path("/proc/self/mountinfo").read_text()
         print(f"orphan container ended in {took:.2f} s")
     finally:
         if agent.poll() is None:
