@@ -132,3 +132,12 @@ def test_a_gang_rank_sees_the_rendezvous_and_the_hosts_network(runner, reports, 
     assert done["exit_code"] == 0, out
     assert out[0] == "10.0.0.1:29512 4 1 2 10.0.0.1,10.0.0.2"
     assert sorted(out[1:]) == sorted(os.listdir("/sys/class/net"))  # the host's interfaces: its network
+
+
+def test_the_agents_shutdown_ends_its_containers(runner, reports, image, podman):
+    start(runner, image, "echo up; exec sleep 600")
+    wait_until(lambda: "up" in reports.log_of(1), timeout=30, runner=runner, what="the job up")
+    runner.shutdown(grace_s=1)
+    assert reports.finished(1) is not None
+    assert podman.containers(runner.node) == []
+    assert list((runner.state_path.parent / "containers").iterdir()) == []
