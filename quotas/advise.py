@@ -28,7 +28,7 @@ The figures of a point, over the window the scenario stands for (quotas.engine.m
 The frontier: the points no other point beats on both utilisation (higher) and owners' p95 wait (lower),
 ties broken by lost work. "recommended" (null: keep today's layout): the frontier point with the highest utilisation whose owners'
 p95 wait is no worse than today's and whose useful utilisation (GPU-time held less the work thrown away
-by pre-emptions) is no lower than today's (today's own point qualifies, so there always is one). The
+by pre-emptions) is no lower than today's (null: keep today's layout, see the margin below). The
 second condition came from the held-out test on ITP (bench/RESULTS.md): without it a fair_reclaim that
 added 0.1% utilisation by pre-empting and re-running work was recommended. And a change is recommended
 over today's only for at least MARGIN_UTILISATION points of utilisation (the held-out test again: a
