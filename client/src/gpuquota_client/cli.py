@@ -310,10 +310,18 @@ def cmd_login(args, out) -> int:
 
     from gpuquota_client.client import Client
 
-    username = args.username or input("Username: ")
-    password = sys.stdin.readline().rstrip("\n") if args.password_stdin else getpass.getpass("Password: ")
-    client = Client(args.server_url)
-    token = client.login(username, password)
+    if args.token_stdin:
+        # A token made on the server's Tokens page (/account/tokens/): how those who sign in with the
+        # organisation's directory, who have no password, log the CLI in. Checked before it is saved.
+        client = Client(args.server_url, sys.stdin.readline().strip())
+        mine = client.request("GET", "auth/tokens/")
+        username = mine["results"][0]["user"] if mine.get("results") else "?"
+        token = client.token
+    else:
+        username = args.username or input("Username: ")
+        password = sys.stdin.readline().rstrip("\n") if args.password_stdin else getpass.getpass("Password: ")
+        client = Client(args.server_url)
+        token = client.login(username, password)
     from gpuquota_client import config
 
     saved = {"url": client.url, "token": token}
@@ -1226,6 +1234,11 @@ def _login(p) -> None:
     p.add_argument("server_url", metavar="URL")
     p.add_argument("--username", "-u")
     p.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
+    p.add_argument(
+        "--token-stdin",
+        action="store_true",
+        help="read an API token made on the server's Tokens page from stdin (directory sign-in: no password)",
+    )
 
 
 def _submit(p) -> None:
