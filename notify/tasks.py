@@ -39,25 +39,33 @@ def collect(event_ids: list[int]) -> int:
     events = list(
         JobEvent.objects.filter(pk__in=event_ids).select_related("job__share__team", "job__submitted_by")
     )
-    made = 0
-    touched: set[int] = set()
+    # The channels of these jobs' owners and teams, read once (an array's 1,000 events: three queries
+    # and one insert, not a query and an insert each).
+    users = {e.job.submitted_by_id for e in events}
+    teams = {e.job.share.team_id for e in events}
+    channels = list(
+        Channel.objects.filter(Q(user_id__in=users) | Q(team_id__in=teams), disabled_at__isnull=True)
+    )
+    rows = []
     for event in events:
         kind = EVENT_OF_KIND.get(event.kind)
         if kind is None:
             continue
         job = event.job
-        channels = Channel.objects.filter(
-            Q(user_id=job.submitted_by_id) | Q(team_id=job.share.team_id), disabled_at__isnull=True
-        )
+        wanting = [
+            c
+            for c in channels
+            if kind in c.events and (c.user_id == job.submitted_by_id or c.team_id == job.share.team_id)
+        ]
+        if not wanting:
+            continue
         line, data = line_for(job, event.kind, event.detail or {}, event.at)
-        for channel in channels:
-            if kind not in channel.events:
-                continue
-            Pending.objects.create(
-                channel=channel, event=kind, job_id=job.pk, line=line, data=data, at=event.at
-            )
-            touched.add(channel.pk)
-            made += 1
+        rows += [
+            Pending(channel=c, event=kind, job_id=job.pk, line=line, data=data, at=event.at) for c in wanting
+        ]
+    Pending.objects.bulk_create(rows, batch_size=500)
+    made = len(rows)
+    touched = {row.channel.pk for row in rows}
     for channel_id in touched:
         # One flush per channel at a time: later events join the one queued (compare-and-set).
         if Channel.objects.filter(pk=channel_id, flush_due=False).update(flush_due=True):
