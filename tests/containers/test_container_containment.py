@@ -38,6 +38,12 @@ def test_a_container_job_cannot_reach_another_attempt_other_processes_or_the_age
     runner, reports, image, monkeypatch
 ):
     monkeypatch.setenv("SECRET_KEY", "agent-secret-key")  # the agent's own environment
+    # The admin's registry credentials, kept on the host for podman's pulls (root's, 0600).
+    auth = runner.state_path.parent / "auth.json"
+    auth.parent.mkdir(parents=True, exist_ok=True)
+    auth.write_text('{"auths": {"reg.example.com": {"auth": "c2VjcmV0OnRva2Vu"}}}')
+    auth.chmod(0o600)
+    monkeypatch.setenv("REGISTRY_AUTH_FILE", str(auth))
     victim = (
         'echo "victim-secret" > "$GPUQUOTA_WORKDIR/data"; echo w > "$GPUQUOTA_CHECKPOINT_DIR/model.pt"; '
         "echo up; exec sleep 60"
@@ -55,6 +61,8 @@ def test_a_container_job_cannot_reach_another_attempt_other_processes_or_the_age
         ("ps -o args | grep -v grep | grep 'sleep 60'", "processes"),
         ("grep -r hf-team-b /proc/*/environ", "other-env"),
         ("env | grep -e agent-secret-key -e SECRET_KEY -e REGISTRY_AUTH", "agent-env"),
+        (f"cat {auth}", "registry-credentials"),
+        ("grep -rs c2VjcmV0OnRva2Vu /run /tmp /etc", "registry-credentials-copied"),
         ("kill -9 -1", "kill-all"),
     ]
     attack = "; ".join(f"{cmd} >/dev/null 2>&1 && echo LEAK:{what}" for cmd, what in tries) + "; echo done"
