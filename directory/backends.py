@@ -81,6 +81,8 @@ class DirectoryBackend(OIDCAuthenticationBackend):
         return claims
 
     def get_or_create_user(self, access_token, id_token, payload):
+        # The session's check with the provider is due no later than the ID token's own end.
+        self.request.oidc_id_token_exp = payload["exp"]
         claims = dict(payload)
         if self.OIDC_OP_USER_ENDPOINT and access_token:
             userinfo = self.get_userinfo(access_token, id_token, payload)

@@ -5,6 +5,7 @@ user who signs in through the directory (who has no password) makes a token for 
 from __future__ import annotations
 
 import logging
+import time
 from datetime import timedelta
 
 import requests
@@ -66,6 +67,17 @@ class CallbackView(OIDCAuthenticationCallbackView):
                 reason = request.GET.get("error_description") or request.GET["error"]
                 return self._refused(request, reason[:200], status=302)
             return self._refused(request, "the provider's answer was not accepted")
+        return response
+
+    def login_success(self):
+        response = super().login_success()
+        # Due again after OIDC_RENEW_SECONDS, or at the ID token's expiry if that comes first (but not
+        # sooner than OIDC_LEEWAY_S: a token accepted within the clock skew would send every page round).
+        expiry = getattr(self.request, "oidc_id_token_exp", None)
+        if expiry is not None:
+            session = self.request.session
+            due = min(session["oidc_id_token_expiration"], float(expiry))
+            session["oidc_id_token_expiration"] = max(due, time.time() + settings.OIDC_LEEWAY_S)
         return response
 
     def _refused(self, request, reason: str, status: int = 400):

@@ -132,3 +132,17 @@ def test_a_session_due_for_its_check_ends_while_the_provider_is_away(directory, 
     page = client.get("/")
     assert page.status_code == 302 and page["Location"].startswith("/login/")
     assert not page.wsgi_request.user.is_authenticated
+
+
+def test_the_check_is_due_at_the_id_tokens_expiry_when_it_comes_first(directory, client, settings):
+    import time
+
+    settings.OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS = 900
+    directory.fault(exp_in=60)  # the provider's ID token lasts one minute
+    SignIn(client, directory, "dana").sign_in()
+    due = client.session["oidc_id_token_expiration"]
+    assert time.time() + 50 < due < time.time() + 61
+    directory.fault()
+    client.logout()
+    SignIn(client, directory, "dana").sign_in()  # the provider's 300 s, still before 900 s
+    assert client.session["oidc_id_token_expiration"] < time.time() + 301
