@@ -1,0 +1,42 @@
+"""The admin lists the directory's and the notifications' records; a channel's secret and a chat URL's
+token are not in its pages."""
+
+import pytest
+from django.urls import reverse
+
+from notify.models import Channel, Delivery, Kind
+
+pytestmark = pytest.mark.django_db
+
+PAGES = [
+    "directory_identity",
+    "directory_directorygroup",
+    "directory_teamdirectory",
+    "directory_directorymembership",
+    "notify_channel",
+    "notify_delivery",
+]
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_the_changelist_renders(client, alice, name):
+    client.force_login(alice)
+    assert client.get(reverse(f"admin:{name}_changelist")).status_code == 200
+
+
+def test_a_channels_secrets_are_not_shown(client, alice, bob):
+    channel = Channel.objects.create(
+        user=bob,
+        kind=Kind.WEBHOOK,
+        url="https://hooks.example.org/T0/B0/token-xyz",
+        secret="hmac-abc",
+        events=[],
+    )
+    Delivery.objects.create(channel=channel, subject="s", body="b")
+    client.force_login(alice)
+    for page in (
+        client.get(reverse("admin:notify_channel_changelist")),
+        client.get(reverse("admin:notify_channel_change", args=[channel.pk])),
+    ):
+        text = page.content.decode()
+        assert page.status_code == 200 and "token-xyz" not in text and "hmac-abc" not in text
