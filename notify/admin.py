@@ -16,6 +16,11 @@ class ChannelAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False  # made on the notifications page, where the URL is checked
 
+    def save_model(self, request, obj, form, change):
+        if obj.disabled_at is None:  # switched back on: its failures start afresh
+            obj.failing_since, obj.last_error = None, ""
+        super().save_model(request, obj, form, change)
+
 
 @admin.register(Delivery)
 class DeliveryAdmin(admin.ModelAdmin):

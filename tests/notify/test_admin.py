@@ -40,3 +40,24 @@ def test_a_channels_secrets_are_not_shown(client, alice, bob):
     ):
         text = page.content.decode()
         assert page.status_code == 200 and "token-xyz" not in text and "hmac-abc" not in text
+
+
+def test_a_channel_switched_back_on_starts_afresh(client, alice, bob):
+    from django.utils import timezone
+
+    now = timezone.now()
+    channel = Channel.objects.create(
+        user=bob,
+        kind=Kind.CHAT,
+        url="https://hooks.example.org/x",
+        events=[],
+        failing_since=now,
+        disabled_at=now,
+    )
+    client.force_login(alice)
+    page = client.post(
+        reverse("admin:notify_channel_change", args=[channel.pk]), {"disabled_at_0": "", "disabled_at_1": ""}
+    )
+    assert page.status_code == 302, page.content.decode()[:500]
+    channel.refresh_from_db()
+    assert channel.disabled_at is None and channel.failing_since is None
