@@ -5,14 +5,10 @@ victims are taken and given back. A part of rules.TypePass."""
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING
 
 from quotas.engine.state import (
     PassAttempt,
 )
-
-if TYPE_CHECKING:  # the class these methods are part of (no import at run time: it imports this module)
-    from quotas.engine.rules import TypePass
 
 
 class NodeFit:
@@ -24,8 +20,10 @@ class NodeFit:
 
     __slots__ = ("tp", "g", "gang", "k", "base", "hits", "extra")
 
-    def __init__(self, tp: TypePass, g: int, fits: bool | None = None) -> None:
-        """`fits`: whether a single-node job fits a node without victims, when the caller knows."""
+    def __init__(self, tp: NodePlacement, g: int, fits: bool | None = None) -> None:
+        """`tp`: the pass of one GPU type (rules.TypePass, whose node part NodePlacement is: named so
+        that this module needs no import of rules, which imports it). `fits`: whether a single-node job
+        fits a node without victims, when the caller knows."""
         self.tp = tp
         self.g = g
         self.gang = g > tp.largest_node

@@ -19,7 +19,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from quotas.engine.views import LEND, LEND_AND_BORROW, UNASSIGNED, UNLIMITED, ShareView, Snapshot, usage
+from quotas.engine.views import (  # GroupSpec lives beside ShareView (views imports nothing of this module)
+    LEND,
+    LEND_AND_BORROW,
+    UNASSIGNED,
+    UNLIMITED,
+    GroupSpec,
+    ShareView,
+    Snapshot,
+    usage,
+)
 
 MAX_DEPTH = 4  # levels of groups (shares not counted)
 NAME_RE = re.compile(r"[a-z0-9-]{1,63}")
@@ -31,19 +40,6 @@ WITHIN = "within its guarantee"
 BORROWING = "borrowing"
 LENDING = "lending"
 STARVED = "starved"
-
-
-@dataclass(frozen=True, slots=True)
-class GroupSpec:
-    """A group of the organisation tree: its parent group (None: directly under the cluster), how strongly
-    its subtree competes for idle capacity with its siblings, and its limits in percent of its subtree's
-    capacity per type (-1: no limit)."""
-
-    name: str
-    parent: str | None = None
-    weight: float = 1
-    borrow_limit: int = UNLIMITED
-    lend_limit: int = UNLIMITED
 
 
 def limit_gpus(limit: int, capacity: int) -> int:

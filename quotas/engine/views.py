@@ -7,10 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
-
-if TYPE_CHECKING:
-    from quotas.engine.tree import GroupSpec
+from typing import TypeVar
 
 RESERVE = "RESERVE"
 LEND = "LEND"
@@ -40,6 +37,19 @@ class NodeView:
     # READY nodes count as capacity and take new work. A cordoned/draining node is passed with
     # schedulable=False so that the attempts still running on it are known, but it adds no capacity.
     schedulable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpec:
+    """A group of the organisation tree: its parent group (None: directly under the cluster), how strongly
+    its subtree competes for idle capacity with its siblings, and its limits in percent of its subtree's
+    capacity per type (-1: no limit)."""
+
+    name: str
+    parent: str | None = None
+    weight: float = 1
+    borrow_limit: int = UNLIMITED
+    lend_limit: int = UNLIMITED
 
 
 @dataclass(frozen=True, slots=True)
