@@ -60,6 +60,7 @@ class Outcome(models.TextChoices):
 class PreemptionReason(models.TextChoices):
     RECLAIM = "RECLAIM", "Reclaim of borrowed capacity"
     PRIORITY = "PRIORITY", "Higher priority in the share"
+    FAIR_SHARE = "FAIR_SHARE", "Fair reclaim between borrowers"
 
 
 class LostCause(models.TextChoices):
@@ -69,6 +70,7 @@ class LostCause(models.TextChoices):
 
     RECLAIM = "reclaim", "Reclaim of borrowed capacity"
     PRIORITY = "priority", "Higher priority in the share"
+    FAIR_SHARE = "fair_share", "Fair reclaim between borrowers"
     NODE_LOST = "node_lost", "Its host was lost"
     FENCED = "fenced", "Fenced: its host's agent lost its lease"
     GPU_FAILED = "gpu_failed", "A GPU of it failed"

@@ -129,6 +129,7 @@ def lost_cause(outcome: str, preemption_reason: str, *, fenced: bool = False) ->
         return {
             PreemptionReason.RECLAIM: LostCause.RECLAIM,
             PreemptionReason.PRIORITY: LostCause.PRIORITY,
+            PreemptionReason.FAIR_SHARE: LostCause.FAIR_SHARE,
         }.get(preemption_reason, "")
     if outcome == Outcome.NODE_LOST:
         return LostCause.FENCED if fenced else LostCause.NODE_LOST

@@ -541,11 +541,12 @@ def apply_preemptions(loaded: Loaded, preemptions: tuple[policy.Preemption, ...]
     for p in preemptions:
         number, grace = loaded.attempt_numbers[p.attempt_id]
         attempt = Attempt(pk=p.attempt_id, number=number)
-        why = (
-            f"PREEMPTED_RECLAIM by job {p.beneficiary_job_id} of share {p.beneficiary_share}"
-            if p.reason == policy.RECLAIM
-            else f"PREEMPTED_PRIORITY by job {p.beneficiary_job_id}"
-        )
+        if p.reason == policy.RECLAIM:
+            why = f"PREEMPTED_RECLAIM by job {p.beneficiary_job_id} of share {p.beneficiary_share}"
+        elif p.reason == policy.FAIR_SHARE:  # rule 11: a borrower takes back towards its fair part
+            why = f"PREEMPTED_FAIR_SHARE by job {p.beneficiary_job_id} of share {p.beneficiary_share}"
+        else:
+            why = f"PREEMPTED_PRIORITY by job {p.beneficiary_job_id}"
         if not lifecycle.request_stop(
             attempt, grace_s=grace, preempted_by=p.beneficiary_job_id, preemption_reason=p.reason, reason=why
         ):

@@ -96,7 +96,15 @@ def test_the_report_integrates_the_samples_and_counts_lost_work_and_owner_waits(
     assert (vision.own, vision.borrowed, vision.lent) == pytest.approx((4.0, 2.0, 0.0))
     assert (language.own, language.borrowed, language.lent) == pytest.approx((0.0, 0.0, 2.0))
     assert vision.lost == pytest.approx(
-        {"reclaim": 1.0, "priority": 0, "node_lost": 0.5, "fenced": 0, "gpu_failed": 0, "agent_stopped": 0}
+        {
+            "reclaim": 1.0,
+            "priority": 0,
+            "fair_share": 0,
+            "node_lost": 0.5,
+            "fenced": 0,
+            "gpu_failed": 0,
+            "agent_stopped": 0,
+        }
     )
     assert language.waits.summary() == {"n": 3, "p50_s": 90.0, "p95_s": 600.0}
     assert {p: w.summary()["n"] for p, w in language.waits_by_priority.items()} == {5: 2, 0: 1}
