@@ -55,9 +55,19 @@ def _lost(result):
 def test_lost_work_is_counted_per_share_by_cause():
     result = simulate(_scenario())
     assert _lost(result) == {
-        "a": {"reclaim": 0, "priority": 2 * 700, "fair_share": 0, "node_lost": 0},  # a-lo ran 300..1000 on 2 GPUs
+        "a": {
+            "reclaim": 0,
+            "priority": 2 * 700,
+            "fair_share": 0,
+            "node_lost": 0,
+        },  # a-lo ran 300..1000 on 2 GPUs
         "b": {"reclaim": 2 * 300, "priority": 0, "fair_share": 0, "node_lost": 0},  # b1 ran 0..300
-        "c": {"reclaim": 0, "priority": 0, "fair_share": 0, "node_lost": 400},  # c1 ran 100..500 on the lost node
+        "c": {
+            "reclaim": 0,
+            "priority": 0,
+            "fair_share": 0,
+            "node_lost": 400,
+        },  # c1 ran 100..500 on the lost node
     }
     assert result.cluster["lost_gpu_seconds"] == 1400 + 600 + 400
 
