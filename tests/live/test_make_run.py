@@ -44,7 +44,8 @@ def test_a_crashed_process_is_restarted_and_ctrl_c_stops_every_process_without_a
 
     port = free_port()
     procfile = (ROOT / "Procfile.dev").read_text()
-    procfile = procfile.replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+    assert "127.0.0.1:${PORT:-8000}" in procfile  # make run's PORT, 8000 unless given
+    procfile = procfile.replace("127.0.0.1:${PORT:-8000}", f"127.0.0.1:{port}")
     procfile = procfile.replace("var/celerybeat-schedule", str(tmp_path / "beat-schedule"))
     lines = [line for line in procfile.splitlines() if line and not line.startswith("demo:")]
     (tmp_path / "Procfile").write_text("\n".join(lines) + "\n")
