@@ -22,7 +22,9 @@ def apply(changes: dict, until=None):
         entry.update(values)
         if until is not None:
             entry["until"] = until.isoformat()
-    return layout.apply(plan_id=layout.plan(source=data, run_whatif=False).pk)
+    return layout.apply(
+        plan_id=layout.plan(source=data, run_whatif=False).pk, overcommit_ok=True
+    )  # the cluster has no a10g node up yet
 
 
 def test_the_control_side_sets_a_temporary_change_back_at_its_time(cluster, django_user_model):
