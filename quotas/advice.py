@@ -86,13 +86,7 @@ def start(*, weeks: int, actor=None, now: datetime | None = None) -> str:
 
 
 def _enqueue(run_id: str, index: int) -> None:
-    from config.celery import WHATIF_QUEUE, app
-
-    kwargs = {"run_id": run_id, "index": index}
-    if app.conf.task_always_eager:
-        app.tasks[TASK].apply(kwargs=kwargs)
-    else:
-        app.send_task(TASK, kwargs=kwargs, queue=WHATIF_QUEUE)
+    whatif.send_replay(TASK, run_id, index)
 
 
 def _scenario(digest: str) -> sc.Scenario:

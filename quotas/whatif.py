@@ -815,14 +815,19 @@ def start(
 
 
 def _enqueue(run_id: str, index: int) -> None:
-    """Ask for one replay by task name (on the `whatif` queue); eager Celery (tests) runs it here."""
+    send_replay(REPLAY_TASK, run_id, index)
+
+
+def send_replay(task: str, run_id: str, index: int) -> None:
+    """Ask for one replay of a run by task name (on the `whatif` queue; the what-if's and the advisor's);
+    eager Celery (tests) runs it here."""
     from config.celery import WHATIF_QUEUE, app
 
     kwargs = {"run_id": run_id, "index": index}
     if app.conf.task_always_eager:
-        app.tasks[REPLAY_TASK].apply(kwargs=kwargs)
+        app.tasks[task].apply(kwargs=kwargs)
     else:
-        app.send_task(REPLAY_TASK, kwargs=kwargs, queue=WHATIF_QUEUE)
+        app.send_task(task, kwargs=kwargs, queue=WHATIF_QUEUE)
 
 
 def start_preview(*, share: str, changes: Mapping[str, Any]) -> str:
