@@ -1,6 +1,7 @@
 """CLI tests run the real `gpuquota` command (its main(), and once as a process) against a live test
 server. The client package is used from client/src, as `pip install ./client` would install it."""
 
+import io
 import sys
 from pathlib import Path
 
@@ -31,3 +32,17 @@ def _short_forecast_wait(monkeypatch):
     forecast to see it gives up soon. Tests whose passes run wait the CLI's own time
     (test_cli_forecast_after_change)."""
     monkeypatch.setattr("gpuquota_client.cli.FORECAST_WAIT_S", 0.3)
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """The CLI in this process: cli(*argv, stdin="") -> (exit code, stdout, stderr)."""
+    from gpuquota_client.cli import main
+
+    def call(*argv, stdin=""):
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+        code = main([str(a) for a in argv])
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return call

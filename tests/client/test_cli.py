@@ -1,6 +1,5 @@
 """The `gpuquota` CLI against a live server: log in, look, submit, watch, change, cancel."""
 
-import io
 import json
 import os
 import stat
@@ -14,19 +13,6 @@ from jobs.choices import AttemptState, JobState
 from jobs.models import Attempt, Job, LogChunk
 from tests.api.conftest import run, submit
 from tests.client.conftest import CLIENT_SRC
-
-
-@pytest.fixture
-def cli(capsys, monkeypatch):
-    from gpuquota_client.cli import main
-
-    def call(*argv, stdin=""):
-        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
-        code = main([str(a) for a in argv])
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    return call
 
 
 @pytest.fixture

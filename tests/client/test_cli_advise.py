@@ -11,19 +11,6 @@ from django.core.management import call_command
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def cli(capsys, monkeypatch):
-    from gpuquota_client.cli import main
-
-    def call(*argv, stdin=""):
-        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
-        code = main([str(a) for a in argv])
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    return call
-
-
 def login(cli, live_server, user, password):
     code, _, err = cli("login", live_server.url, "-u", user, "--password-stdin", stdin=password + "\n")
     assert code == 0, err

@@ -2,25 +2,11 @@
 fair-share value and state; --gpu-type; --json; and a bad tree planned from a file is exit 2 with the
 problem under its path."""
 
-import io
 import json
 
 import pytest
 
 from tests import org_world
-
-
-@pytest.fixture
-def cli(capsys, monkeypatch):
-    from gpuquota_client.cli import main
-
-    def call(*argv, stdin=""):
-        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
-        code = main([str(a) for a in argv])
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    return call
 
 
 @pytest.fixture

@@ -1,26 +1,11 @@
 """`gpuquota shares export|plan|apply|history` against a live server: the layout as one file, a plan
 with its effect, apply, versions; bad input is exit code 2 with every problem under its path."""
 
-import io
-
 import pytest
 import yaml
 
 from quotas.models import LayoutVersion, Share
 from tests.api.conftest import submit
-
-
-@pytest.fixture
-def cli(capsys, monkeypatch):
-    from gpuquota_client.cli import main
-
-    def call(*argv, stdin=""):
-        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
-        code = main([str(a) for a in argv])
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    return call
 
 
 def log_in(cli, url, user, password):

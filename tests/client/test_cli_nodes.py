@@ -1,25 +1,9 @@
 """`gpuquota nodes` says how many GPUs of each node are out of capacity (found broken, or re-checking)."""
 
-import io
 import time
-
-import pytest
 
 from gpunodes.services import fake_inventory
 from gpunodes.tasks import node_heartbeat
-
-
-@pytest.fixture
-def cli(capsys, monkeypatch):
-    from gpuquota_client.cli import main
-
-    def call(*argv, stdin=""):
-        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
-        code = main([str(a) for a in argv])
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    return call
 
 
 def test_nodes_lists_the_unhealthy_gpus(cli, live_server, bob, nodes, config_file, settings):
