@@ -46,3 +46,13 @@ def cli(capsys, monkeypatch):
         return code, captured.out, captured.err
 
     return call
+
+
+@pytest.fixture
+def logged_in(cli, live_server, bob, vision_share, nodes, config_file):
+    """The CLI, logged in as bob (a member of vision) against the live server."""
+    code, out, err = cli(
+        "login", live_server.url, "--username", "bob", "--password-stdin", stdin="bob-pw-123\n"
+    )
+    assert code == 0, err
+    return cli

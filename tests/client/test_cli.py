@@ -15,15 +15,6 @@ from tests.api.conftest import run, submit
 from tests.client.conftest import CLIENT_SRC
 
 
-@pytest.fixture
-def logged_in(cli, live_server, bob, vision_share, nodes, config_file):
-    code, out, err = cli(
-        "login", live_server.url, "--username", "bob", "--password-stdin", stdin="bob-pw-123\n"
-    )
-    assert code == 0, err
-    return cli
-
-
 def test_login_stores_the_token_readable_by_the_user_only(cli, live_server, bob, config_file):
     code, out, _ = cli("login", live_server.url, "-u", "bob", "--password-stdin", stdin="bob-pw-123\n")
     assert code == 0

@@ -11,10 +11,7 @@ import pytest
 from jobs.choices import JobState
 from jobs.models import Job, JobArray
 from tests.api.conftest import submit
-from tests.client import test_cli
 from tests.client.conftest import CLIENT_SRC
-
-cli, logged_in = test_cli.cli, test_cli.logged_in  # the CLI suite's fixtures
 
 SUBMIT = ("submit", "--share", "vision-main", "--gpus", 1, "--gpu-type", "a10g")
 

@@ -8,11 +8,10 @@ from quotas import services
 from quotas.choices import Strategy
 from quotas.models import QueueForecast
 from tests.api.conftest import run, submit
-from tests.client.test_cli import cli, logged_in  # noqa: F401 (fixtures)
 from tests.conftest import make_share
 
 
-def test_status_says_what_the_eta_rests_on_and_its_age(logged_in, bob, vision, nodes):  # noqa: F811
+def test_status_says_what_the_eta_rests_on_and_its_age(logged_in, bob, vision, nodes):
     # Waits for the one 4-GPU job with a max runtime that holds its RESERVE share's capacity: a bound.
     share = make_share(vision, "vision-prod", capacity={"a10g": 4}, strategy=Strategy.RESERVE)
     run(submit(bob, share, gpus=4, max_runtime_s=3600), nodes[0], [0, 1, 2, 3])
@@ -23,7 +22,7 @@ def test_status_says_what_the_eta_rests_on_and_its_age(logged_in, bob, vision, n
     assert "expected to start" in out and "[bound: every job before it has a max runtime; forecast" in out
 
 
-def test_a_passed_eta_reads_due_now_not_a_time_ago(logged_in, bob, vision_share, nodes):  # noqa: F811
+def test_a_passed_eta_reads_due_now_not_a_time_ago(logged_in, bob, vision_share, nodes):
     for node in nodes:
         run(submit(bob, vision_share, gpus=4), node, [0, 1, 2, 3])
     job = submit(bob, vision_share, gpus=4)

@@ -11,7 +11,6 @@ from django.core.cache import cache
 from jobs.models import Job
 from quotas import services, tasks, triggers
 from tests.api.conftest import run, submit
-from tests.client.test_cli import cli, logged_in  # noqa: F401 (fixtures)
 
 SUBMIT = ("submit", "--share", "vision-main", "--gpus", 4, "--gpu-type", "a10g", "--name", "big")
 
@@ -43,7 +42,7 @@ def full(bob, vision_share, nodes):
     return vision_share
 
 
-def test_submit_with_forecast_prints_its_position_and_eta(passes_run, logged_in, full):  # noqa: F811
+def test_submit_with_forecast_prints_its_position_and_eta(passes_run, logged_in, full):
     passes_run()
     code, out, err = logged_in(*SUBMIT, "--forecast", "--", "python", "train.py")
     assert code == 0, err
@@ -53,7 +52,7 @@ def test_submit_with_forecast_prints_its_position_and_eta(passes_run, logged_in,
     assert "not forecast yet" not in out and "no forecast yet" not in out
 
 
-def test_priority_prints_the_new_position_not_the_old_one(passes_run, logged_in, bob, full):  # noqa: F811
+def test_priority_prints_the_new_position_not_the_old_one(passes_run, logged_in, bob, full):
     submit(bob, full, gpus=4)
     second = submit(bob, full, gpus=4, name="urgent")
     services.forecast_refresh()
@@ -63,7 +62,7 @@ def test_priority_prints_the_new_position_not_the_old_one(passes_run, logged_in,
     assert out.startswith(f"Priority of job {second.pk} is now 50: job {second.pk} urgent: QUEUED, #1 in")
 
 
-def test_priority_of_a_job_that_then_starts_says_it_is_starting(passes_run, logged_in, bob, vision_share):  # noqa: F811
+def test_priority_of_a_job_that_then_starts_says_it_is_starting(passes_run, logged_in, bob, vision_share):
     job = submit(bob, vision_share, gpus=2, name="quick")  # its pass did not run: still queued
     services.forecast_refresh()
     passes_run()
@@ -74,7 +73,7 @@ def test_priority_of_a_job_that_then_starts_says_it_is_starting(passes_run, logg
     assert " in vision-main" not in out  # no position of a queued job
 
 
-def test_no_forecast_in_time_is_said_plainly_with_exit_code_0(logged_in, bob, full):  # noqa: F811
+def test_no_forecast_in_time_is_said_plainly_with_exit_code_0(logged_in, bob, full):
     # No pass runs here: the stored forecast still has the job second, before its priority change.
     submit(bob, full, gpus=4)
     second = submit(bob, full, gpus=4, name="urgent")

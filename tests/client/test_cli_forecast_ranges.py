@@ -9,7 +9,6 @@ from django.utils import timezone
 
 from quotas.models import QueueForecast
 from tests.api.conftest import submit
-from tests.client.test_cli import cli, logged_in  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.django_db
 
@@ -103,7 +102,7 @@ def test_an_estimate_without_a_range_stays_as_it_was():
     assert text.startswith(", expected to start ") and "likely" not in text
 
 
-def test_status_shows_the_stored_range(logged_in, bob, vision_share):  # noqa: F811
+def test_status_shows_the_stored_range(logged_in, bob, vision_share):
     waiting = submit(bob, vision_share, gpus=4)
     now = timezone.now()
     QueueForecast.objects.create(

@@ -15,10 +15,7 @@ from django.utils import timezone
 from jobs.choices import JobState
 from jobs.models import Job
 from tests.api.conftest import submit
-from tests.client import test_cli
 from tests.client.conftest import CLIENT_SRC
-
-cli, logged_in = test_cli.cli, test_cli.logged_in  # the CLI suite's fixtures
 
 
 def test_jobs_prints_each_page_before_asking_for_the_next(logged_in, bob, vision_share, config_file):

@@ -10,7 +10,6 @@ from django.utils import timezone
 from jobs.choices import AttemptState, JobState
 from jobs.models import Attempt, Job, LogChunk
 from tests.api.conftest import submit
-from tests.client.test_cli import cli, logged_in  # noqa: F401 - fixtures
 from tests.web.test_multinode_logs import gang
 
 
@@ -26,7 +25,7 @@ def two_ranks(bob, vision_share, nodes):
     return job, attempt
 
 
-def test_every_ranks_log_with_its_rank_and_node_in_front(logged_in, two_ranks):  # noqa: F811
+def test_every_ranks_log_with_its_rank_and_node_in_front(logged_in, two_ranks):
     job, _ = two_ranks
     code, out, _ = logged_in("logs", job.pk)
     assert code == 0
@@ -40,7 +39,7 @@ def test_every_ranks_log_with_its_rank_and_node_in_front(logged_in, two_ranks): 
     assert [r["node"] for r in json.loads(out)] == ["node-1", "node-2"]
 
 
-def test_one_ranks_log_by_rank_or_node(logged_in, two_ranks):  # noqa: F811
+def test_one_ranks_log_by_rank_or_node(logged_in, two_ranks):
     job, _ = two_ranks
     assert (
         logged_in("logs", job.pk, "--rank", 1)[1] == "Traceback (most recent call last):\nValueError: rank 1"
@@ -48,7 +47,7 @@ def test_one_ranks_log_by_rank_or_node(logged_in, two_ranks):  # noqa: F811
     assert logged_in("logs", job.pk, "--node", "node-1", "--tail", 1)[1] == "step 2\n"
 
 
-def test_a_rank_the_job_did_not_have_or_both_at_once_exit_2(logged_in, two_ranks):  # noqa: F811
+def test_a_rank_the_job_did_not_have_or_both_at_once_exit_2(logged_in, two_ranks):
     job, _ = two_ranks
     code, _, err = logged_in("logs", job.pk, "--rank", 5)
     assert code == 2 and "ranks 0 to 1" in err, err
@@ -57,7 +56,7 @@ def test_a_rank_the_job_did_not_have_or_both_at_once_exit_2(logged_in, two_ranks
     assert exit_.value.code == 2
 
 
-def test_follow_prints_every_rank_until_the_job_ends(logged_in, two_ranks):  # noqa: F811
+def test_follow_prints_every_rank_until_the_job_ends(logged_in, two_ranks):
     job, attempt = two_ranks
     Attempt.objects.filter(pk=attempt.pk).update(
         state=AttemptState.ENDED, outcome="FAILED", ended_at=timezone.now()

@@ -1,11 +1,10 @@
 """The CLI refuses a job its share can never hold: exit 2 with the server's words."""
 
 from quotas.choices import Strategy
-from tests.client.test_cli import cli, logged_in  # noqa: F401 (fixtures)
 from tests.conftest import make_share
 
 
-def test_a_never_runnable_submit_exits_2_saying_why(logged_in, vision):  # noqa: F811
+def test_a_never_runnable_submit_exits_2_saying_why(logged_in, vision):
     make_share(vision, "vision-prod", capacity={"a10g": 2}, strategy=Strategy.RESERVE)
     code, _, err = logged_in(
         "submit", "--share", "vision-prod", "--gpus", 3, "--gpu-type", "a10g", "--", "true"

@@ -5,10 +5,8 @@ import json
 
 from knox.models import AuthToken
 
-from tests.client.test_cli import cli  # noqa: F401 (a fixture)
 
-
-def test_a_token_from_the_web_page_logs_the_cli_in(cli, live_server, bob, vision_share, config_file):  # noqa: F811
+def test_a_token_from_the_web_page_logs_the_cli_in(cli, live_server, bob, vision_share, config_file):
     _, key = AuthToken.objects.create(user=bob)
     code, out, _ = cli("login", live_server.url, "--token-stdin", stdin=f"{key}\n")
     assert code == 0 and "as bob" in out
@@ -17,7 +15,7 @@ def test_a_token_from_the_web_page_logs_the_cli_in(cli, live_server, bob, vision
     assert code == 0 and "vision-main" in out
 
 
-def test_a_bad_token_is_refused_and_not_saved(cli, live_server, bob, config_file):  # noqa: F811
+def test_a_bad_token_is_refused_and_not_saved(cli, live_server, bob, config_file):
     code, _, err = cli("login", live_server.url, "--token-stdin", stdin="not-a-token\n")
     assert code == 2 and "Invalid token" in err
     assert not config_file.exists()

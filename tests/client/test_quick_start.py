@@ -10,11 +10,7 @@ import sys
 import pytest
 
 from jobs.models import Job
-from tests.client import test_cli
 from tests.client.conftest import CLIENT_SRC
-
-logged_in = test_cli.logged_in  # the CLI suite's fixtures
-cli = test_cli.cli
 
 HEAVY = {
     "argparse",
