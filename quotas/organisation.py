@@ -17,7 +17,18 @@ from django.db.models import Max
 from django.utils import timezone
 
 from quotas.engine import policy
-from quotas.engine.tree import BORROWING, LENDING, STARVED, WITHIN, OrgRow, limit_gpus, organisation_view
+from quotas.engine.tree import (
+    BORROWING,
+    LENDING,
+    STARVED,
+    WITHIN,
+    Nets,
+    OrgRow,
+    Tree,
+    limit_gpus,
+    nets,
+    organisation_view,
+)
 
 STATES = (WITHIN, BORROWING, LENDING, STARVED)
 STATE_CLASS = {WITHIN: "within", BORROWING: "borrowing", LENDING: "lending", STARVED: "starved"}
@@ -89,6 +100,54 @@ class Organisation:
         }
 
 
+def lent_beyond(tree: Tree, n: Nets, top_lent: dict[str, float]) -> dict[str, float]:
+    """Per node of one type, the GPUs of its offer that shares outside its own subtree use (SEMANTICS'
+    net per node). At the top that is what the other top-level nodes and the pool's users take
+    (`top_lent`, the engine's figure). Inside a group, its children's offers serve their siblings'
+    needs **and** what the group lends outside, each child in proportion to its offer: so a share whose
+    department lends outside lends too (counting its siblings' needs alone said 0)."""
+    lent = {c: top_lent.get(c, 0.0) for c in tree.top}
+    stack = [c for c in tree.top if c in tree.groups]
+    while stack:
+        group = stack.pop()
+        kids = tree.children[group]
+        offers = sum(n.offer[c] for c in kids)
+        demand = sum(n.taken[c] for c in kids) + lent[group]
+        factor = min(1.0, demand / offers) if offers else 0.0
+        for c in kids:
+            lent[c] = n.offer[c] * factor
+            if c in tree.groups:
+                stack.append(c)
+    return lent
+
+
+def view(snapshot) -> list[OrgRow]:
+    """The engine's organisation view (quotas.engine.tree.organisation_view), with each node's lent
+    outside counted beyond its own subtree at every level (`lent_beyond`; the view counts only what its
+    siblings use, which is right at the top and short below a group that lends outside), and the state
+    of a node that lends so as "lending". Taken from outside, values and fair parts are the engine's."""
+    rows = organisation_view(snapshot)
+    if not snapshot.groups:
+        return rows  # every node is at the top: the engine's figures as they are
+    known = {s.name for s in snapshot.shares}
+    extra = sorted({r.name for r in rows if r.kind == "share"} - known)  # named only by work: owns nothing
+    shares = [*snapshot.shares, *(policy.ShareView(name=x, capacity={}, borrow_limit=0) for x in extra)]
+    tree = Tree.build(snapshot.groups, shares)
+    out: list[OrgRow] = []
+    for gpu_type in sorted({r.gpu_type for r in rows}):
+        of_type = [r for r in rows if r.gpu_type == gpu_type]
+        used = {r.name: r.in_use for r in of_type if r.kind == "share"}
+        top_lent = {r.name: r.lent_outside for r in of_type if r.parent is None}
+        # The pool only changes what the top lends, which top_lent already holds.
+        lent = lent_beyond(tree, nets(tree, gpu_type, used, 0), top_lent)
+        for r in of_type:
+            gpus = lent.get(r.name, r.lent_outside)
+            state = LENDING if r.state == WITHIN and gpus > 0 else r.state
+            out.append(replace(r, lent_outside=gpus, state=state))
+    order = {(r.name, r.gpu_type): i for i, r in enumerate(rows)}
+    return sorted(out, key=lambda r: order[(r.name, r.gpu_type)])
+
+
 def _queued_heads(loaded) -> tuple[policy.QueuedView, ...]:
     """One stand-in queued job per share and type: its largest queued job (one aggregate)."""
     from jobs.choices import JobState
@@ -119,7 +178,7 @@ def load(*, loaded=None, now: datetime | None = None, words: bool = True, teams:
     snapshot = loaded.snapshot
     if not snapshot.queued and words:
         snapshot = replace(snapshot, queued=_queued_heads(loaded))
-    rows = organisation_view(snapshot)
+    rows = view(snapshot)
     team_of = {}
     if words and teams:
         team_of = {
@@ -173,23 +232,33 @@ def borrowed_last_day(
     return {(name, t): (gpu_s or 0.0) / day for name, t, gpu_s in rows}
 
 
-def why_lines(org: Organisation, node: Node) -> list[str]:
-    """Why a share that waits to borrow gets no more now: each group above it whose borrow limit is
-    reached ("group research may take 12 a10g from outside: 12 taken"), and the borrowers that go
-    before it ("behind 2 shares with a lower fair-share value")."""
+def why_it_waits(org: Organisation, share: str, gpu_type: str, gpus: int | None = None) -> list[str]:
+    """Why a share that waits to borrow a type gets no more of it now, in the words the organisation
+    page, the share page, the API (a share's `fair_share`, a queued job's `why_it_waits`) and the CLI
+    (`gpuquota groups`, `gpuquota status`) all show: each group above it whose borrow limit is reached
+    ("group research may take 12 a10g from outside: 12 taken"), and the borrowers that go before it
+    ("behind 2 shares with a lower fair-share value"). Groups and shares are counted or named as the
+    overview does, never a job. Empty when the share does not wait to borrow the type; with `gpus` (a
+    queued job's size), also when that job fits what is left of its share's own capacity (it does not
+    wait to borrow, whatever its share's bigger jobs do)."""
+    node = org.find(share, gpu_type)
+    if node is None or node.row.kind != "share" or not node.row.waiting_to_borrow:
+        return []
     r = node.row
+    if gpus is not None and r.in_use + gpus <= r.capacity:
+        return []
     out = []
     parent = r.parent
     while parent is not None:
-        g = org.find(parent, r.gpu_type)
+        g = org.find(parent, gpu_type)
         if g is not None and g.may_take is not None and g.row.taken_from_outside >= g.may_take:
             out.append(
-                f"group {parent} may take {g.may_take} {r.gpu_type} from outside: {g.row.taken_from_outside} taken"
+                f"group {parent} may take {g.may_take} {gpu_type} from outside: {g.row.taken_from_outside} taken"
             )
         parent = org.groups[parent].parent if parent in org.groups else None
     ahead = [
         n
-        for n in org.of_type(r.gpu_type)
+        for n in org.of_type(gpu_type)
         if n.row.kind == "share"
         and n.row.name != r.name
         and n.row.waiting_to_borrow
@@ -235,7 +304,7 @@ def share_lines(org: Organisation, share_names: Sequence[str], *, now: datetime 
                 {
                     "node": node,
                     "words": fair_part_words(org, node, day.get((name, r.gpu_type))),
-                    "why": why_lines(org, node) if r.waiting_to_borrow else [],
+                    "why": why_it_waits(org, name, r.gpu_type),
                 }
             )
     return out
