@@ -11,7 +11,7 @@ from config.api import StrictSerializer
 from config.validators import printable
 from jobs import limits
 from jobs.api.redaction import EnvRedactionMixin
-from jobs.choices import JOB_OPEN_STATES
+from jobs.choices import JOB_OPEN_STATES, JobState
 from jobs.limits import MAX_INT
 from jobs.models import Attempt, Job, JobArray, JobEvent
 from quotas.models import Share
@@ -372,16 +372,34 @@ class JobDetailSerializer(JobSerializer):
     events = JobEventSerializer(many=True, read_only=True)
     last_checkpoint_at = serializers.SerializerMethodField()
     last_checkpoint_age_s = serializers.SerializerMethodField()
+    why_it_waits = serializers.SerializerMethodField()
 
     class Meta(JobSerializer.Meta):
         fields = [
             *JobSerializer.Meta.fields,
+            "why_it_waits",
             "last_checkpoint_at",
             "last_checkpoint_age_s",
             "attempts",
             "events",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(
+        serializers.ListField(
+            child=serializers.CharField(),
+            help_text="A queued job that waits to borrow: what holds its share back, in the organisation "
+            "page's words (a group's borrow limit reached; the shares with a lower fair-share value that "
+            "go first). Empty otherwise.",
+        )
+    )
+    def get_why_it_waits(self, job) -> list[str]:
+        if job.state != JobState.QUEUED:
+            return []
+        from quotas import organisation
+
+        org = organisation.load(teams=False)  # groups and shares by name, never a job
+        return organisation.why_it_waits(org, job.share.name, job.gpu_type, job.gpus)
 
     @staticmethod
     def _last_checkpoint(job):

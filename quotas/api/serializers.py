@@ -111,13 +111,21 @@ class ShareSerializer(serializers.ModelSerializer):
 
     @extend_schema_field({"type": "object", "additionalProperties": {"type": "object"}})
     def get_fair_share(self, share):
-        """{gpu_type: {fair_share_value, state, history, taken_from_outside, fair_part, ...}}"""
+        """{gpu_type: {fair_share_value, state, history, taken_from_outside, fair_part, ...,
+        why_it_waits}}: why_it_waits in the organisation page's words (quotas.organisation.why_it_waits)."""
+        from quotas import organisation
         from quotas.api.groups import values_of
 
         org = self.context.get("organisation")
         if org is None:
             return {}
-        return {n.row.gpu_type: values_of(n) for n in org.of(share.name)}
+        return {
+            n.row.gpu_type: {
+                **values_of(n),
+                "why_it_waits": organisation.why_it_waits(org, share.name, n.row.gpu_type),
+            }
+            for n in org.of(share.name)
+        }
 
 
 class ShareWriteSerializer(StrictSerializer):

@@ -763,7 +763,24 @@ def cmd_groups(args, out) -> int:
         "TAKEN: GPUs taken from outside the group or share; LENT: of its GPUs, those used outside it; "
         "VALUE: (taken + history) / (weight x capacity): the lowest borrows first."
     )
+    waits = why_it_waits_lines(shares, args.gpu_type)
+    if waits:
+        out("")
+        out("\n".join(waits))
     return 0
+
+
+def why_it_waits_lines(shares: list[dict], gpu_type: str | None = None) -> list[str]:
+    """Each share that waits to borrow and is held back, with why, in the server's words (the
+    organisation page's): "vision-main waits to borrow a10g: group research may take 2 a10g from
+    outside: 2 taken"."""
+    lines = []
+    for s in sorted(shares, key=lambda s: s["name"]):
+        for t, v in sorted((s.get("fair_share") or {}).items()):
+            if (gpu_type and t != gpu_type) or not v.get("why_it_waits"):
+                continue
+            lines.append(clean(f"{s['name']} waits to borrow {t}: " + "; ".join(v["why_it_waits"])))
+    return lines
 
 
 def _wait_for_advice(client, run: dict, timeout_s: float) -> dict:
@@ -1032,6 +1049,8 @@ def cmd_status(args, out) -> int:
         ("last checkpoint", when(job.get("last_checkpoint_at")) or "none reported"),
         ("exit code", job["exit_code"]),
         ("reason", job["state_reason"] or None),
+        # What holds its share's borrowing back, in the organisation page's words (the server's).
+        ("why it waits", "; ".join(job.get("why_it_waits") or ()) or None),
     ]
     lines += [f"{k:>13}: {clean(v)}" for k, v in fields if v not in (None, "")]
     if job["attempts"]:
