@@ -306,6 +306,9 @@ MAX_QUEUED_PER_USER = env_int("MAX_QUEUED_PER_USER", 20_000)
 # Container images every share may run (README "Container images"): registries or image prefixes,
 # comma-separated (e.g. "registry.example.com/ml/,ghcr.io/acme/"). Empty: only what a share allows.
 ALLOWED_IMAGES = env_list("ALLOWED_IMAGES")
+# Host directories every share's container jobs may mount read-only (datasets; README "Container
+# images"), comma-separated absolute paths (e.g. "/datasets,/models/public"). Empty: only what a share allows.
+ALLOWED_MOUNTS = env_list("ALLOWED_MOUNTS")
 # A job whose attempts ended with their host's agent while they ran (NODE_LOST: the agent died, the node
 # went silent or was fenced alone) on this many different hosts in a row is HELD until an admin releases
 # it, instead of run again for ever (a refused start, an orderly agent stop, hosts lapsing together: no

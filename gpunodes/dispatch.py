@@ -84,6 +84,7 @@ def start_payloads(
     admitted_at: datetime | None = None,
     user: int | None = None,
     image: str = "",
+    mounts: list | None = None,
 ) -> list[dict]:
     """The start messages of one attempt ({"node", "payload"}, one per node of its placement, with its
     rank in the gang and the same rendezvous for all: rank 0's address, the attempt's port): what the
@@ -115,6 +116,8 @@ def start_payloads(
                 "user": user,
                 # A container job's image (agent/containers.py); sent only where there is one.
                 **({"image": image} if image else {}),
+                # Its read-only datasets (jobs/mounts.py), likewise.
+                **({"mounts": mounts} if mounts else {}),
             },
         }
         for rank, (node, gpus) in enumerate(placement)
@@ -147,6 +150,7 @@ def start_messages(attempt_ids, only_node: str | None = None) -> list[dict]:
         "admitted_at",
         "job__submitted_by_id",
         "job__image",
+        "job__mounts",
     )
     rows = list(rows)
     names = {p["node"] for row in rows for p in row[3]}
@@ -170,6 +174,7 @@ def start_messages(attempt_ids, only_node: str | None = None) -> list[dict]:
         admitted,
         user,
         image,
+        mounts,
     ) in rows:
         for message in start_payloads(
             attempt_id=pk,
@@ -186,6 +191,7 @@ def start_messages(attempt_ids, only_node: str | None = None) -> list[dict]:
             admitted_at=admitted,
             user=user,
             image=image,
+            mounts=mounts,
         ):
             if only_node is None or message["node"] == only_node:
                 messages.append(message)

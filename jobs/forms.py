@@ -46,6 +46,14 @@ class SubmitForm(forms.Form):
         help_text="Optional: a container image to run the command in (registry/path:tag); empty runs it "
         "on the host.",
     )
+    mounts = forms.CharField(
+        max_length=8 * 1024,
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        label="Datasets",
+        help_text="Optional, with an image: host directories to mount read-only, one HOST[:CONTAINER] a line "
+        "(e.g. /datasets/imagenet:/data), as the cluster or the share allows.",
+    )
     max_runtime_s = LimitedIntegerField(limits.MAX_RUNTIME, required=False, label="Max runtime (s)")
     preemption_grace_s = LimitedIntegerField(limits.PREEMPTION_GRACE, required=False, label="Grace (s)")
     array_size = LimitedIntegerField(
@@ -64,6 +72,9 @@ class SubmitForm(forms.Form):
         for field in self.fields.values():
             if isinstance(field, LimitedIntegerField):
                 field.show_bounds()
+
+    def clean_mounts(self):
+        return [line.strip() for line in self.cleaned_data["mounts"].splitlines() if line.strip()]
 
     def clean_command(self):
         try:

@@ -57,6 +57,8 @@ class Job(models.Model):
     use_shell = models.BooleanField(default=False)  # run command[0] through /bin/sh -c, only if asked
     # A container image to run the command in (README "Container images"); "" runs it on the host.
     image = models.CharField(max_length=255, blank=True, default="", db_default="")
+    # Its read-only datasets (jobs/mounts.py): [{"host", "container", "allowed_by"}], a container job's only.
+    mounts = models.JSONField(default=list, db_default=[], blank=True)
     env = models.JSONField(default=dict, blank=True)
     max_runtime_s = models.PositiveIntegerField(null=True, blank=True)
     preemption_grace_s = models.PositiveIntegerField(default=30)
@@ -154,6 +156,9 @@ class Attempt(models.Model):
     gpu_seconds_run = models.FloatField(null=True, blank=True)
     gpu_seconds_lost = models.FloatField(null=True, blank=True)
     lost_cause = models.CharField(max_length=16, choices=LostCause.choices, blank=True, db_default="")
+    # The seconds its host took to pull its job's image before it started (0: the host had it; null: no
+    # image, or an agent that does not say): the forecast's typical pull per image (quotas/services.py).
+    pull_s = models.FloatField(null=True, blank=True)
     # Its job's reclaim_needed_at when it was admitted: the owner waited from then to started_at.
     reclaim_needed_at = models.DateTimeField(null=True, blank=True)
 

@@ -15,6 +15,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from jobs import images, limits, signals
+from jobs import mounts as job_mounts
 from jobs.choices import (
     JOB_OPEN_STATES,
     JOB_STOPPING_STATES,
@@ -197,6 +198,7 @@ def job_submit(
     max_preemptions: int = -1,
     use_shell: bool = False,
     image: str = "",
+    mounts: Sequence[str] = (),
     submitted_at=None,
     known: Known | None = None,
 ) -> Job | None:
@@ -219,6 +221,7 @@ def job_submit(
         max_preemptions=max_preemptions,
         use_shell=use_shell,
         image=image,
+        mounts=mounts,
         submitted_at=submitted_at,
         known=known,
     )
@@ -278,6 +281,7 @@ def _new_job(
     max_preemptions: int = -1,
     use_shell: bool = False,
     image: str = "",
+    mounts: Sequence[str] = (),
     submitted_at=None,
     errors: dict[str, str] | None = None,
     known: Known | None = None,
@@ -335,6 +339,14 @@ def _new_job(
         problem = images.image_problem(image, share_name=share.name, share_rules=share.allowed_images)
         if problem:
             errors["image"] = problem
+    stored_mounts, problem = job_mounts.mounts_problem(
+        list(mounts) if isinstance(mounts, tuple) else mounts,
+        image=image,
+        share_name=share.name,
+        share_rules=share.allowed_mounts,
+    )
+    if problem:
+        errors["mounts"] = problem
     if errors:
         raise ValidationError(errors)
 
@@ -348,6 +360,7 @@ def _new_job(
         command=command,
         use_shell=use_shell,
         image=image,
+        mounts=stored_mounts,
         env=env,
         max_runtime_s=max_runtime_s,
         preemption_grace_s=(

@@ -147,6 +147,7 @@ def job_submit(request, slug):
             "priority": data["priority"],
             "command": data["command"],
             "image": data["image"],
+            "mounts": data["mounts"],
             "max_runtime_s": _int_or_none(data["max_runtime_s"]),
             "preemption_grace_s": _int_or_none(data["preemption_grace_s"]),
         }

@@ -120,6 +120,20 @@ def _image_rules(value: Any) -> tuple[Any, str | None]:
     return list(dict.fromkeys(value)), None
 
 
+def _mount_rules(value: Any) -> tuple[Any, str | None]:
+    """A share's allowed_mounts: host directories its container jobs may mount read-only (jobs/mounts.py)."""
+    from jobs.mounts import rule_problem
+
+    if value is None:
+        return [], None
+    if not isinstance(value, list | tuple):
+        return None, "must be a list of host directories, e.g. [/datasets/vision]"
+    for item in value:
+        if problem := rule_problem(item):
+            return None, problem
+    return list(dict.fromkeys(value)), None
+
+
 def _capacity(value: Any) -> tuple[Any, str | None]:
     # Checked per type by parse() (each type its own path); here only the shape.
     if value is None:
@@ -157,9 +171,15 @@ SHARE_FIELDS: tuple[Field, ...] = (
     ),
     Field("state", ENABLED, _choice(STATES)),
     Field("allowed_images", [], _image_rules, "container images its jobs may run besides ALLOWED_IMAGES"),
+    Field(
+        "allowed_mounts",
+        [],
+        _mount_rules,
+        "host directories its container jobs may mount read-only besides ALLOWED_MOUNTS",
+    ),
 )
 FIELDS_BY_NAME = {f.name: f for f in SHARE_FIELDS}
-OMITTED_WHEN_DEFAULT = frozenset({"allowed_images"})
+OMITTED_WHEN_DEFAULT = frozenset({"allowed_images", "allowed_mounts"})
 # The settings that are Share columns (capacity is its own table).
 VALUE_FIELDS = tuple(f.name for f in SHARE_FIELDS if not f.is_capacity)
 # A share's place in the organisation tree (SEMANTICS "Groups"): written only where it is not the

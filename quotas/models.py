@@ -144,6 +144,8 @@ class Share(models.Model):
     weight = models.FloatField(default=1, db_default=1)
     # Container images this share's jobs may run besides the cluster's ALLOWED_IMAGES (jobs/images.py).
     allowed_images = models.JSONField(default=list, db_default=[], blank=True)
+    # Host directories its container jobs may mount read-only besides ALLOWED_MOUNTS (jobs/mounts.py).
+    allowed_mounts = models.JSONField(default=list, db_default=[], blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

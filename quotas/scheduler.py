@@ -447,6 +447,7 @@ def apply_admissions(loaded: Loaded, admissions: tuple[policy.Admission, ...], n
             "submitted_by_id",
             "reclaim_needed_at",
             "image",
+            "mounts",
         )
     )
     if not rows:
@@ -486,11 +487,11 @@ def apply_admissions(loaded: Loaded, admissions: tuple[policy.Admission, ...], n
                 rendezvous_port=port_of[pk],
                 reclaim_needed_at=reclaim_needed_at,
             )
-            for pk, count, *_, reclaim_needed_at, _image in rows
+            for pk, count, *_, reclaim_needed_at, _image, _mounts in rows
         ]
     )
     claims, through, events, messages = [], [], [], []
-    for attempt, (pk, count, command, env, use_shell, max_runtime, grace, user, _, image) in zip(
+    for attempt, (pk, count, command, env, use_shell, max_runtime, grace, user, _, image, mounts) in zip(
         attempts, rows, strict=True
     ):
         adm = by_job[pk]
@@ -514,6 +515,7 @@ def apply_admissions(loaded: Loaded, admissions: tuple[policy.Admission, ...], n
             admitted_at=now,
             user=user,
             image=image,
+            mounts=mounts,
         )
         events.append(
             JobEvent(

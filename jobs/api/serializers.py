@@ -14,6 +14,7 @@ from jobs.api.redaction import EnvRedactionMixin
 from jobs.choices import JOB_OPEN_STATES, JobState
 from jobs.limits import MAX_INT
 from jobs.models import Attempt, Job, JobArray, JobEvent
+from jobs.mounts import words as mount_words
 from quotas.models import Share
 
 
@@ -101,6 +102,14 @@ class JobSubmitSerializer(StrictSerializer):
         help_text="A container image to run the command in (registry/path[:tag][@digest]), allowed by the "
         "cluster's ALLOWED_IMAGES or the share's allowed_images. Empty: the command runs on the host.",
     )
+    mounts = serializers.ListField(
+        child=serializers.CharField(max_length=2049, trim_whitespace=False),
+        required=False,
+        default=list,
+        max_length=64,
+        help_text="Read-only datasets of a container job: HOST[:CONTAINER] host directories allowed by the "
+        "cluster's ALLOWED_MOUNTS or the share's allowed_mounts, e.g. /datasets/imagenet:/data.",
+    )
     array = ArraySpecSerializer(
         required=False,
         help_text="Submit an array: `size` tasks alike but for GPUQUOTA_ARRAY_INDEX (start, start+1, ...). "
@@ -182,6 +191,7 @@ FRESH = "_gpuquota_fresh"
 
 class JobSerializer(EnvRedactionMixin, serializers.ModelSerializer):
     share = serializers.CharField(source="share.name", read_only=True)
+    mounts = serializers.SerializerMethodField(help_text="Its read-only datasets, as HOST:CONTAINER.")
     team = serializers.CharField(source="share.team.slug", read_only=True)
     submitted_by = serializers.CharField(source="submitted_by.username", read_only=True)
     # The stored forecast (SEMANTICS "Forecast"), computed by the control worker after a pass.
@@ -216,6 +226,7 @@ class JobSerializer(EnvRedactionMixin, serializers.ModelSerializer):
             "command",
             "use_shell",
             "image",
+            "mounts",
             "env",
             "max_runtime_s",
             "preemption_grace_s",
@@ -241,6 +252,9 @@ class JobSerializer(EnvRedactionMixin, serializers.ModelSerializer):
         read_only_fields = fields
 
     @extend_schema_field(QueuePositionSerializer(allow_null=True))
+    def get_mounts(self, job) -> list[str]:
+        return mount_words(job.mounts)
+
     def get_queue_position(self, job):
         f = _stored_forecast(job)
         return {"in_share": f.position_in_share, "overall": f.position_overall} if f else None

@@ -89,7 +89,7 @@ def test_a_bad_layout_is_exit_2_with_every_problem_under_its_path(as_admin, tmp_
     assert code == 2 and out == ""
     assert err.splitlines() == [
         "gpuquota: the layout was not planned: 2 problems",
-        "  shares[0].colour: unknown field; known: name, team, description, capacity, strategy, borrow_limit, in_share_preemption, min_runtime_s, state, allowed_images, group, weight, previous_name, until",
+        "  shares[0].colour: unknown field; known: name, team, description, capacity, strategy, borrow_limit, in_share_preemption, min_runtime_s, state, allowed_images, allowed_mounts, group, weight, previous_name, until",
         "  shares[1].capacity.a10g: must be a whole number of GPUs, 0 or more (got -4)",
     ]
     path.write_text("teams: [\n")

@@ -1,5 +1,5 @@
-"""The image travels from the job to its host: the pass's start message and a resent one carry it (only
-where the job has one), and the agent takes it only as an image name, never as an option (no podman
+"""The image and the datasets travel from the job to its host: the pass's start message and a resent one
+carry them (only where the job has some), and the agent takes it only as an image name, never as an option (no podman
 needed)."""
 
 import pytest
@@ -34,6 +34,28 @@ def test_the_pass_sends_the_image_and_a_resent_start_has_it_too(
     assert validate_start(by_job[plain.pk])["image"] == ""
     [resent] = start_messages([job.attempts.get().pk])
     assert resent["payload"]["image"] == IMAGE
+    assert "mounts" not in by_job[job.pk] and validate_start(by_job[job.pk])["mounts"] == []
+
+
+def test_the_pass_and_a_resent_start_carry_the_datasets(
+    bob, vision_share, fresh, sent, settings, django_capture_on_commit_callbacks
+):
+    settings.ALLOWED_IMAGES, settings.ALLOWED_MOUNTS = ["registry.example.com/ml/"], ["/datasets"]
+    job = job_submit(
+        user=bob,
+        share=vision_share,
+        gpus=1,
+        gpu_type="a10g",
+        command=["python", "t.py"],
+        image=IMAGE,
+        mounts=["/datasets/imagenet:/data"],
+    )
+    run(django_capture_on_commit_callbacks)
+    [message] = [kw["kwargs"] for name, kw in sent if name.endswith("start_attempt")]
+    stored = [{"host": "/datasets/imagenet", "container": "/data", "allowed_by": "/datasets"}]
+    assert message["mounts"] == stored and validate_start(message)["mounts"] == stored
+    [resent] = start_messages([job.attempts.get().pk])
+    assert resent["payload"]["mounts"] == stored
 
 
 @pytest.mark.parametrize("image", ["--privileged", "-v/:/host", "reg.example.com/x y", 3, "A" * 300])

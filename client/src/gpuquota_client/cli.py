@@ -119,6 +119,17 @@ def parse_target(text: str) -> tuple[str, int]:
     raise _usage_error(f"{text!r} is not a job id (12) or an array id (A12)")
 
 
+def parse_mount(text: str) -> str:
+    """HOST[:CONTAINER], both absolute paths (the server checks what the cluster or the share allows)."""
+    host, sep, container = text.partition(":")
+    for path in (host, container) if sep else (host,):
+        if not path.startswith("/") or ".." in path.split("/"):
+            raise _usage_error(
+                f"{text!r} is not HOST[:CONTAINER] with absolute paths, e.g. /datasets/imagenet:/data"
+            )
+    return text
+
+
 def parse_env(text: str) -> tuple[str, str]:
     name, sep, value = text.partition("=")
     if not sep or not name:
@@ -966,6 +977,10 @@ def cmd_submit(args, out) -> int:
         extra["array"] = args.array
     if getattr(args, "image", None):
         extra["image"] = args.image
+    if getattr(args, "mount", None):
+        if not extra.get("image"):
+            raise UsageError("--mount: only a container job mounts datasets: give --image too")
+        extra["mounts"] = list(args.mount)
     job = args.client().submit(
         share=args.share,
         gpus=args.gpus,
@@ -1043,6 +1058,8 @@ def cmd_status(args, out) -> int:
         ("priority", job["priority"]),
         ("array", f"A{job['array']} index {job['array_index']}" if job.get("array") else None),
         ("command", " ".join(job["command"])),
+        ("image", job.get("image") or None),
+        ("datasets", ", ".join(job.get("mounts") or ()) or None),
         ("max runtime", human_seconds(job["max_runtime_s"]) if job["max_runtime_s"] else None),
         ("attempts", job["attempt_count"]),
         ("pre-emptions", job["preemption_count"]),
@@ -1289,6 +1306,14 @@ def _submit(p) -> None:
         metavar="REGISTRY/PATH:TAG",
         help="run the command in this container image (one the cluster or the share allows)",
     )
+    p.add_argument(
+        "--mount",
+        type=parse_mount,
+        action="append",
+        metavar="HOST[:CONTAINER]",
+        help="mount this host directory read-only in the container (a dataset the cluster or the share "
+        "allows); repeat for more",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD...")
 
 
@@ -1509,6 +1534,7 @@ SUBMIT_VALUES = {
     "--env": ("env", parse_env),
     "-e": ("env", parse_env),
     "--image": ("image", str),
+    "--mount": ("mount", parse_mount),
 }
 
 
@@ -1549,6 +1575,7 @@ def quick_submit_args(argv: Sequence[str]) -> Args | None:
         array=None,
         env=None,
         image=None,
+        mount=None,
     )
     i += 1
     while i < n:
@@ -1572,8 +1599,8 @@ def quick_submit_args(argv: Sequence[str]) -> Args | None:
             value = convert(value)
         except Exception:  # noqa: BLE001 - argparse says what is wrong with it
             return None
-        if dest == "env":
-            values["env"] = [*(values["env"] or []), value]
+        if dest in ("env", "mount"):
+            values[dest] = [*(values[dest] or []), value]
         else:
             values[dest] = value
         i += 1
