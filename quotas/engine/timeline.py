@@ -27,14 +27,15 @@ class Timeline:
         series = self.series
         for key, (_, now) in series.items():
             if now[-1] and key not in values:
-                self._set(key, t, 0)
+                self.set_value(key, t, 0)
         for key, value in values.items():
             held = series.get(key)
             if held is None or held[1][-1] != value:  # else _set would keep the series as it is
-                self._set(key, t, value)
+                self.set_value(key, t, value)
         self.end = max(self.end, t)
 
-    def _set(self, key: tuple[str, str, str], t: int, value: float) -> None:
+    def set_value(self, key: tuple[str, str, str], t: int, value: float) -> None:
+        """The series `key` holds `value` from `t` on (t at or after its last change)."""
         times, values = self.series.setdefault(key, ([], []))
         if values and values[-1] == value:
             return
