@@ -81,7 +81,8 @@ def mounts_problem(
         return None, "Only a container job may mount datasets: name an image too."
     if len(specs) > MAX_MOUNTS:
         return None, f"A job may mount at most {MAX_MOUNTS} datasets."
-    cluster = list(settings.ALLOWED_MOUNTS)
+    # "/datasets/" as written in the environment is the directory /datasets (the agent takes plain paths).
+    cluster = [rule.rstrip("/") or "/" for rule in settings.ALLOWED_MOUNTS]
     share = list(share_rules or ())
     out: list[dict] = []
     for spec in specs:

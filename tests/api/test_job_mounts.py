@@ -52,6 +52,13 @@ def test_a_mount_the_cluster_allows_is_kept_with_the_rule_that_allowed_it(as_bob
     ]
 
 
+def test_a_cluster_rule_written_with_a_slash_is_its_directory(as_bob, vision_share, nodes, settings):
+    settings.ALLOWED_MOUNTS = ["/datasets/public/"]
+    r = as_bob.post(URL, body(mounts=["/datasets/public/x:/data"]), format="json")
+    assert r.status_code == 201, r.json()
+    assert Job.objects.get().mounts[0]["allowed_by"] == "/datasets/public"
+
+
 def test_a_mount_nothing_allows_is_refused_naming_the_rules(as_bob, vision_share, nodes):
     r = as_bob.post(URL, body(mounts=["/home/alice/data:/data"]), format="json")
     assert r.status_code == 400
