@@ -162,7 +162,7 @@ def apply_reports(node: str, reports: list[dict]) -> tuple[list[int], list[list[
             entry_id, task, attempt_id, number = key
             kwargs = r["kwargs"]
             if task == STARTED:
-                attempt_started(attempt_id=attempt_id, number=number, node=node)
+                attempt_started(attempt_id=attempt_id, number=number, node=node, pull_s=kwargs.get("pull_s"))
             elif task == CHECKPOINT:
                 count = kwargs.get("count")
                 attempt_checkpoint(

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from jobs import signals
@@ -70,6 +70,14 @@ def mark_started(attempt_id: int, number: int, node: str) -> bool:
         attempt_number=number,
     )
     return True
+
+
+def record_pull(attempt_id: int, number: int, pull_s: float) -> None:
+    """A host's pull time of the attempt's image: the longest of its hosts' (a gang starts when its
+    slowest rank has the image)."""
+    Attempt.objects.filter(pk=attempt_id, number=number).filter(
+        Q(pull_s__isnull=True) | Q(pull_s__lt=pull_s)
+    ).update(pull_s=float(pull_s))
 
 
 def running_on(placement, node: str) -> str:

@@ -57,10 +57,14 @@ def _is_current(attempt_id: int, number: int) -> bool:
 
 
 @shared_task(name="jobs.tasks.attempt_started", ignore_result=True)
-def attempt_started(attempt_id: int, number: int, node: str) -> bool:
+def attempt_started(attempt_id: int, number: int, node: str, pull_s: float | None = None) -> bool:
+    """`pull_s`: the seconds the host took to pull a container job's image before it started (0: it had
+    it), what the forecast counts for the image's next jobs (lifecycle.record_pull)."""
     placement = Attempt.objects.filter(pk=attempt_id).values_list("placement", flat=True).first()
     if placement is None or not _in_placement(placement, node, attempt_id, "a start report"):
         return False
+    if type(pull_s) in (int, float) and 0 <= pull_s < 7 * 86400:
+        lifecycle.record_pull(attempt_id, number, pull_s)
     changed = lifecycle.mark_started(attempt_id, number, node)
     if not changed and not _is_current(attempt_id, number):
         # A start that arrived after the attempt was over: the host must not keep it running.

@@ -560,12 +560,85 @@ def _track_record(now: datetime) -> None:
         log.exception("the forecast's track record was not updated after the forecast at %s", now)
 
 
+# A container job's start waits for its image where its host lacks it (README "Container images"): the
+# forecast adds the image's typical pull, the median of its last PULL_SAMPLES pulls, unless every host
+# that could run the job is known to have it: an attempt of the image started there within
+# PULL_CACHED_TRUST_S (the host's cache drops the least recently used images, so older news is not
+# trusted). An image never seen pulled adds nothing: there is no typical pull to add.
+PULL_SAMPLES = 20
+PULL_CACHED_TRUST_S = 24 * 3600
+
+
+@dataclass(frozen=True)
+class PullAllowance:
+    seconds: float
+    words: str  # what the ETA's basis says of it
+
+
+def pull_allowances(now: datetime) -> dict[int, PullAllowance]:
+    """Queued container jobs whose start waits for a pull: job id -> the typical pull of its image.
+    A few queries, whatever the queue's length: the queued jobs with an image, the recent pulls of
+    those images, which hosts ran them lately, the schedulable hosts."""
+    from statistics import median
+
+    from gpunodes.choices import SCHEDULABLE_STATES
+    from gpunodes.models import Node
+    from jobs.choices import JobState
+    from jobs.models import Attempt, Job
+
+    jobs = list(
+        Job.objects.filter(state=JobState.QUEUED).exclude(image="").values_list("pk", "image", "gpu_type")
+    )
+    if not jobs:
+        return {}
+    images = {image for _, image, _ in jobs}
+    typical: dict[str, tuple[float, int]] = {}
+    for image in images:
+        pulls = list(
+            Attempt.objects.filter(job__image=image, pull_s__gt=0)
+            .order_by("-started_at", "-pk")
+            .values_list("pull_s", flat=True)[:PULL_SAMPLES]
+        )
+        if pulls:
+            typical[image] = (median(pulls), len(pulls))
+    if not typical:
+        return {}
+    cached: dict[str, set[str]] = {}
+    for image, node in Attempt.objects.filter(
+        job__image__in=list(typical),
+        pull_s__isnull=False,
+        started_at__gte=now - timedelta(seconds=PULL_CACHED_TRUST_S),
+    ).values_list("job__image", "nodes__name"):
+        if node:
+            cached.setdefault(image, set()).add(node)
+    hosts: dict[str, set[str]] = {}
+    for name, gpu_type in Node.objects.filter(state__in=list(SCHEDULABLE_STATES)).values_list(
+        "name", "gpu_type"
+    ):
+        hosts.setdefault(gpu_type, set()).add(name)
+    out: dict[int, PullAllowance] = {}
+    for pk, image, gpu_type in jobs:
+        if image not in typical:
+            continue
+        able = hosts.get(gpu_type, set())
+        if able and able <= cached.get(image, set()):
+            continue  # wherever it runs, the image is there
+        seconds, n = typical[image]
+        said = f"median of {n} pulls" if n > 1 else "its one pull seen"
+        out[pk] = PullAllowance(
+            seconds, f"includes pulling image {image}: {duration_words(seconds)} ({said})"
+        )
+    return out
+
+
 def _forecast_rows(
     queue: QueueView, now: datetime, carried: Mapping[int, tuple] | None = None
 ) -> list[tuple]:
     """QueueForecast's rows for every queued job of the forecast made at `now`, as the database takes
-    them."""
+    them. A container job's ETA is its start: the policy's admission plus its image's typical pull where
+    its host may lack the image (pull_allowances), which its basis says."""
     f = queue.forecast
+    pulls = pull_allowances(now)
     tz = timezone.get_current_timezone()
     adapt = connection.ops.adapt_datetimefield_value
     stamp = adapt(now)
@@ -584,10 +657,18 @@ def _forecast_rows(
             return etas[t]
 
         t = f.eta.get(q.job_id)
+        pull = pulls.get(q.job_id)
+        basis = f.basis.get(q.job_id) or ""
+        if t is not None and pull is not None:
+            t += pull.seconds
+            # Whole, however long the rest: the ETA says it counts the pull.
+            basis = f"{basis[: 400 - len(pull.words) - 2]}; {pull.words}" if basis else pull.words
         if t is None:
             low = high = None
         elif q.job_id in f.ranges:
             low, high = f.ranges[q.job_id]
+            if pull is not None:
+                low, high = low + pull.seconds, high + pull.seconds
             low, high = stamp_of(low), stamp_of(high)
         else:  # the last ranges found, until the next range replays (the reader widens them to hold t)
             low, high = (carried or {}).get(q.job_id, (None, None))
@@ -600,7 +681,7 @@ def _forecast_rows(
                 low,
                 high,
                 f.kind.get(q.job_id, fc.NONE),
-                (f.basis.get(q.job_id) or "")[:400],
+                basis[:400],
                 (f.waiting.get(q.job_id) or "")[:400],
                 stamp,
             )
