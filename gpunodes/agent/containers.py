@@ -21,7 +21,14 @@ How an attempt's container is confined, with a root agent:
 - a pid namespace of its own (it sees only its own processes), the host's network (as a host command:
   gangs reach each other at their hosts' addresses and the attempt's rendezvous port);
 - its environment is written to an env file only root reads (never on podman's command line, which
-  every user of the host can read), and podman itself runs with the agent's clean environment.
+  every user of the host can read), and podman itself runs with the agent's clean environment;
+- the datasets its share allows (host directories, read-only, nosuid, nodev), each resolved here on the
+  host (symlinks followed) and refused unless it still lies under the directory that allowed it.
+
+Registry credentials are the admin's: one auth file on the host (REGISTRY_AUTH_FILE, podman's format),
+root's and readable by nobody else (refused otherwise, as the signing keys are), given to `podman pull`
+with --authfile and to the manifest request that sizes a pull; never in podman's environment, the job's
+env file, its log or its events.
 """
 
 from __future__ import annotations
@@ -31,12 +38,20 @@ import ctypes
 import json
 import logging
 import os
+import platform
 import re
 import resource
 import shutil
+import ssl
+import stat
 import subprocess
+import tempfile
 import threading
 import time
+import tomllib
+import urllib.error
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,8 +67,7 @@ CDI_HINT = (
 )
 PULL_TIMEOUT_S = 3600
 # What podman's own process may see of the agent's environment (the job's goes through the env file).
-# The registry credentials are the admin's (REGISTRY_AUTH_FILE, kept on the host like the signing keys):
-# podman reads them, the job never sees them.
+# The registry credentials are not among them: podman gets their file with --authfile (Podman.authfile).
 PODMAN_ENV = (
     "PATH",
     "LANG",
@@ -62,8 +76,19 @@ PODMAN_ENV = (
     "TZ",
     "CONTAINERS_REGISTRIES_CONF",
     "CONTAINERS_CONF",
-    "REGISTRY_AUTH_FILE",
 )
+# How often a pull's progress is reported (each report is a message to the control side).
+PULL_REPORT_EVERY_S = 1.0
+PULL_WATCH_EVERY_S = 0.25
+MANIFEST_TIMEOUT_S = 10
+MANIFEST_TYPES = (
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+)
+# Where a container may never have a dataset mounted (its own root's machinery and the attempt's paths).
+RESERVED_TARGETS = ("/proc", "/sys", "/dev", "/etc", "/bin", "/sbin", "/lib", "/usr", "/tmp", "/run")
 
 
 class ContainerError(Exception):
@@ -78,10 +103,20 @@ class Podman:
     path: str
     runtime: str | None  # None: podman's default
     cgroups: str  # "v1" (hybrid or legacy) or "v2"
+    # The admin's registry credentials (podman's auth.json), or None: pulls go without any.
+    authfile: str | None = None
 
     @classmethod
-    def detect(cls, podman: str | None = None) -> tuple[Podman | None, str]:
-        """podman and a runtime that works here, or None and why not. The choice is logged once."""
+    def detect(cls, podman: str | None = None, authfile: str | None = None) -> tuple[Podman | None, str]:
+        """podman and a runtime that works here, or None and why not. The choice is logged once.
+        `authfile`: the registry credentials' file (default: REGISTRY_AUTH_FILE of the agent's
+        environment), used only if root's and readable by nobody else."""
+        if authfile is None:
+            authfile = os.environ.get("REGISTRY_AUTH_FILE") or None
+        if authfile:
+            problem = authfile_problem(authfile)
+            if problem:
+                return None, problem
         path = podman or shutil.which("podman")
         if not path:
             return None, "podman is not installed (apt-get install podman runc)"
@@ -110,7 +145,9 @@ class Podman:
             runtime or default or "default",
             cgroups,
         )
-        return cls(path, runtime, cgroups), ""
+        if authfile:
+            log.info("containers: registry credentials from %s (given to podman with --authfile)", authfile)
+        return cls(path, runtime, cgroups, authfile), ""
 
     def base(self) -> list[str]:
         argv = [self.path, "--cgroup-manager", "cgroupfs"]
@@ -135,38 +172,80 @@ class Podman:
         except ValueError:
             return 0
 
-    def pull(self, image: str, say=lambda _line: None, timeout: float = PULL_TIMEOUT_S) -> float:
-        """Pull an image; `say` gets the progress in words. Returns the seconds it took. Raises
-        ContainerError with the registry's message in plain words (once: no retry loop)."""
+    def pull(
+        self,
+        image: str,
+        say=lambda _line, progress=False: None,
+        timeout: float = PULL_TIMEOUT_S,
+        tmp_root: Path | None = None,
+    ) -> float:
+        """Pull an image; `say` gets the progress in words (`progress=True` for the byte counts, at most
+        every PULL_REPORT_EVERY_S: "pulling image X, 1.2 of 3.4 GB"). Returns the seconds it took.
+        Raises ContainerError with the registry's message in plain words (once: no retry loop).
+
+        The bytes: podman prints no progress without a terminal, so the layers' sizes come from the
+        registry's manifest (registry_layers, with the same credentials) and the bytes that arrived
+        from the size of podman's download files, in a temporary directory of this pull's own
+        (TMPDIR, where podman writes each blob as it downloads it). A layer podman says it already has
+        ("skipped: already exists") leaves the total. Without a manifest the words say the bytes so far."""
         began = time.monotonic()
-        say(f"pulling image {image}")
-        proc = subprocess.Popen(
-            [*self.base(), "pull", image],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=podman_env(),
-        )
-        lines: list[str] = []
-        blobs = 0
-        timer = threading.Timer(timeout, proc.kill)
-        timer.start()
-        try:
-            for line in proc.stdout:
-                line = line.strip()
-                lines.append(line)
-                if line.startswith("Copying blob"):
-                    blobs += 1
-                    say(f"pulling image {image}: layer {blobs}, {time.monotonic() - began:.1f} s")
-            code = proc.wait()
-        finally:
-            timer.cancel()
+        layers = registry_layers(image, authfile=self.authfile) or {}
+        total = sum(layers.values())
+        say(f"pulling image {image}" + (f", 0 of {size_words(total)}" if total else ""))
+        with tempfile.TemporaryDirectory(prefix="pull-", dir=tmp_root) as tmp:
+            proc = subprocess.Popen(
+                [*self.base(), "pull", *self.auth_args(), image],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env={**podman_env(), "TMPDIR": tmp},
+            )
+            lines: list[str] = []
+            skipped: set[str] = set()
+            done = threading.Event()
+
+            def watch() -> None:
+                seen: dict[str, int] = {}
+                last_said, last_bytes = time.monotonic(), 0
+                while not done.wait(PULL_WATCH_EVERY_S):
+                    got = downloaded(Path(tmp), seen)
+                    now = time.monotonic()
+                    if got != last_bytes and now - last_said >= PULL_REPORT_EVERY_S:
+                        left = total - sum(layers.get(d, 0) for d in set(skipped))
+                        say(progress_words(image, got, left), progress=True)
+                        last_said, last_bytes = now, got
+
+            watcher = threading.Thread(target=watch, daemon=True, name=f"pull-watch-{image[:40]}")
+            watcher.start()
+            timer = threading.Timer(timeout, proc.kill)
+            timer.start()
+            try:
+                for line in proc.stdout:
+                    line = line.strip()
+                    lines.append(line)
+                    # "Copying blob sha256:abc… skipped: already exists": not downloaded.
+                    m = re.match(r"Copying blob (?:sha256:)?([0-9a-f]+) skipped", line)
+                    if m:
+                        skipped.update(d for d in layers if d.removeprefix("sha256:").startswith(m[1]))
+                code = proc.wait()
+            finally:
+                timer.cancel()
+                done.set()
+                watcher.join(5)
         if code != 0:
             raise ContainerError(f"could not pull image {image}: {pull_error(lines)}")
         took = time.monotonic() - began
         size = self.image_size(image)
-        say(f"pulled image {image}: {size / 1e9:.2f} GB in {took:.1f} s")
+        say(f"pulled image {image}: {size_words(size)} in {took:.1f} s")
         return took
+
+    def auth_args(self) -> list[str]:
+        if not self.authfile:
+            return []
+        problem = authfile_problem(self.authfile)  # changed since the agent started: refused now
+        if problem:
+            raise ContainerError(problem)
+        return ["--authfile", self.authfile]
 
     def images(self) -> list[dict]:
         """[{"id", "names", "size"}] of the host's images."""
@@ -221,6 +300,179 @@ def podman_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k in PODMAN_ENV}
     env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
     return env
+
+
+def authfile_problem(path: str) -> str:
+    """Why the registry credentials' file may not be used: it must be a plain file of the agent's own
+    user (root), readable and writable by it alone, as the signing keys are."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError as e:
+        return f"the registry credentials file {path} cannot be read: {e.strerror}"
+    if not stat.S_ISREG(st.st_mode):
+        return f"the registry credentials file {path} is not a plain file"
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        return (
+            f"the registry credentials file {path} must be the agent's own and readable by it alone "
+            f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}): chown root and chmod 600 it"
+        )
+    return ""
+
+
+def size_words(n: int, unit_of: int | None = None) -> str:
+    """Bytes in the unit `unit_of` (default: `n`) calls for: "3.4 GB", "21.1 MB", "512 kB"."""
+    ref = n if unit_of is None else unit_of
+    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
+        if ref >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 1e3:.0f} kB"
+
+
+def progress_words(image: str, got: int, total: int) -> str:
+    """ "pulling image X, 1.2 of 3.4 GB" (both in the total's unit), or "..., 1.2 GB so far" without
+    a known total (no manifest, or more arrived than it listed)."""
+    if total > 0 and got <= total:
+        return f"pulling image {image}, {size_words(got, total).split()[0]} of {size_words(total)}"
+    return f"pulling image {image}, {size_words(got)} so far"
+
+
+def downloaded(tmp: Path, seen: dict[str, int]) -> int:
+    """The bytes podman has written under `tmp` so far: each file's largest size seen (a blob it has
+    finished with and removed still counts)."""
+    for dirpath, _dirs, files in os.walk(tmp):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            with contextlib.suppress(OSError):
+                seen[path] = max(seen.get(path, 0), os.stat(path, follow_symlinks=False).st_size)
+    return sum(seen.values())
+
+
+def _registry_conf() -> dict:
+    path = os.environ.get("CONTAINERS_REGISTRIES_CONF") or "/etc/containers/registries.conf"
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+
+
+def _insecure(host: str) -> bool:
+    """The registry is marked insecure in registries.conf (podman then allows plain HTTP and unchecked
+    TLS there): the manifest request does the same."""
+    for reg in _registry_conf().get("registry") or []:
+        location = str(reg.get("location") or reg.get("prefix") or "")
+        if location.split("/")[0] == host and reg.get("insecure"):
+            return True
+    return False
+
+
+def _credentials(host: str, authfile: str | None) -> str | None:
+    """The auth.json entry of a registry ("user:password" in base64), or None."""
+    if not authfile:
+        return None
+    try:
+        auths = json.loads(Path(authfile).read_text()).get("auths") or {}
+    except (OSError, ValueError, AttributeError):
+        return None
+    for key, entry in auths.items():
+        if urllib.parse.urlsplit(key if "//" in key else f"//{key}").netloc == host and isinstance(
+            entry, dict
+        ):
+            return entry.get("auth") or None
+    return None
+
+
+def _platform() -> tuple[str, str]:
+    machine = platform.machine().lower()
+    return "linux", {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
+
+
+def registry_layers(image: str, authfile: str | None = None) -> dict[str, int] | None:
+    """The compressed size of each blob of the image (its layers and config, by digest), read from its
+    registry's manifest (for a multi-platform image, this host's platform's), with the admin's
+    credentials (Basic or a Bearer token); None when the registry cannot tell (never an error: the
+    pull goes on without a total)."""
+    m = re.match(r"^([^/]+)/(.+?)(?::([\w][\w.-]{0,127}))?(?:@(sha256:[a-f0-9]{64}))?$", image)
+    if not m:
+        return None
+    host, repo, tag, digest = m.groups()
+    api_host = "registry-1.docker.io" if host == "docker.io" else host
+    try:
+        manifest = _get_manifest(api_host, host, repo, digest or tag or "latest", authfile)
+        if manifest.get("manifests"):
+            want = _platform()
+            entry = next(
+                (
+                    e
+                    for e in manifest["manifests"]
+                    if (e.get("platform") or {}).get("os") == want[0]
+                    and (e.get("platform") or {}).get("architecture") == want[1]
+                ),
+                None,
+            )
+            if entry is None:
+                return None
+            manifest = _get_manifest(api_host, host, repo, entry["digest"], authfile)
+        blobs = [*(manifest.get("layers") or []), *([manifest["config"]] if manifest.get("config") else [])]
+        sizes = {str(b["digest"]): int(b["size"]) for b in blobs}
+        return sizes or None
+    except (OSError, ValueError, KeyError, TypeError, urllib.error.URLError) as e:
+        log.info("no manifest of %s to size its pull: %s", image, e)
+        return None
+
+
+def _get_manifest(api_host: str, host: str, repo: str, reference: str, authfile: str | None) -> dict:
+    insecure = _insecure(host)
+    context = ssl.create_default_context()
+    if insecure:
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    path = f"/v2/{repo}/manifests/{reference}"
+    headers = {"Accept": ", ".join(MANIFEST_TYPES)}
+    schemes = ["https", "http"] if insecure else ["https"]
+    last: Exception | None = None
+    for scheme in schemes:
+        url = f"{scheme}://{api_host}{path}"
+        try:
+            return _fetch_json(url, headers, context, host, repo, authfile)
+        except urllib.error.HTTPError:
+            raise
+        except (OSError, urllib.error.URLError) as e:
+            last = e
+    raise last or OSError("no manifest")
+
+
+def _fetch_json(url: str, headers: dict, context, host: str, repo: str, authfile: str | None) -> dict:
+    def get(h: dict) -> dict:
+        req = urllib.request.Request(url, headers=h)
+        with urllib.request.urlopen(req, timeout=MANIFEST_TIMEOUT_S, context=context) as r:
+            return json.loads(r.read(4 << 20))
+
+    try:
+        return get(headers)
+    except urllib.error.HTTPError as e:
+        if e.code != 401:
+            raise
+        challenge = e.headers.get("WWW-Authenticate", "")
+    creds = _credentials(host, authfile)
+    if challenge.lower().startswith("basic"):
+        if not creds:
+            raise OSError("the registry asks for credentials and the host has none for it")
+        return get({**headers, "Authorization": f"Basic {creds}"})
+    params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
+    realm = params.pop("realm", "")
+    if not challenge.lower().startswith("bearer") or not realm:
+        raise OSError(f"an unknown challenge: {challenge[:80]}")
+    params.setdefault("scope", f"repository:{repo}:pull")
+    req = urllib.request.Request(
+        f"{realm}?{urllib.parse.urlencode(params)}",
+        headers={"Authorization": f"Basic {creds}"} if creds else {},
+    )
+    with urllib.request.urlopen(req, timeout=MANIFEST_TIMEOUT_S, context=context) as r:
+        answer = json.loads(r.read(1 << 20))
+    token = answer.get("token") or answer.get("access_token")
+    if not token:
+        raise OSError("the registry's token service gave no token")
+    return get({**headers, "Authorization": f"Bearer {token}"})
 
 
 def pull_error(lines: list[str]) -> str:
@@ -302,6 +554,54 @@ def cgroup_parent(paths) -> str | None:
 _V1_NAMES = {"memory", "pids", "cpu", "cpuacct", "cpu,cpuacct", "devices", "unified"}
 
 
+def _plain_path(path: str) -> bool:
+    """Absolute, no "." or ".." part, no empty part, nothing podman's --volume would read as syntax."""
+    return (
+        isinstance(path, str)
+        and path.startswith("/")
+        and len(path) <= 4096
+        and not re.search(r"[:,\x00-\x1f]", path)
+        and all(part not in ("", ".", "..") for part in path.split("/")[1:])
+    ) or path == "/"
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def resolve_dataset(host: str, target: str, allowed_by: str, avoid=()) -> tuple[str, str]:
+    """A dataset mount, checked on the host it runs on: (its real path, its path in the container).
+    The control side checked the names against the rules (jobs/mounts.py); here what they lead to:
+    the path with every symlink followed must still lie under the real path of the directory that
+    allowed it (a link inside a dataset cannot hand out the host's /etc), must exist, and may neither
+    lie in nor hold one of `avoid` (the agent's own and the attempt's directories)."""
+    for what, path in (("dataset", host), ("allowed directory", allowed_by), ("container path", target)):
+        if not _plain_path(path):
+            raise ContainerError(f"the {what} {path!r} is not a plain absolute path")
+    if not _under(host, allowed_by):
+        raise ContainerError(f"the dataset {host} is not under {allowed_by}, the directory said to allow it")
+    if target == "/" or any(_under(target, r) for r in RESERVED_TARGETS):
+        raise ContainerError(f"a dataset may not be mounted at {target} in the container")
+    root = os.path.realpath(allowed_by)
+    real = os.path.realpath(host)
+    if not _under(real, root):
+        raise ContainerError(
+            f"the dataset {host} leads to {real} on this host (a symlink), outside {allowed_by}, which "
+            "allowed it: not mounted"
+        )
+    if not os.path.exists(real):
+        raise ContainerError(f"the dataset {host} does not exist on this host")
+    if not _plain_path(real):
+        raise ContainerError(f"the dataset {host} leads to {real!r}, which podman cannot mount")
+    for own in avoid:
+        own = os.path.realpath(own)
+        if _under(real, own) or _under(own, real):
+            raise ContainerError(f"the dataset {host} holds or lies in the agent's own {own}: not mounted")
+        if _under(target, str(own)) or _under(str(own), target):
+            raise ContainerError(f"a dataset may not be mounted at {target}, over the attempt's {own}")
+    return real, target
+
+
 def write_env_file(path: Path, env: dict[str, str]) -> None:
     """The container's environment, readable by root only. A value with a newline cannot be written
     in podman's format: refused in words."""
@@ -337,6 +637,7 @@ def run_argv(
     gpus: list[int],
     real_gpus: bool,
     tmpfs_bytes: int = 0,
+    datasets: list[tuple[str, str]] = (),
 ) -> list[str]:
     """`podman run` for one attempt (module docstring)."""
     nofile_soft, nofile_hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -397,6 +698,8 @@ def run_argv(
     if real_gpus:
         for i in gpus:
             argv += ["--device", f"nvidia.com/gpu={i}"]
+    for host, target in datasets:  # resolve_dataset's: real paths, no ":" or ","
+        argv += ["--volume", f"{host}:{target}:ro,nosuid,nodev"]
     argv += ["--", image, *command]
     return argv
 

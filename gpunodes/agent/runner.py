@@ -83,7 +83,8 @@ REPORT_FIELDS = frozenset({"attempt_id", "number", "node", "how", "exit_code", "
         "count",
         "gpu_faults",
         "ended_at",
-    }  # an end's checkpoint, fault and time (the host's clock); a checkpoint's report
+        "pull_s",
+    }  # an end's checkpoint, fault and time (the host's clock); a checkpoint's report; a start's pull
 )
 # A start that fails with these lacks something of the host's (processes, memory, descriptors, disk),
 # not of the job's: it is refused, and the job re-queued.
@@ -273,11 +274,14 @@ class Runner:
         rendezvous_ports: tuple[int, int] | str | None = "auto",
         podman: containers.Podman | str | None = "auto",
         image_cache_bytes: int = 0,
+        registry_auth_file: str | None = None,
     ) -> None:
         self.node = node
         # Container jobs (containers.py): podman, found at the first one ("auto"), and the image cache.
         self._podman, self._podman_why = (podman, "") if podman != "auto" else (None, None)
         self.image_cache_bytes = image_cache_bytes
+        # The admin's registry credentials (containers.Podman.authfile); None: REGISTRY_AUTH_FILE if set.
+        self.registry_auth_file = registry_auth_file
         # Attempts whose image is being pulled: a start of one sent again meanwhile (the heartbeat
         # resends a start not reported running within seconds) returns at once, holding no thread.
         self._pulling: set[tuple[int, int]] = set()
@@ -414,20 +418,24 @@ class Runner:
         rendezvous: dict | None = None,
         admitted_us: int | None = None,
         image: str = "",
+        mounts: list[dict] | None = None,
     ) -> str:
         key = (attempt_id, number)
         # A container job's image is pulled first, outside the lock and before the attempt counts as
         # started (its max_runtime_s and protection run from its start report, after the pull).
-        pulled: list[str] = []
+        pulled: list[tuple[str, bool]] = []  # the pull's lines, and whether each is a byte count
         image_problem = ""
+        pull_s: float | None = None  # the seconds its pull took (0: the image was here), reported at start
         if image:
             with self._lock:
                 if key in self._pulling or attempt_id in self._procs:
                     return "duplicate"
                 self._pulling.add(key)
             try:
-                image_problem = self._prepare_image(
-                    image, lambda line: self._say_pulling(key, line, pulled), attempt_words(job_id, number)
+                image_problem, pull_s = self._prepare_image(
+                    image,
+                    lambda line, progress=False: self._say_pulling(key, line, pulled, progress),
+                    attempt_words(job_id, number),
                 )
             finally:
                 with self._lock:
@@ -549,6 +557,7 @@ class Runner:
                         cgroup,
                         limits,
                         list(gpus),
+                        mounts or [],
                     )
                 except (containers.ContainerError, OSError) as e:
                     self._end_container(container)
@@ -556,7 +565,7 @@ class Runner:
                     sink.finish()
                     self._cleanup(user, cgroup, workdir, devices, limits, hold)
                     return self._end_unstarted(key, "failed_to_start", str(e), exit_code=127)
-                for line in pulled:
+                for line, _progress in pulled:
                     sink.note(f"gpuquota: {line}\n")
             check_r, check_w = os.pipe2(os.O_CLOEXEC)
             steps = [f.enter_fn() for f in (cgroup, limits, devices) if f is not None]
@@ -657,7 +666,10 @@ class Runner:
             )
             self.checkpoints.begin(key, checkpoint_dir)
             self._save_state()
-        self._report_durably(STARTED, {"attempt_id": attempt_id, "number": number, "node": self.node})
+        started = {"attempt_id": attempt_id, "number": number, "node": self.node}
+        if pull_s is not None:
+            started["pull_s"] = round(pull_s, 3)  # what the forecast counts for the image's next jobs
+        self._report_durably(STARTED, started)
         return "started"
 
     def _acquire_uid(self) -> JobUser | None:
@@ -669,32 +681,42 @@ class Runner:
     def podman(self) -> containers.Podman | None:
         """podman and the runtime that works here, found at the first container job (and logged)."""
         if self._podman_why is None:
-            self._podman, self._podman_why = containers.Podman.detect()
+            self._podman, self._podman_why = containers.Podman.detect(authfile=self.registry_auth_file)
             if self._podman is None:
                 log.warning("container jobs cannot run on %s: %s", self.node, self._podman_why)
         return self._podman
 
-    def _prepare_image(self, image: str, say, words: str) -> str:
-        """Pull the image where this host lacks it ("" when it is here), or why it cannot run."""
+    def _prepare_image(self, image: str, say, words: str) -> tuple[str, float | None]:
+        """Pull the image where this host lacks it: ("", the seconds the pull took, 0 when it was
+        here), or (why it cannot run, None)."""
         podman = self.podman
         if podman is None:
-            return f"{self.node} cannot run container jobs: {self._podman_why or 'no podman'}"
+            return f"{self.node} cannot run container jobs: {self._podman_why or 'no podman'}", None
         if self.uids is None:
             # Without a uid of its own the container would run as root on the host.
-            return f"{self.node} cannot run container jobs: its agent runs without per-attempt uids"
+            return f"{self.node} cannot run container jobs: its agent runs without per-attempt uids", None
         if not self.fake_gpus and not containers.cdi_spec_present():
-            return f"{self.node} cannot give a container its GPUs: {containers.CDI_HINT}"
+            return f"{self.node} cannot give a container its GPUs: {containers.CDI_HINT}", None
         cache = containers.ImageCache(podman, self.state_path.parent / "images.json", self.image_cache_bytes)
+
+        def said(line: str, progress: bool = False) -> None:
+            say(line, progress=progress)
+            if not progress:  # the byte counts go to the job's page, not each to the agent's log
+                log.info("%s: %s", words, line)
+
+        took = 0.0
         try:
             if not podman.has_image(image):
-                podman.pull(image, lambda line: (say(line), log.info("%s: %s", words, line)))
+                # The download files go under the agent's own 0700 directory, not the host's /var/tmp.
+                pulls = identity.ensure_root(self.state_path.parent / "pulls", 0o700)
+                took = podman.pull(image, said, tmp_root=pulls)
                 cache.prune(keep={image})
         except containers.ContainerError as e:
-            return str(e)
+            return str(e), None
         except (OSError, subprocess.SubprocessError) as e:
-            return f"could not pull image {image}: {e}"
+            return f"could not pull image {image}: {e}", None
         cache.used(image)
-        return ""
+        return "", took
 
     def _container_argv(
         self,
@@ -712,6 +734,7 @@ class Runner:
         cgroup,
         limits,
         gpus,
+        mounts,
     ) -> list[str]:
         """The attempt's `podman run` (containers.py), its environment in a root-only env file."""
         env = {k: v for k, v in child_env.items() if k != "PATH" or "PATH" in job_env}
@@ -761,12 +784,38 @@ class Runner:
             gpus=gpus,
             real_gpus=not self.fake_gpus,
             tmpfs_bytes=max(0, size),
+            datasets=self._datasets(mounts, workdir, hold.path),
         )
 
-    def _say_pulling(self, key: tuple[int, int], line: str, said: list[str]) -> None:
-        """A line of a pull: kept for the attempt's log, and sent to the control side for the job's
-        page (best effort: not through the outbox; a lost one costs a line)."""
-        said.append(line)
+    def _datasets(self, mounts, workdir: Path, checkpoint: Path) -> list[tuple[str, str]]:
+        """The job's read-only datasets as (host path, container path), each resolved on this host
+        (containers.resolve_dataset: symlinks followed, still under the directory that allowed it) and
+        kept off the agent's own directories and the attempt's."""
+        own = [
+            self.state_path.parent,
+            self.log_dir,
+            self.checkpoint_root,
+            self.work_root,
+            workdir,
+            checkpoint,
+        ]
+        return [
+            containers.resolve_dataset(
+                m.get("host", ""), m.get("container", ""), m.get("allowed_by", ""), avoid=own
+            )
+            for m in mounts
+        ]
+
+    def _say_pulling(
+        self, key: tuple[int, int], line: str, said: list[tuple[str, bool]], progress: bool = False
+    ) -> None:
+        """A line of a pull: kept for the attempt's log (of the byte counts only the last), and sent to
+        the control side for the job's page (best effort: not through the outbox; a lost one costs a
+        line)."""
+        if progress and said and said[-1][1]:
+            said[-1] = (line, True)
+        else:
+            said.append((line, progress))
         try:
             self.report(PULLING, {"attempt_id": key[0], "number": key[1], "node": self.node, "text": line})
         except Exception as e:  # noqa: BLE001 - a broker hiccup never fails a pull

@@ -40,6 +40,7 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 # The control side checks an image fully (jobs/images.py); here only that it is one word podman reads as
 # an image, never an option.
 IMAGE = re.compile(r"^[a-z0-9][a-z0-9._:/@-]{0,254}$")
+MAX_MOUNTS = 16
 STATES = {"PENDING", "READY", "CORDONED", "DRAINING", "LOST"}
 MAX_ARGV = 4096
 MAX_ARG_BYTES = 256 * 1024
@@ -101,6 +102,20 @@ def validate_start(msg: dict) -> dict:
     image = msg.get("image") or ""
     if not isinstance(image, str) or (image and IMAGE.match(image) is None):
         raise Invalid("image must be an image name (registry/path[:tag][@digest])")
+    mounts = msg.get("mounts") or []
+    if (
+        not isinstance(mounts, list)
+        or len(mounts) > MAX_MOUNTS
+        or (mounts and not image)
+        or not all(
+            isinstance(m, dict)
+            and set(m) == {"host", "container", "allowed_by"}
+            and all(isinstance(v, str) and v.startswith("/") and "\x00" not in v for v in m.values())
+            for m in mounts
+        )
+    ):
+        # What the paths lead to is checked where they are mounted (containers.resolve_dataset).
+        raise Invalid("mounts must be a container job's list of {host, container, allowed_by} paths")
     return {
         "attempt_id": _int("attempt_id", msg.get("attempt_id"), minimum=1),
         "number": _int("number", msg.get("number"), minimum=1),
@@ -121,6 +136,8 @@ def validate_start(msg: dict) -> dict:
         "user": _int("user", msg.get("user"), minimum=1, optional=True),
         # A container image to run the command in (containers.py); "" runs it on the host.
         "image": image,
+        # Read-only datasets of a container job (containers.resolve_dataset), sent only where it has some.
+        "mounts": [dict(m) for m in mounts],
     }
 
 

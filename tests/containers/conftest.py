@@ -5,6 +5,7 @@ saying which is missing."""
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import socket
@@ -60,10 +61,15 @@ WHY_NOT = _why_not()
 needs_podman = pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT or "podman")
 
 
-def rootfs_tar(path: Path) -> Path:
+def rootfs_tar(path: Path, extra_bytes: int = 0) -> Path:
     """A root filesystem of busybox and its applets, an /etc/passwd and the empty directories a
-    read-only container mounts over."""
+    read-only container mounts over; `extra_bytes` of random data in /blob (a layer that does not
+    compress: its download takes its size)."""
     with tarfile.open(path, "w") as tar:
+        if extra_bytes:
+            info = tarfile.TarInfo("blob")
+            info.size = extra_bytes
+            tar.addfile(info, io.BytesIO(os.urandom(extra_bytes)))
         for d in ("bin", "etc", "tmp", "proc", "sys", "dev", "run", "var", "var/tmp"):
             info = tarfile.TarInfo(d)
             info.type, info.mode = tarfile.DIRTYPE, 0o1777 if "tmp" in d else 0o755
@@ -76,8 +82,6 @@ def rootfs_tar(path: Path) -> Path:
         passwd = b"root:x:0:0:root:/:/bin/sh\n"
         info = tarfile.TarInfo("etc/passwd")
         info.size = len(passwd)
-        import io
-
         tar.addfile(info, io.BytesIO(passwd))
     return path
 
@@ -107,19 +111,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def registry(podman, tmp_path_factory):
-    """Debian's docker-registry on a free loopback port, storing in a temporary directory: its
-    address (localhost:PORT, which podman treats as insecure by default? no: pushed with --tls-verify=false)."""
+def serve_registry(root: Path, htpasswd: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """Debian's docker-registry on a free loopback port, storing under `root`, with Basic auth from an
+    htpasswd file (bcrypt) where given: (its process, its address)."""
     exe = shutil.which("docker-registry")
     if not exe:
         pytest.skip("docker-registry is not installed (apt-get install docker-registry)")
-    root = tmp_path_factory.mktemp("registry")
     port = free_port()
     config = root / "config.yml"
     config.write_text(
         "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: "
         f"{root / 'data'}\nhttp:\n  addr: 127.0.0.1:{port}\n"
+        + (f"auth:\n  htpasswd:\n    realm: test\n    path: {htpasswd}\n" if htpasswd else "")
     )
     proc = subprocess.Popen([exe, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 15
@@ -131,12 +134,26 @@ def registry(podman, tmp_path_factory):
     else:
         proc.kill()
         pytest.skip("docker-registry did not start")
-    # podman pulls from it without TLS (a registries.conf of the test's own, through the environment).
-    conf = root / "registries.conf"
-    conf.write_text(f'[[registry]]\nlocation = "127.0.0.1:{port}"\ninsecure = true\n')
+    return proc, f"127.0.0.1:{port}"
+
+
+def insecure_registries(path: Path, *addresses: str) -> Path:
+    """A registries.conf that lets podman reach these registries over plain HTTP."""
+    path.write_text("".join(f'[[registry]]\nlocation = "{a}"\ninsecure = true\n\n' for a in addresses))
+    return path
+
+
+@pytest.fixture(scope="session")
+def registry(podman, tmp_path_factory):
+    """Debian's docker-registry on a free loopback port, storing in a temporary directory: its
+    address (127.0.0.1:PORT), which podman reaches over plain HTTP (a registries.conf of the test's own,
+    through the environment)."""
+    root = tmp_path_factory.mktemp("registry")
+    proc, address = serve_registry(root)
+    conf = insecure_registries(root / "registries.conf", address)
     old = os.environ.get("CONTAINERS_REGISTRIES_CONF")
     os.environ["CONTAINERS_REGISTRIES_CONF"] = str(conf)
-    yield f"127.0.0.1:{port}"
+    yield address
     if old is None:
         os.environ.pop("CONTAINERS_REGISTRIES_CONF", None)
     else:

@@ -18,7 +18,7 @@ def test_a_start_resent_during_the_pull_is_a_duplicate_at_once(monkeypatch):
     def slow_pull(image, say, words):
         pulling.set()
         release.wait(10)
-        return "could not pull image reg.example.com/x:1: manifest unknown"
+        return "could not pull image reg.example.com/x:1: manifest unknown", None
 
     monkeypatch.setattr(runner, "_prepare_image", slow_pull)
     answers = []
