@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import resource
+import shutil
 import signal
 import socket
 import sqlite3
@@ -1520,6 +1521,11 @@ class Runner:
         for path in sorted(left.glob(f"gpuquota-{self.node}-a*")) if left.is_dir() else ():
             if path.name.rsplit(".", 1)[0] not in mine:
                 self._end_container(path.name.rsplit(".", 1)[0])
+        # ...and the download files of a pull it was making (a pull of this agent has none yet: the
+        # orphans are ended before it takes a start).
+        pulls = self.state_path.parent / "pulls"
+        for path in sorted(pulls.glob("pull-*")) if pulls.is_dir() and not self._pulling else ():
+            shutil.rmtree(path, ignore_errors=True)
         if ended:
             log.warning(
                 "ended %d orphaned container(s) of a previous agent: %s", len(ended), ", ".join(ended)

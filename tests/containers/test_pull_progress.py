@@ -136,3 +136,11 @@ def test_without_a_manifest_the_words_say_the_bytes_so_far():
         "pulling image r.example/x:1, 0.0 of 3.4 GB"
     )
     assert containers.registry_layers("127.0.0.1:1/nothing/here:1") is None  # nobody there: no total
+
+
+def test_the_download_files_of_a_pull_a_killed_agent_left_go_at_the_next_start(runner):
+    left = runner.state_path.parent / "pulls" / "pull-abc123"
+    left.mkdir(parents=True)
+    (left / "1").write_bytes(b"x" * 1000)
+    runner.kill_orphans()
+    assert not left.exists()
