@@ -6,7 +6,11 @@ It builds a small image from busybox (no network), starts a local registry on a 
 through the agent's Runner (a uid per attempt, its cgroups, its directories), from start() to the
 job's first line of output: a bare host command, the image pulled from the local registry first
 (removed with its layers before each run), the image already cached. --payload-mb N adds a file of N MB
-of random bytes to the image (a layer of that size to pull)."""
+of random bytes to the image (a layer of that size to pull).
+
+--pull-ab: instead, what the pull's byte counts cost: alternately a plain `podman pull` (as the agent
+pulled before them) and the agent's Podman.pull (a manifest request, a thread that sums podman's
+download files), the image and its layers removed before each."""
 
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ def main() -> None:
     parser.add_argument(
         "--payload-mb", type=int, default=0, help="a file of this many random MB in the image"
     )
+    parser.add_argument("--pull-ab", action="store_true", help="time pulls with and without the byte counts")
     args = parser.parse_args()
     import subprocess
 
@@ -65,6 +70,14 @@ def main() -> None:
     podman._run("tag", image, pushed)
     podman._run("push", "--tls-verify=false", pushed)
     podman._run("rmi", image)  # only the registry's name is left: removing it removes its layers
+    if args.pull_ab:
+        try:
+            pull_ab(podman, pushed, work, args.runs)
+        finally:
+            podman._run("rmi", "-f", image, pushed)
+            next(registry_gen, None)
+            shutil.rmtree(work, ignore_errors=True)
+        return
     reports = Reports()
     runner = make_runner(work, reports, uids=uid_pool(), podman=podman, image_cache_bytes=0)
     runner.node = f"bench{uuid.uuid4().hex[:4]}"
@@ -99,6 +112,37 @@ def main() -> None:
     )
     for what, times in results.items():
         print(f"{what:<28} {statistics.median(times):>9.3f} {min(times):>7.3f} {max(times):>7.3f}")
+
+
+def pull_ab(podman, pushed: str, work: Path, runs: int) -> None:
+    import subprocess
+
+    from gpunodes.agent import containers
+
+    began = time.monotonic()
+    layers = containers.registry_layers(pushed) or {}
+    manifest_s = time.monotonic() - began
+    plain, counted, said = [], [], []
+    for _ in range(runs):
+        podman._run("rmi", "-f", pushed, timeout=300)
+        began = time.monotonic()
+        subprocess.run(
+            [*podman.base(), "pull", pushed], capture_output=True, env=containers.podman_env(), check=True
+        )
+        plain.append(time.monotonic() - began)
+        podman._run("rmi", "-f", pushed, timeout=300)
+        lines: list[str] = []
+        began = time.monotonic()
+        podman.pull(pushed, lambda line, progress=False, lines=lines: lines.append(line), tmp_root=work)
+        counted.append(time.monotonic() - began)
+        said.append(len(lines))
+    print(
+        f"pull of {sum(layers.values()) / 1e6:.1f} MB; the manifest request took {manifest_s * 1000:.0f} ms"
+    )
+    print(f"{'pull':<28} {'median s':>9} {'min s':>7} {'max s':>7}  (runs: {runs})")
+    for what, times in (("plain podman pull", plain), ("with byte counts", counted)):
+        print(f"{what:<28} {statistics.median(times):>9.3f} {min(times):>7.3f} {max(times):>7.3f}")
+    print(f"lines said per pull: {said}")
 
 
 class _Factory:
