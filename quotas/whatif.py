@@ -445,6 +445,20 @@ def _replay_child(conn, scenario: sc.Scenario, window_s: float, budget_s: float)
         conn.close()
 
 
+def _replay_context():
+    """Where replay processes come from: a fork server that imported this module once (started at the
+    first replay, single-threaded, kept while the worker lives), so that a replay starts in
+    milliseconds; a fresh interpreter per replay ("spawn": 1.5-2 s to the first pass on the shared
+    2-core VM, a third of a 5 s what-if) where a platform has no fork server."""
+    import multiprocessing
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    return ctx
+
+
 def replay_isolated(
     scenario: sc.Scenario,
     *,
@@ -452,11 +466,9 @@ def replay_isolated(
     on_progress: Callable[[int], None] | None = None,
     budget_s: float | None = None,
 ) -> dict[str, Any]:
-    """`replay` in a process of its own (spawned: the worker's threads are not forked)."""
-    import multiprocessing
-
+    """`replay` in a process of its own (never a fork of the worker, whose threads are not forked)."""
     budget = BUDGET_S if budget_s is None else budget_s
-    ctx = multiprocessing.get_context("spawn")
+    ctx = _replay_context()
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_replay_child, args=(child, scenario, window_s, budget), daemon=True)
     proc.start()
