@@ -15,16 +15,22 @@ week is the trace's busiest: the 7 whole days with the most GPU-hours submitted 
    **taken from outside itself** (the engine's net: quotas.engine.tree.nets) over the time that set
    waited are divided by the set's total, and compared with two expected splits: by weight alone
    (w / sum w) and by the contract's fair-share value, which divides by weight x capacity, so that
-   equal values mean taken in proportion to w x capacity. The figure is the GPU-hour-weighted mean
-   of |observed - expected| / expected over the members, and the share of the sets' GPU-hours whose
-   member is within 10%.
+   equal values mean taken in proportion to w x capacity. The figure is, per set, the worst member's
+   |observed - expected| / expected, averaged over the sets by their GPU-hours, and the share of the
+   GPU-hours in sets whose every member is within 10%. Also split the same way: only the time when
+   every member waits for at least SATURATED GPUs of jobs, and the GPU-hours of the borrowed attempts
+   admitted while the set waited (the decisions rather than what is held).
 2. Memory. The same week with `fair_share_half_life_s` = 1 day, history recomputed along the replay
    with the engine's accumulator (tree.FairShareHistory). At each pass that admits borrowed jobs while
    two siblings wait, one whose history is under 0.5 GPU (it took almost nothing from outside for
    days) and one whose history is 5 GPUs or more (it borrowed all week): what the idle one got at that
    pass against its weighted part, and what the busy one got.
 
-    python bench/bench_tree_weights.py [--days FIRST LAST] [--warmup DAYS]
+   `--starvation-s 1000000000` turns rule 6's reservations for starving heads off (a head that holds
+   a node for itself does not take another one that frees; see bench/RESULTS.md).
+
+    python bench/bench_tree_weights.py [--days FIRST LAST] [--warmup DAYS] [--only weights|memory]
+                                       [--starvation-s S]
 """
 
 from __future__ import annotations
