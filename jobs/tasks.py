@@ -178,7 +178,7 @@ def attempt_checkpoint(attempt_id: int, number: int, node: str, at: float, count
 @shared_task(name="jobs.tasks.attempt_pulling", ignore_result=True)
 def attempt_pulling(attempt_id: int, number: int, node: str, text: str) -> bool:
     """A host is pulling the image of an attempt it was told to start: while the attempt waits for it
-    (ADMITTED), its job's reason says how far ("pulling image X: layer 2, 14.0 s"). Best effort: a lost
+    (ADMITTED), its job's reason says how far ("pulling image X, 1.2 of 3.4 GB"). Best effort: a lost
     report costs one line. From a node of its placement only."""
     from jobs.choices import JobState
     from jobs.models import Job

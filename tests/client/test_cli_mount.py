@@ -56,3 +56,38 @@ def test_a_malformed_mount_exits_2(mount, capsys):
         main([*ARGV, "--mount", mount, "--", "t"])
     assert e.value.code == 2
     assert "HOST[:CONTAINER]" in capsys.readouterr().err
+
+
+def test_status_shows_the_image_the_datasets_and_the_pulls_bytes():
+    from types import SimpleNamespace
+
+    from gpuquota_client.cli import cmd_status
+
+    job = {
+        "id": 7,
+        "name": "",
+        "share": "s",
+        "team": "t",
+        "submitted_by": "bob",
+        "submitted_at": None,
+        "gpus": 1,
+        "gpu_type": "a10g",
+        "priority": 0,
+        "state": "ADMITTED",
+        "state_reason": "pulling image reg.example.com/x:1, 1.2 of 3.4 GB",
+        "command": ["t"],
+        "image": "reg.example.com/x:1",
+        "mounts": ["/datasets/a:/data"],
+        "max_runtime_s": None,
+        "attempt_count": 1,
+        "preemption_count": 0,
+        "exit_code": None,
+        "attempts": [],
+        "events": [],
+    }
+    printed = []
+    args = SimpleNamespace(job=("job", 7), json=False, client=lambda: SimpleNamespace(job=lambda _: job))
+    assert cmd_status(args, printed.append) == 0
+    text = "\n".join(map(str, printed))
+    assert "reason: pulling image reg.example.com/x:1, 1.2 of 3.4 GB" in text, text
+    assert "datasets: /datasets/a:/data" in text and "image: reg.example.com/x:1" in text, text

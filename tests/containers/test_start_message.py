@@ -78,6 +78,16 @@ def test_a_pull_report_shows_on_the_job_while_it_waits_and_only_from_its_node(
     node = attempt.placement[0]["node"]
     other = "node-2" if node == "node-1" else "node-1"
     assert attempt_pulling(attempt.pk, 1, other, "pulling image forged") is False
-    assert attempt_pulling(attempt.pk, 1, node, f"pulling image {IMAGE}: layer 2, 14.0 s") is True
-    assert Job.objects.get(pk=job.pk).state_reason == f"pulling image {IMAGE}: layer 2, 14.0 s"
+    said = f"pulling image {IMAGE}, 1.2 of 3.4 GB"
+    assert attempt_pulling(attempt.pk, 1, node, said) is True
+    assert Job.objects.get(pk=job.pk).state_reason == said
     assert attempt_pulling(attempt.pk, 2, node, "pulling image of another attempt") is False
+    # ...shown where the job is read: its page and the API.
+    from django.test import Client
+
+    web = Client()
+    web.force_login(bob)
+    assert said in web.get(f"/jobs/{job.pk}/").content.decode()
+    data = web.get(f"/api/v1/jobs/{job.pk}/").json()
+    assert data["state_reason"] == said
+    # (`gpuquota status` prints the same state_reason and the datasets: tests/client/test_cli_mount.py)
