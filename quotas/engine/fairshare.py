@@ -8,7 +8,9 @@ common group of S and V (the cluster's, without groups: the shares themselves) t
 values are SEMANTICS' fair-share values at that level (cover.py `_node_value`), counted with J admitted
 and the victims taken so far gone. Candidates: the borrowed, unprotected attempts of other shares
 (none admitted in this pass: those are no attempts yet), by their side's value now, highest first
-(ties: the side's name), then the share's own value, then inside a share rule 3's order. The walk
+(ties: the side's name), then the share's own value, then inside a share rule 3's order; only sides
+whose value is above J's side's now are in the list (see `_fair_try`: the contract's test alone let two
+sides that both take nothing from outside swap GPUs forever). The walk
 takes c only if J's side's value is not above c's side's value with c gone; it stops as soon as J can
 run (rule 9's "can run" for a borrower: its share's limit, the cover with J borrowing, a node), then
 gives back walking backwards, keeping the test true for the victims left. Nothing is pre-empted when
@@ -85,7 +87,13 @@ class FairReclaim:
         for v in self.vshares:
             if v != s and self._borrowed(v) > 0:
                 side_s, side_v = self._sides(s, v)
-                order.append((-value(side_v), names[side_v], -value(v), v, side_s, side_v))
+                # Only from a side whose value is above J's side's now (before J and any victim): a move
+                # that leaves both values where they were (J's side takes nothing more from outside with
+                # J, c's side nothing less without c: they lend to each other inside) would pass the test
+                # below with equal values, and c's job could take the GPUs straight back the same way,
+                # forever. Below now and not above after, no move can be answered by its reverse.
+                if value(side_s) < value(side_v):
+                    order.append((-value(side_v), names[side_v], -value(v), v, side_s, side_v))
         if not order:
             return
         order.sort(key=lambda entry: entry[:4])
