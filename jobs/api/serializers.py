@@ -251,10 +251,10 @@ class JobSerializer(EnvRedactionMixin, serializers.ModelSerializer):
         ]
         read_only_fields = fields
 
-    @extend_schema_field(QueuePositionSerializer(allow_null=True))
     def get_mounts(self, job) -> list[str]:
         return mount_words(job.mounts)
 
+    @extend_schema_field(QueuePositionSerializer(allow_null=True))
     def get_queue_position(self, job):
         f = _stored_forecast(job)
         return {"in_share": f.position_in_share, "overall": f.position_overall} if f else None
