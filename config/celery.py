@@ -11,7 +11,7 @@ import warnings
 
 from celery import Celery
 from celery.exceptions import SecurityWarning
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import celeryd_init, worker_ready, worker_shutdown
 
 from config.queues import CONTROL_QUEUE, intake_queue, node_queue
 
@@ -57,6 +57,38 @@ def consume_as(consumer: str) -> None:
             **settings.CELERY_BROKER_TRANSPORT_OPTIONS,
             **unacked_keys(consumer),
         }
+
+
+def whatif_worker_options(queues) -> dict | None:
+    """The broker's options of a worker that consumes `whatif` alone, on Redis: its own keys for what it
+    took but has not acknowledged (kombu restores those of its keys older than the visibility timeout:
+    the control worker's must not be taken by that clock, nor a replay by the control worker's hour),
+    and a replay of a worker that went away (its host lost, kill -9) given to another what-if worker
+    after WHATIF_VISIBILITY_TIMEOUT_S, checked every WHATIF_RESTORE_INTERVAL_S. A pool process lost
+    (prefork) is Celery's WorkerLostError: the replay is re-queued at once (reject_on_worker_lost)."""
+    from django.conf import settings
+
+    names = (
+        {q.strip() for q in queues} if not isinstance(queues, str) else {q.strip() for q in queues.split(",")}
+    )
+    if not settings.REDIS_URL or names != {WHATIF_QUEUE}:
+        return None
+    from config.redisbroker import unacked_keys
+
+    return {
+        **settings.CELERY_BROKER_TRANSPORT_OPTIONS,
+        **unacked_keys(WHATIF_QUEUE),
+        "visibility_timeout": settings.WHATIF_VISIBILITY_TIMEOUT_S,
+        "unacked_restore_interval": settings.WHATIF_RESTORE_INTERVAL_S,
+        "unacked_restore_throttle": 1,  # kombu scans on every 10th tick by default
+    }
+
+
+@celeryd_init.connect
+def whatif_worker_init(sender=None, conf=None, options=None, **kwargs) -> None:
+    options = whatif_worker_options((options or {}).get("queues") or ())
+    if options is not None:
+        app.conf.broker_transport_options = options
 
 
 @worker_ready.connect

@@ -241,6 +241,13 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TIMEZONE = TIME_ZONE
+# A what-if worker (it consumes `whatif` alone: config.celery.whatif_worker_options) keeps what it took
+# under keys of its own, and a replay it took is given to another worker when it has not acknowledged it
+# after WHATIF_VISIBILITY_TIMEOUT_S (its host went away): longer than the longest replay (a 4-week window
+# of 20,000-job weeks: a few minutes), so a live worker's replay is never taken from it; checked every
+# WHATIF_RESTORE_INTERVAL_S by each what-if worker.
+WHATIF_VISIBILITY_TIMEOUT_S = env_int("WHATIF_VISIBILITY_TIMEOUT_S", 900)
+WHATIF_RESTORE_INTERVAL_S = env_int("WHATIF_RESTORE_INTERVAL_S", 30)
 # Signed control messages (gpunodes/signing.py, Celery's message signing with a certificate per node):
 # on when a key is given. The embedded file broker (0700, this user's own processes) runs without.
 MESSAGE_SIGNING_KEY = os.environ.get("MESSAGE_SIGNING_KEY", "")

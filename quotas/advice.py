@@ -7,8 +7,10 @@ its digest; stage 1's variants (quotas.advise.moves: today's layout and one move
 a group of tasks, one replay each. The part that finishes stage 1 (a lock in the cache: exactly one)
 sends stage 2 (the improving moves combined); the one that finishes stage 2 writes the answer
 (quotas.advise.answer). No Celery chord: the join is the cache's part states, so a worker lost
-mid-replay (the task is acknowledged late and re-delivered to another worker) or one worker doing every
-part ends the same. A replay's figures are cached under the scenario's digest and the variant
+mid-replay (the task is acknowledged late and re-delivered to another worker: at once when a pool
+process died, after WHATIF_VISIBILITY_TIMEOUT_S when its host went away) or one worker doing every
+part ends the same; a stage's lock names the part that took it, so that part's task, delivered again,
+finishes a stage its lost worker left half done. A replay's figures are cached under the scenario's digest and the variant
 (quotas.advise.cache_key): the same window and variant are never replayed twice.
 
 Choosing a point makes a layout plan (quotas.layout.plan, with its what-if): never a silent change.
@@ -99,14 +101,20 @@ def _scenario(digest: str) -> sc.Scenario:
     return _parsed[digest]
 
 
-def _replay(spec: dict[str, Any], variant: list[dict]) -> dict[str, Any]:
-    """Eager (tests, a one-process setup): here. On a worker (threads, the what-if's pool): in a
-    spawned process kept between replays, so that a worker's threads replay side by side (no GIL shared)
-    and the worker's control threads stay free."""
+def _replay(spec: dict[str, Any], variant: list[dict]) -> tuple[dict[str, Any], int]:
+    """The replay's figures and how many of its replay processes were lost on the way. Eager (tests, a
+    one-process setup) or in a prefork pool's process: here. On a worker of threads (the what-if's
+    pool): in a spawned process kept between replays, so that a worker's threads replay side by side
+    (no GIL shared) and the worker's control threads stay free."""
+    import multiprocessing
+
     from config.celery import app
 
-    if app.conf.task_always_eager:
-        return advise.evaluate(advise.apply(_scenario(spec["digest"]), variant), window_s=spec["window_s"])
+    # A prefork pool's process is daemonic: it may start no process (multiprocessing refuses), and it is
+    # a process of its own already, apart from the worker's control threads.
+    if app.conf.task_always_eager or multiprocessing.current_process().daemon:
+        scenario = advise.apply(_scenario(spec["digest"]), variant)
+        return advise.evaluate(scenario, window_s=spec["window_s"]), 0
     from concurrent.futures.process import BrokenProcessPool
 
     data = cache.get(_scenario_key(spec["digest"]))
@@ -114,15 +122,17 @@ def _replay(spec: dict[str, Any], variant: list[dict]) -> dict[str, Any]:
         raise LookupError("the run's window is no longer in the cache (it expired)")
     for attempt in (1, 2):
         try:
-            return (
+            point = (
                 _process_pool()
                 .submit(advise.replay_one, spec["digest"], data, variant, spec["window_s"])
                 .result()
             )
+            return point, attempt - 1
         except BrokenProcessPool:
             _reset_pool()  # a replay process died (memory, a kill): a fresh one, once
             if attempt == 2:
                 raise
+            log.warning("advice replay process lost: replaying again in a fresh one")
     raise AssertionError("unreachable")
 
 
@@ -151,35 +161,55 @@ def _reset_pool() -> None:
 
 
 def run_part(run_id: str, index: int) -> str:
-    """One replay (the task's body). Idempotent: a part with an answer is not replayed; a part found
-    `replaying` (its worker was lost) is replayed again, to the same figures."""
+    """One replay (the task's body). Idempotent: a part with an answer is not replayed (the run is
+    advanced again: its worker may have been lost between the two); a part found `replaying` (its
+    worker was lost, the broker gave the task again) is replayed again, to the same figures, and counted
+    as a retry."""
+    import os
+    import socket
+
     spec = cache.get(_run_key(run_id))
     if spec is None or index >= len(spec["variants"]):
         return "unknown run"
     key = _part_key(run_id, index)
     part = cache.get(key) or {"state": QUEUED}
     if part["state"] in (DONE, FAILED, CANCELLED):
+        if part["state"] != CANCELLED:
+            advance(run_id, index)
         return part["state"]
     if spec.get("cancelled"):
         cache.set(key, {"state": CANCELLED}, TTL_S)
         return CANCELLED
+    tries = part.get("tries", 0) + 1
+    if part["state"] == REPLAYING:
+        log.warning(
+            "advice replay %s/%s retried (try %s): its try on %s was lost",
+            run_id,
+            index,
+            tries,
+            part.get("on"),
+        )
     t0 = time.monotonic()
-    cache.set(key, {"state": REPLAYING}, TTL_S)
+    # Where it runs (host and pid): what a retry names, and what the live test stops.
+    on = f"{socket.gethostname()}:{os.getpid()}"
+    cache.set(key, {"state": REPLAYING, "tries": tries, "on": on}, TTL_S)
     variant = spec["variants"][index]
     replay_key = f"{PREFIX}replay:{advise.cache_key(spec['digest'], variant)}"
     try:
         point = cache.get(replay_key)
         reused = point is not None
         if point is None:
-            point = _replay(spec, variant)
+            point, lost = _replay(spec, variant)
+            tries += lost
             cache.set(replay_key, point, TTL_S)
         part = {"state": DONE, "point": point, "reused": reused}
     except Exception as e:  # said on the page and in the API, the rest of the run goes on
         log.exception("advice replay %s/%s failed", run_id, index)
         part = {"state": FAILED, "error": f"the replay failed ({type(e).__name__}: {e})"}
+    part["tries"], part["on"] = tries, on
     part["seconds"] = round(time.monotonic() - t0, 3)
     cache.set(key, part, TTL_S)
-    advance(run_id)
+    advance(run_id, index)
     return part["state"]
 
 
@@ -189,16 +219,33 @@ def _parts(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return [got.get(k) or {"state": QUEUED} for k in keys]
 
 
-def advance(run_id: str) -> None:
-    """When a stage's parts are all done: send stage 2, or write the answer. Exactly once each (a lock)."""
+def _own_lock(key: str, index: int) -> bool:
+    """Take a stage's lock for part `index`, or find it already its own: the part's task that took it
+    and was lost before it finished the stage (stage 2 sent, the answer written) is delivered again and
+    finishes it; any other part leaves it."""
+    return cache.add(key, index, TTL_S) or cache.get(key) == index
+
+
+def advance(run_id: str, index: int) -> None:
+    """When a stage's parts are all done: send stage 2, or write the answer. Exactly once each (a lock,
+    held by the part `index` that ended the stage)."""
     spec = cache.get(_run_key(run_id))
     if spec is None or spec.get("cancelled"):
         return
+    stage2_lock = f"{PREFIX}run:{run_id}:stage2"
+    if "stage2" in spec and not spec.get("stage2_sent"):
+        # Its sender was lost between writing stage 2 and sending all of it: its task, delivered again,
+        # sends it (a part sent twice is replayed once: run_part).
+        if not _own_lock(stage2_lock, index):
+            return
+        _send_stage2(run_id, spec)
+        if spec["stage2"]:
+            return
     parts = _parts(spec)
-    if any(p["state"] not in (DONE, FAILED) for p in parts) or any(p["state"] == FAILED for p in parts):
-        return
+    if any(p["state"] != DONE for p in parts):
+        return  # some still to come, or a failed one: no advice
     if "stage2" not in spec:
-        if not cache.add(f"{PREFIX}run:{run_id}:stage2", 1, TTL_S):
+        if not _own_lock(stage2_lock, index):
             return
         today = parts[0]["point"]
         singles = [(spec["variants"][i][0], parts[i]["point"]) for i in range(1, spec["stage1"])]
@@ -206,12 +253,11 @@ def advance(run_id: str) -> None:
         spec["stage2"] = len(stage2)
         spec["variants"] = spec["variants"] + stage2
         cache.set(_run_key(run_id), spec, TTL_S)
-        for index in range(spec["stage1"], len(spec["variants"])):
-            _enqueue(run_id, index)
+        _send_stage2(run_id, spec)
         if stage2:
             return
         parts = _parts(spec)
-    if "advice" in spec or not cache.add(f"{PREFIX}run:{run_id}:answer", 1, TTL_S):
+    if "advice" in spec or not _own_lock(f"{PREFIX}run:{run_id}:answer", index):
         return
     scenario = _scenario(spec["digest"])
     points = [p["point"] for p in parts]
@@ -220,6 +266,14 @@ def advance(run_id: str) -> None:
     spec["advice"] = advise.answer(scenario, points[0], tried, replays=len(points), window_s=spec["window_s"])
     spec["finished"] = time.time()
     cache.set(_run_key(run_id), spec, TTL_S)
+
+
+def _send_stage2(run_id: str, spec: dict[str, Any]) -> None:
+    for part_index in range(spec["stage1"], len(spec["variants"])):
+        _enqueue(run_id, part_index)
+    latest = cache.get(_run_key(run_id)) or spec  # a cancel meanwhile stays
+    latest["stage2_sent"] = True
+    cache.set(_run_key(run_id), latest, TTL_S)
 
 
 def cancel(run_id: str) -> bool:
@@ -249,6 +303,9 @@ def status(run_id: str) -> dict[str, Any] | None:
     else:
         state = REPLAYING
     timed = [p["seconds"] for p in parts if p["state"] == DONE and not p.get("reused")]
+    # A replay made again because its worker (or its replay process) was lost: counted once in
+    # replays_done, said here.
+    retried = [i for i, p in enumerate(parts) if p.get("tries", 1) > 1]
     stage2_known = "stage2" in spec
     return {
         "id": run_id,
@@ -272,6 +329,11 @@ def status(run_id: str) -> dict[str, Any] | None:
         "percent": int(100 * done / len(spec["variants"]))
         if stage2_known
         else int(50 * done / spec["stage1"]),
+        "replays_retried": len(retried),
+        "retries": [
+            f"replay {i + 1} was made {parts[i]['tries']} times: a worker was lost mid-replay"
+            for i in retried
+        ],
         "errors": list(dict.fromkeys(failed)),
         "advice": spec.get("advice"),
     }
