@@ -10,7 +10,8 @@ and the victims taken so far gone. Candidates: the borrowed, unprotected attempt
 (none admitted in this pass: those are no attempts yet), by their side's value now, highest first
 (ties: the side's name), then the share's own value, then inside a share rule 3's order; only sides
 whose value is above J's side's now are in the list (see `_fair_try`: the contract's test alone let two
-sides that both take nothing from outside swap GPUs forever). The walk
+sides that both take nothing from outside swap GPUs forever), and no attempt with more GPUs than J (what
+it frees beyond J's need is lost work that makes no side fairer). The walk
 takes c only if J's side's value is not above c's side's value with c gone; it stops as soon as J can
 run (rule 9's "can run" for a borrower: its share's limit, the cover with J borrowing, a node), then
 gives back walking backwards, keeping the test true for the victims left. Nothing is pre-empted when
@@ -124,6 +125,12 @@ class FairReclaim:
                         continue
                     if not self._fits_budget(v, [a.gpus]):
                         continue  # reclaim never takes a share's own capacity
+                    if a.gpus > g:
+                        # Never a larger attempt than J (a deviation from rule 11's list, which has
+                        # every borrowed attempt): what it frees beyond J's GPUs makes nobody's side
+                        # fairer, and it is lost work for nothing (on the ITP fortnight a 1-GPU job took
+                        # an 8-GPU job of four hours; the rest went back to borrowers as rule 5 chose).
+                        continue
                     self._mark(a, True)
                     if not fair((a, side_s, side_v)):
                         self._unmark(a)

@@ -603,6 +603,40 @@ def test_fair_reclaim_names_its_victims_and_waits_for_their_grace():
     assert simulate(fair_scenario(True, grace=30)).jobs["b0"].first_start == 130
 
 
+def test_fair_reclaim_never_takes_an_attempt_larger_than_its_job():
+    """a borrows 6 of the lender's GPUs: a 4-GPU job (the most recent: first in rule 3's order) and two
+    1-GPU jobs; b waits with a 1-GPU job. Taking the 4-GPU job would pass the values' test (b 1, a 2)
+    but frees 3 GPUs that make no side fairer: b takes the most recent 1-GPU job instead."""
+    big = RunningView("a-big", "a-big", "a", "a10g", 0, 5.0, 5.0, (("n1", (0, 1, 2, 3)),), True)
+    snap = Snapshot(
+        now=100,
+        nodes=(NodeView("n1", "a10g", 4), NodeView("n2", "a10g", 1), NodeView("n3", "a10g", 1)),
+        shares=(share("lender", 6, LEND), share("a", 0), share("b", 0)),
+        running=(
+            big,
+            run("a1", "a", "n2", borrowed=True, started=1),
+            run("a2", "a", "n3", borrowed=True, started=2),
+        ),
+        queued=(queued("b0", "b"),),
+        fair_reclaim=True,
+    )
+    p = policy.plan(snap)
+    assert [(x.attempt_id, x.reason, x.beneficiary_job_id) for x in p.preemptions] == [
+        ("a2", "FAIR_SHARE", "b0")
+    ]
+    # A job as large as the attempt may take it: b with weight 4 and a 4-GPU job (b's value 4 / 4 = 1
+    # afterwards, a's 2).
+    snap4 = Snapshot(
+        now=100,
+        nodes=snap.nodes,
+        shares=(share("lender", 6, LEND), share("a", 0), share("b", 0, weight=4)),
+        running=snap.running,
+        queued=(queued("b0", "b", gpus=4),),
+        fair_reclaim=True,
+    )
+    assert [(x.attempt_id, x.reason) for x in policy.plan(snap4).preemptions] == [("a-big", "FAIR_SHARE")]
+
+
 def test_fair_reclaim_passes_over_protected_attempts():
     data = fair_scenario(True)
     data["shares"][1]["min_runtime_s"] = 1000
