@@ -374,10 +374,11 @@ def _credentials(host: str, authfile: str | None) -> str | None:
         auths = json.loads(Path(authfile).read_text()).get("auths") or {}
     except (OSError, ValueError, AttributeError):
         return None
+    # Docker Hub's credentials are often kept under its old index's name.
+    names = {host, "index.docker.io", "registry-1.docker.io"} if host == "docker.io" else {host}
     for key, entry in auths.items():
-        if urllib.parse.urlsplit(key if "//" in key else f"//{key}").netloc == host and isinstance(
-            entry, dict
-        ):
+        netloc = urllib.parse.urlsplit(key if "//" in key else f"//{key}").netloc
+        if netloc in names and isinstance(entry, dict):
             return entry.get("auth") or None
     return None
 

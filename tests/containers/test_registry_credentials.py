@@ -114,3 +114,25 @@ def test_an_auth_file_others_may_read_is_refused_in_words(tmp_path):
     link.symlink_to(auth)
     assert "is not a plain file" in authfile_problem(str(link))
     assert "cannot be read" in authfile_problem(str(tmp_path / "missing.json"))
+
+
+def test_the_credentials_of_a_registry_are_found_by_its_name_or_address(tmp_path):
+    from gpunodes.agent.containers import _credentials
+
+    auth = tmp_path / "auth.json"
+    auth.write_text(
+        json.dumps(
+            {
+                "auths": {
+                    "127.0.0.1:5000": {"auth": "bG9jYWw="},
+                    "https://index.docker.io/v1/": {"auth": "aHVi"},
+                    "ghcr.io": {"auth": "Z2hjcg=="},
+                }
+            }
+        )
+    )
+    assert _credentials("127.0.0.1:5000", str(auth)) == "bG9jYWw="
+    assert _credentials("docker.io", str(auth)) == "aHVi"
+    assert _credentials("ghcr.io", str(auth)) == "Z2hjcg=="
+    assert _credentials("quay.io", str(auth)) is None
+    assert _credentials("ghcr.io", None) is None
