@@ -215,11 +215,11 @@ class Unrecorded(Exception):
     whether it was seen before cannot be told."""
 
 
-def accept(task: str, sealed, *, replay_safe: bool = False) -> bool:
+def accept(task: str, sealed, *, replay_safe: bool = False, redelivered_ok: bool = False) -> bool:
     """Whether a received message's envelope lets `task` run it: sent for this task, fresh, not seen
     before (its nonce is then remembered until it would be stale anyway). A refusal is logged. A nonce
     the store cannot record: True for a `replay_safe` task (running it twice changes nothing), else
-    Unrecorded."""
+    Unrecorded. A `redelivered_ok` task skips the age and the nonce: see SignedTask."""
     from django.conf import settings
 
     sender = (
@@ -236,6 +236,11 @@ def accept(task: str, sealed, *, replay_safe: bool = False) -> bool:
         refused(sender, "no issue time", task)
         return False
     max_age, skew = settings.MESSAGE_MAX_AGE_S, settings.MESSAGE_CLOCK_SKEW_S
+    if redelivered_ok:
+        if at - now > skew:
+            refused(sender, "message from the future", f"{task}, issued in {at - now:.0f} s")
+            return False
+        return True
     if now - at > max_age:
         refused(sender, "stale message", f"{task}, issued {now - at:.0f} s ago, MESSAGE_MAX_AGE_S {max_age}")
         return False
@@ -269,9 +274,14 @@ class SignedTask(Task):
     message runs only if accept() takes the message's envelope. Direct calls (one task applying another's
     report) and eager runs are not messages. `replay_safe` (a task option): running it twice changes
     nothing, so it runs even when its nonce cannot be recorded; `on_unrecorded(task, kwargs, why)` (a
-    task option): what to do with a message refused for that reason."""
+    task option): what to do with a message refused for that reason. `redelivered_ok` (a task option,
+    for the what-if's replays only): the broker redelivers the same message when the worker that held it
+    is lost, maybe long after it was sent (a replay waits behind the others of an advice), and running it
+    twice gives the same figures; so neither its age nor a repeated nonce refuses it. It is still only
+    the control side's: a node may send only NODE_TASKS (the deserializer refuses anything else)."""
 
     replay_safe = False
+    redelivered_ok = False
     on_unrecorded = None
 
     def __call__(self, *args, **kwargs):
@@ -281,7 +291,9 @@ class SignedTask(Task):
             return super().__call__(*args, **kwargs)
         if not request.is_eager and (sealed is not None or signing_on()):
             try:
-                if not accept(self.name, sealed, replay_safe=self.replay_safe):
+                if not accept(
+                    self.name, sealed, replay_safe=self.replay_safe, redelivered_ok=self.redelivered_ok
+                ):
                     return None
             except Unrecorded as e:
                 if self.on_unrecorded is not None:

@@ -97,19 +97,35 @@ def compact_usage() -> dict:
     return {"downsampled": usage.downsample(), "pruned": usage.prune()}
 
 
-@shared_task(name="quotas.tasks.whatif_replay", ignore_result=True)
+# Replays are acknowledged late and rejected when their worker is lost: the broker gives the replay to
+# another worker (the part, found half-done, is replayed to the same figures). Redelivered or long
+# queued, a replay's signed message still runs (gpunodes.signing.SignedTask.redelivered_ok).
+@shared_task(
+    name="quotas.tasks.whatif_replay",
+    ignore_result=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    redelivered_ok=True,
+)
 def whatif_replay(run_id: str, index: int) -> str:
     """One replay of a what-if run or sweep (quotas.whatif.run_part); on a worker in a process of its
-    own, so that a run's replays use the cores side by side. Eager (tests): in this process."""
+    own, so that a run's replays use the cores side by side. Eager (tests), or in a prefork pool's
+    process (daemonic: multiprocessing refuses it a child, and it is a process of its own already): in
+    this process."""
+    import multiprocessing
+
     from quotas import whatif
 
-    return whatif.run_part(run_id, index, isolated=not whatif_replay.request.is_eager)
+    inline = whatif_replay.request.is_eager or multiprocessing.current_process().daemon
+    return whatif.run_part(run_id, index, isolated=not inline)
 
 
-# Acknowledged late and rejected when its worker is lost: the broker gives the replay to another
-# worker (the part, found half-done, is replayed to the same figures).
 @shared_task(
-    name="quotas.tasks.advice_replay", ignore_result=True, acks_late=True, reject_on_worker_lost=True
+    name="quotas.tasks.advice_replay",
+    ignore_result=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    redelivered_ok=True,
 )
 def advice_replay(run_id: str, index: int) -> str:
     """One replay of an advice run (quotas.advice.run_part), on the `whatif` queue."""
