@@ -191,6 +191,12 @@ class Attempt(models.Model):
                 condition=Q(state="ENDED", outcome="SUCCEEDED"),
                 name="attempt_succeeded_idx",
             ),
+            # The latest pulls of an image, for the forecast's typical pull (only container attempts).
+            models.Index(
+                fields=["-started_at"],
+                condition=Q(pull_s__isnull=False),
+                name="attempt_pulled_idx",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -595,7 +595,8 @@ def pull_allowances(now: datetime) -> dict[int, PullAllowance]:
     typical: dict[str, tuple[float, int]] = {}
     for image in images:
         pulls = list(
-            Attempt.objects.filter(job__image=image, pull_s__gt=0)
+            # pull_s not null: the attempts the partial index attempt_pulled_idx holds.
+            Attempt.objects.filter(job__image=image, pull_s__isnull=False, pull_s__gt=0)
             .order_by("-started_at", "-pk")
             .values_list("pull_s", flat=True)[:PULL_SAMPLES]
         )
