@@ -11,6 +11,68 @@ from quotas.engine.views import (
 )
 
 
+def cover_parts(used: int, capacity: int, lends: bool, reserves: bool) -> tuple[int, int, int, int]:
+    """A share's parts of the cover's totals when it uses `used` GPUs (held + earmarked): its own
+    capacity in use, what it borrows, and its idle capacity as lendable (a lender) or reserved."""
+    own = used if used < capacity else capacity
+    idle = capacity - own
+    if lends:
+        return own, used - own, idle, 0
+    return own, used - own, 0, idle if reserves else 0
+
+
+def share_net(used: int, capacity: int, lends: bool) -> int:
+    """A share's net in the tree when it uses `used` GPUs: its idle lendable GPUs, or minus what it
+    borrows."""
+    if used > capacity:
+        return capacity - used
+    return capacity - used if lends else 0
+
+
+def carry_net_up(
+    net: list[int], offer: list[int], parent: list[int], lend_cap: list[int], s: int, n: int
+) -> int:
+    """Share s's net is now n: its net and offer, and every ancestor's as far as the change reaches (a
+    group's net is the sum of its children's offers, its offer that net capped by its lend limit).
+    Returns the change of the top's sum of offers."""
+    d = n - offer[s]
+    net[s] = offer[s] = n
+    p = parent[s]
+    while d and p >= 0:
+        n = net[p] + d
+        net[p] = n
+        cap = lend_cap[p]
+        o = cap if n > cap else n
+        d = o - offer[p]
+        offer[p] = o
+        p = parent[p]
+    return d
+
+
+class CoverAtStart:
+    """The cover's numbers as a pass starts, nothing earmarked yet: `_contrib` summed over the shares,
+    each share's own room (capacity - held - grace) and, with groups, each tree node's net and offer
+    and the top's sum. They depend only on the base's held and grace GPUs and its fixed capacities,
+    strategies and tree, so the base keeps them (TypeState.cover_at_start) and brings them up to date
+    for the few shares whose attempts started, ended or started pre-empting since (a pass used to add
+    up every share and build the tree's nets afresh: half of a pass that decides little). `held` and
+    `grace`: the base's numbers they were made from. Never changed once made: a pass copies the lists
+    it changes."""
+
+    __slots__ = (
+        "held",
+        "grace",
+        "own_total",
+        "borrowed_total",
+        "lendable_idle",
+        "reserve_idle",
+        "own_room",
+        "node_net",
+        "node_offer",
+        "top_sum",
+    )
+
+
 class CoverAccounting:
     """Per-share numbers and the cover (rule 3), kept incrementally as the pass decides.
 
@@ -25,28 +87,74 @@ class CoverAccounting:
 
     # -- the tree -----------------------------------------------------------------------------------------
 
-    def _tree_setup(self, history: Mapping[tuple[str, str], float], fair_reclaim: bool) -> None:
+    def _cover_setup(self, history: Mapping[tuple[str, str], float], fair_reclaim: bool) -> None:
+        """The cover's numbers as the pass starts, and the organisation tree's (None for a flat layout
+        with every weight 1 and no history, where every rule runs as before the tree existed)."""
         sh_tree = self.sh.tree
         self.history = history
         self.fair_reclaim = fair_reclaim
-        self._values: tuple[int, dict[int, float]] = (-1, {})  # fair-share values at one version
+        self._node_history: dict[int, float] = {}  # node -> its history, read once per pass
         # Rule 5 and rule 3's order by fair-share value (weights or history); the cover per level (groups).
         self.fair = sh_tree is not None or bool(history)
         self.tree = sh_tree if sh_tree is not None and sh_tree.has_groups else None
-        if sh_tree is None:
-            return
+        self.node_scale = self.base.node_scale
+        if sh_tree is not None:
+            self.node_capacity = self.base.node_capacity
+        if self.tree is not None:
+            self.node_lend_cap = self.base.node_lend_cap
+            self.node_borrow_cap = self.base.node_borrow_cap
+        start = self._cover_at_start()
+        self.own_total, self.borrowed_total = start.own_total, start.borrowed_total
+        self.lendable_idle, self.reserve_idle = start.lendable_idle, start.reserve_idle
+        # Per share, its own capacity left as the pass started (never changed: a reason written after
+        # the pass, when the base has moved on, reads it as it was).
+        self.own_room_at_start = start.own_room
+        if self.tree is not None:
+            self.node_net, self.node_offer = start.node_net.copy(), start.node_offer.copy()  # changed here
+            self.top_sum = start.top_sum
+
+    def _cover_at_start(self) -> CoverAtStart:
+        """The base's CoverAtStart: brought up to date for the shares whose held or grace GPUs changed
+        since it was made (TypeState.cover_changed), made from scratch only for a base's first pass."""
         base = self.base
-        self.node_capacity = base.node_capacity
-        if self.tree is None:
-            return
+        kept = base.cover_at_start
+        changed = base.cover_changed
+        if kept is not None and not changed:
+            return kept
+        kept = self._cover_from_scratch() if kept is None else self._cover_updated(kept, changed)
+        base.cover_at_start = kept
+        changed.clear()
+        return kept
+
+    def _cover_from_scratch(self) -> CoverAtStart:
+        base = self.base
+        held, grace, capacity, lender, reserve = (
+            base.held,
+            base.grace,
+            self.capacity,
+            self.lender,
+            self.reserve,
+        )
+        kept = CoverAtStart()
+        kept.held, kept.grace = held.copy(), grace.copy()
+        own = [u if u < c else c for u, c in zip(held, capacity, strict=True)]
+        kept.own_total = sum(own)
+        kept.borrowed_total = sum(held) - kept.own_total
+        lendable_idle = reserve_idle = 0
+        for c, o, lends, reserves in zip(capacity, own, lender, reserve, strict=True):  # as cover_parts
+            if lends:
+                lendable_idle += c - o
+            elif reserves:
+                reserve_idle += c - o
+        kept.lendable_idle, kept.reserve_idle = lendable_idle, reserve_idle
+        kept.own_room = [c - u - g for c, u, g in zip(capacity, held, grace, strict=True)]
+        kept.node_net = kept.node_offer = None
+        kept.top_sum = 0
         tree = self.tree
-        self.node_lend_cap = base.node_lend_cap
-        self.node_borrow_cap = base.node_borrow_cap
-        # (pend is 0 here: a share's net is its idle lendable GPUs, or minus what it borrows.)
-        net = [
-            c - u if u > c or lends else 0
-            for u, c, lends in zip(self.held, self.capacity, self.lender, strict=True)
-        ]
+        if tree is None:
+            return kept
+        # A share's net is its idle lendable GPUs, or minus what it borrows (_share_net, pend 0).
+        net = [c - u if u > c or lends else 0 for u, c, lends in zip(held, capacity, lender, strict=True)]
         net += [0] * (len(tree.names) - len(net))
         offer = net.copy()  # what a node contributes to its parent's net: its net, capped (a share: none)
         lend_cap, children = self.node_lend_cap, tree.children
@@ -57,32 +165,56 @@ class CoverAccounting:
             net[g] = n
             cap = lend_cap[g]
             offer[g] = cap if n > cap else n
-        self.node_net, self.node_offer = net, offer
-        self.top_sum = self.pool + sum(offer[x] for x in tree.top)
+        kept.node_net, kept.node_offer = net, offer
+        kept.top_sum = self.pool + sum(offer[x] for x in tree.top)
+        return kept
+
+    def _cover_updated(self, old: CoverAtStart, changed: set[int]) -> CoverAtStart:
+        """`old` with the base's numbers of the `changed` shares: a new object (a pass or a plan's
+        reasons may still read the old one), its totals, own room and nets moved by their changes."""
+        base = self.base
+        kept = CoverAtStart()
+        kept.held, kept.grace, kept.own_room = old.held.copy(), old.grace.copy(), old.own_room.copy()
+        own_total, borrowed_total = old.own_total, old.borrowed_total
+        lendable_idle, reserve_idle = old.lendable_idle, old.reserve_idle
+        tree = self.tree
+        net = offer = None
+        top_sum = old.top_sum
+        if tree is not None:
+            net, offer = old.node_net.copy(), old.node_offer.copy()
+        for s in changed:
+            c, lends, reserves = self.capacity[s], self.lender[s], self.reserve[s]
+            u0, u1 = kept.held[s], base.held[s]
+            own, borrowed, lendable, reserved = cover_parts(u0, c, lends, reserves)
+            own_total -= own
+            borrowed_total -= borrowed
+            lendable_idle -= lendable
+            reserve_idle -= reserved
+            own, borrowed, lendable, reserved = cover_parts(u1, c, lends, reserves)
+            own_total += own
+            borrowed_total += borrowed
+            lendable_idle += lendable
+            reserve_idle += reserved
+            kept.held[s] = u1
+            kept.grace[s] = g = base.grace[s]
+            kept.own_room[s] = c - u1 - g
+            if tree is not None:
+                top_sum += carry_net_up(
+                    net, offer, tree.parent, self.node_lend_cap, s, share_net(u1, c, lends)
+                )
+        kept.own_total, kept.borrowed_total = own_total, borrowed_total
+        kept.lendable_idle, kept.reserve_idle = lendable_idle, reserve_idle
+        kept.node_net, kept.node_offer, kept.top_sum = net, offer, top_sum
+        return kept
 
     def _share_net(self, s: int, more: int = 0) -> int:
-        u = self.held[s] + self.pend[s] + more
-        c = self.capacity[s]
-        if u > c:
-            return c - u
-        return c - u if self.lender[s] else 0
+        return share_net(self.held[s] + self.pend[s] + more, self.capacity[s], self.lender[s])
 
     def _tree_update(self, s: int) -> None:
         """Share s's numbers changed: its net and every ancestor's, as far as the change reaches."""
-        tree = self.tree
-        net, offer, parent, lend_cap = self.node_net, self.node_offer, tree.parent, self.node_lend_cap
-        n = self._share_net(s)
-        d = n - offer[s]
-        net[s] = offer[s] = n
-        p = parent[s]
-        while d and p >= 0:
-            n = net[p] + d
-            net[p] = n
-            cap = lend_cap[p]
-            o = cap if n > cap else n
-            d = o - offer[p]
-            offer[p] = o
-            p = parent[p]
+        d = carry_net_up(
+            self.node_net, self.node_offer, self.tree.parent, self.node_lend_cap, s, self._share_net(s)
+        )
         if d:
             self.top_sum += d
 
@@ -166,23 +298,25 @@ class CoverAccounting:
 
     def _node_value(self, x: int) -> float:
         """SEMANTICS' fair-share value of node x of this type: (taken from outside + history) / (weight x
-        max(1, capacity))."""
-        cache = self._values
-        if cache[0] == self.version:
-            v = cache[1].get(x)
-            if v is not None:
-                return v
+        max(1, capacity)). (Computed each time: a cache per version cost as much as the sum.)"""
+        if self.tree is not None:
+            taken = -self.node_net[x]
+            if taken < 0:
+                taken = 0
         else:
-            self._values = cache = (self.version, {})
+            taken = self._borrowed(x)
+        history = self._node_history.get(x)
+        if history is None:
+            history = self._node_history[x] = self._history_of(x)
+        return (taken + history) / self.node_scale[x]
+
+    def _history_of(self, x: int) -> float:
+        """Node x's borrowing history of this type (the same for the whole pass)."""
+        if not self.history:
+            return 0.0
         tree = self.sh.tree
-        taken = max(0, -self.node_net[x]) if self.tree is not None else self._borrowed(x)
-        if tree is None:  # no groups and every weight 1 (fair reclaim or history alone)
-            name, weight, c = self.sh.names[x], 1.0, self.capacity[x]
-        else:
-            name, weight, c = tree.names[x], tree.weight[x], self.node_capacity[x]
-        h = self.history.get((name, self.t), 0.0) if self.history else 0.0
-        v = cache[1][x] = (taken + h) / (weight * (c if c > 1 else 1))
-        return v
+        name = self.sh.names[x] if tree is None else tree.names[x]
+        return self.history.get((name, self.t), 0.0)
 
     def _fair_key(self, s: int) -> tuple:
         """Rule 5's order for share s: its path's values and names from the top down (the lowest value
@@ -190,10 +324,12 @@ class CoverAccounting:
         tree = self.sh.tree
         if tree is None:  # history alone, no weights or groups
             return (self._history_value(s), self.sh.names[s])
-        names = tree.names
+        names, value = tree.names, self._node_value
+        if self.tree is None:  # weights without groups: the share alone
+            return (value(s), names[s])
         key: list = []
-        for x in (*tree.path[s], s) if self.tree is not None else (s,):
-            key.append(self._node_value(x))
+        for x in tree.lineage[s]:
+            key.append(value(x))
             key.append(names[x])
         return tuple(key)
 
@@ -203,15 +339,13 @@ class CoverAccounting:
         return ((taken if taken > 0 else 0) + h) / max(1, self.capacity[s])
 
     def _contrib(self, s: int, sign: int) -> None:
-        u = self.held[s] + self.pend[s]
-        c = self.capacity[s]
-        own = u if u < c else c
+        own, borrowed, lendable, reserved = cover_parts(
+            self.held[s] + self.pend[s], self.capacity[s], self.lender[s], self.reserve[s]
+        )
         self.own_total += sign * own
-        self.borrowed_total += sign * (u - own)
-        if self.lender[s]:
-            self.lendable_idle += sign * (c - own)
-        elif self.reserve[s]:
-            self.reserve_idle += sign * (c - own)
+        self.borrowed_total += sign * borrowed
+        self.lendable_idle += sign * lendable
+        self.reserve_idle += sign * reserved
 
     def _chg(self, s: int, dh: int = 0, dp: int = 0, dg: int = 0) -> None:
         self.version += 1

@@ -157,8 +157,8 @@ class TypePass(
         n_shares = len(self.capacity)
 
         # -- what this pass changes: copies
-        self.held = held = base.held.copy()
-        self.grace = grace = base.grace.copy()
+        self.held = base.held.copy()
+        self.grace = base.grace.copy()
         self.pend = [0] * n_shares
         self._used = base.used  # read-only: admissions take GPUs from the free-index lists
         self._free_idx: dict[int, list[int]] = {}  # free GPU indexes, built when a node is first used
@@ -188,14 +188,8 @@ class TypePass(
         self.iptr = [0] * n_shares
         self.marked: list[PassAttempt] = []  # attempts marked as victims at some point (reset after the pass)
 
-        # -- cover aggregates (rule 3), kept incrementally
-        self.own_total = self.borrowed_total = self.lendable_idle = self.reserve_idle = 0
-        for s in range(n_shares):
-            self._contrib(s, 1)
-        self.own_room_at_start = [self.capacity[s] - held[s] - grace[s] for s in range(n_shares)]
-        # -- the organisation tree (cover.py): None for a flat layout with every weight 1 and no history,
-        # where every rule runs as before the tree existed
-        self._tree_setup(history or {}, fair_reclaim)
+        # -- cover aggregates (rule 3), kept incrementally from here; the organisation tree (cover.py)
+        self._cover_setup(history or {}, fair_reclaim)
 
         # -- memos: a shape that could not be placed even with reclaim stays so until GPUs being freed
         # are added to the unreserved pool (epoch), since free GPUs and candidates only shrink.
@@ -276,6 +270,7 @@ class TypePass(
                 pending[s] = OpenIndexes(0, len(q[s]), decided)
         heap = []
         lazy = self.out.later if reasons.LAZY_REASONS else None
+        keys_version = self.version
         for s, ks in pending.items():
             if self.may_borrow[s] and not self.no_borrow:
                 heap.append((self._borrow_order(s), s))
@@ -290,13 +285,18 @@ class TypePass(
         heapq.heapify(heap)
         ptr = dict.fromkeys(pending, 0)
         fair = self.fair
+        # share -> the version its key in the heap was computed at (or before): a key is a function of
+        # the shares' numbers, which change only with the version (_chg), so a key of this version is
+        # not stale.
+        keyed_at = dict.fromkeys(pending, keys_version) if fair else {}
         while heap:
             key, s = heapq.heappop(heap)
-            if fair and heap:
+            if fair and heap and keyed_at[s] != self.version:
                 # A sibling's borrowing raised the values of their common groups: this share's key in
                 # the heap may be stale (values only grow in phase C), so it goes back if it is now
                 # behind the next one.
                 now_key = self._borrow_order(s)
+                keyed_at[s] = self.version
                 if now_key != key and (now_key, s) > heap[0]:
                     heapq.heappush(heap, (now_key, s))
                     continue
@@ -320,6 +320,8 @@ class TypePass(
                         key = (self._borrow_order(s), s)
                         if key > heap[0]:
                             heapq.heappush(heap, key)
+                            if fair:
+                                keyed_at[s] = self.version
                             break
                     continue
                 k = k + 1 if lazy is None else self._skip_blocked(s, k, ks)

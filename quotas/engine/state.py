@@ -306,6 +306,10 @@ class TypeState:
             ]
         elif tree is not None:
             self.node_capacity = list(cap)
+        # A fair-share value's divisor per node (cover._node_value): weight x max(1, capacity); every
+        # weight 1 without a tree (fair reclaim or history alone).
+        weights, capacities = (tree.weight, self.node_capacity) if tree is not None else ([1.0] * n, cap)
+        self.node_scale = [w * (c if c > 1 else 1) for w, c in zip(weights, capacities, strict=True)]
 
         # -- running attempts
         self.used = [0] * n_nodes  # GPUs in use per node, a bit mask
@@ -313,6 +317,11 @@ class TypeState:
         self.pend_nodes: set[int] = set()
         self.held = [0] * n
         self.grace = [0] * n
+        # The cover's numbers at a pass's start (a cover.CoverAtStart, made by the first pass), and the
+        # shares whose `held` or `grace` changed since (add_run, remove_run: nowhere else), for the next
+        # pass to bring it up to date.
+        self.cover_at_start = None
+        self.cover_changed: set[int] = set()
         self.atts: list[dict[Hashable, PassAttempt]] = [{} for _ in range(n)]  # not pre-empting
         self.pre: dict[
             Hashable, tuple
@@ -471,6 +480,7 @@ class TypeState:
             on = sorted(per_node.items())
         if run.preempting:
             self.grace[s] += gpus
+            self.cover_changed.add(s)
             sched, pend_u = self.sched, self.pend_u
             for i, c in on:
                 if sched[i]:
@@ -487,6 +497,7 @@ class TypeState:
         att = PassAttempt(run, s, on, gpus, run.started_at + self.min_run[s])
         att.masks = masks
         self.held[s] += gpus
+        self.cover_changed.add(s)
         self.atts[s][run.attempt_id] = att
         if gpus:  # (an attempt with no GPUs, from a hostile snapshot, has nothing to give)
             pg = self.pgpus[s]
@@ -507,6 +518,7 @@ class TypeState:
         if run.preempting:
             s, masks, on, gpus, b = self.pre.pop(run.attempt_id)
             self.grace[s] -= gpus
+            self.cover_changed.add(s)
             sched, pend_u = self.sched, self.pend_u
             for i, c in on:
                 if sched[i]:
@@ -530,6 +542,7 @@ class TypeState:
             s = self.sh.sidx[run.share]
             att = self.atts[s].pop(run.attempt_id)
             self.held[s] -= att.gpus
+            self.cover_changed.add(s)
             masks = att.masks
             self.dirty.add(s)
             keys = self.vkeys[s]

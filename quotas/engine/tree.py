@@ -528,10 +528,11 @@ __all__ = [
 class TreeIndex:
     """The organisation tree as the pass indexes it: nodes 0..n-1 are the shares in ShareIndex order,
     n.. the groups by name. `parent[x]` (-1: under the cluster), `children[x]`, `path[s]` (a share's
-    groups from the top down), `depth_order` (groups deepest first, for sums bottom-up), `weight[x]`,
-    `names[x]`, and the groups' limits in percent (-1 for shares: a share's borrow limit is its own
-    rule). A tree that `validate_tree` rejects never reaches a pass (the layout and the scenario refuse
-    it); should one come in a hostile snapshot, its groups are ignored (a flat layout)."""
+    groups from the top down), `lineage[s]` (its path, then the share: rule 5's key), `depth_order`
+    (groups deepest first, for sums bottom-up), `weight[x]`, `names[x]`, and the groups' limits in
+    percent (-1 for shares: a share's borrow limit is its own rule). A tree that `validate_tree`
+    rejects never reaches a pass (the layout and the scenario refuse it); should one come in a hostile
+    snapshot, its groups are ignored (a flat layout)."""
 
     __slots__ = (
         "n_shares",
@@ -540,6 +541,7 @@ class TreeIndex:
         "children",
         "top",
         "path",
+        "lineage",
         "depth_order",
         "weight",
         "borrow_limit",
@@ -574,6 +576,7 @@ class TreeIndex:
             depth[x] = len(up)
             if x < n:
                 self.path.append(tuple(reversed(up)))
+        self.lineage = [(*path, s) for s, path in enumerate(self.path)]  # a share's path, then itself
         self.depth_order = sorted(range(n, total), key=lambda x: -depth[x])
         self.weight = [float(s.weight) for s in shares] + [float(g.weight) for g in ordered]
         self.borrow_limit = [UNLIMITED] * n + [g.borrow_limit for g in ordered]
