@@ -637,6 +637,46 @@ def test_fair_reclaim_never_takes_an_attempt_larger_than_its_job():
     assert [(x.attempt_id, x.reason) for x in policy.plan(snap4).preemptions] == [("a-big", "FAIR_SHARE")]
 
 
+def test_fair_reclaim_passes_over_attempts_with_more_than_half_an_hour_unsaved():
+    """a and c each borrow 2 of the lender's GPUs (a first by name at equal values); a's attempts have run
+    4,000 s without a checkpoint, c's checkpointed 100 and 50 s ago: b takes c's most recent safe point,
+    not 4,000 s of a's work."""
+    from quotas.engine.fairshare import FAIR_RECLAIM_MAX_UNSAVED_S
+
+    def saved(attempt, share_name, node, started, checkpoint):
+        return RunningView(
+            attempt, attempt, share_name, "a10g", 0, started, started, ((node, (0,)),), True,
+            last_checkpoint_at=checkpoint,
+        )  # fmt: skip
+
+    running = (
+        saved("a1", "a", "n1", 0.0, None),
+        saved("a2", "a", "n2", 10.0, None),
+        saved("c1", "c", "n3", 5.0, 3900.0),
+        saved("c2", "c", "n4", 6.0, 3950.0),
+    )
+    snap = Snapshot(
+        now=4000,
+        nodes=nodes(4),
+        shares=(share("lender", 4, LEND), share("a", 0), share("b", 0), share("c", 0)),
+        running=running,
+        queued=(queued("b0", "b"),),
+        fair_reclaim=True,
+    )
+    assert FAIR_RECLAIM_MAX_UNSAVED_S < 4000 - 10  # a2 has more unsaved than the bound
+    assert [(x.attempt_id, x.reason) for x in policy.plan(snap).preemptions] == [("c2", "FAIR_SHARE")]
+    # Within the bound, a's side (first by name) gives: its most recent start.
+    early = Snapshot(
+        now=1000,
+        nodes=snap.nodes,
+        shares=snap.shares,
+        running=running[:2] + tuple(saved(f"c{i}", "c", f"n{i + 2}", 5.0 + i, None) for i in (1, 2)),
+        queued=snap.queued,
+        fair_reclaim=True,
+    )
+    assert [(x.attempt_id, x.reason) for x in policy.plan(early).preemptions] == [("a2", "FAIR_SHARE")]
+
+
 def test_fair_reclaim_passes_over_protected_attempts():
     data = fair_scenario(True)
     data["shares"][1]["min_runtime_s"] = 1000
