@@ -33,6 +33,10 @@ from jobs.transitions import record_event, transition
 
 log = logging.getLogger(__name__)
 
+# How an agent's end report (how="shutdown") begins where it stopped the attempt for a fault of its host,
+# not an orderly stop of itself (gpunodes.agent.runner: a container whose podman died under it).
+HOST_FAULT = "host fault: "
+
 
 def _nodes_of(placement: list[dict]) -> list[str]:
     return [p["node"] for p in placement]
@@ -383,6 +387,8 @@ def end_attempt(
             if words and attempt.last_checkpoint_at is not None and lost_s < 1.0:
                 words = f"it saved a checkpoint at {timezone.localtime(attempt.last_checkpoint_at):%H:%M:%S}: nothing lost"
             why = "an orderly stop of its host's agent, not a lost host"
+            if reason.startswith(HOST_FAULT):  # the agent stopped it for its host's fault (podman died)
+                why = "its host's fault, not the job's"
         else:
             said, why = reason or "refused by its host", "its host's state or shortage, not the job's"
         transition(

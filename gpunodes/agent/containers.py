@@ -285,6 +285,28 @@ class Podman:
             target=self._run, args=("kill", "--signal", str(int(sig)), name), daemon=True, name=f"kill-{name}"
         ).start()
 
+    def state(self, name: str) -> dict | None:
+        """A container's state as podman records it: {"status": "running", "exited", ..., "exit_code",
+        "oom_killed"}; None where podman has no such container."""
+        r = self._run("container", "inspect", "--format", "json", name)
+        try:
+            rows = json.loads(r.stdout or "[]") if r.returncode == 0 else []
+            found = (rows[0] or {}).get("State") or {} if rows else None
+        except (ValueError, AttributeError, IndexError):
+            return None
+        if found is None:
+            return None
+        return {
+            "status": str(found.get("Status", "")).lower(),
+            "exit_code": found.get("ExitCode"),
+            "oom_killed": bool(found.get("OOMKilled")),
+        }
+
+    def wait_argv(self, name: str) -> list[str]:
+        """`podman wait`: a process that ends when the container does (what the agent follows once the
+        `podman run` it started died under a container that still runs)."""
+        return [*self.base(), "wait", name]
+
     def remove(self, name: str) -> None:
         """End a container (SIGKILL to all of it) and remove it; nothing if it is gone."""
         r = self._run("rm", "--force", "--time", "0", name)
@@ -649,7 +671,8 @@ def run_argv(
     argv = [
         *podman.base(),
         "run",
-        "--rm",
+        # No --rm: the container's record stays until the agent removes it (Runner._end_container), so
+        # its state and exit code can still be read when podman itself died under it (Podman.state).
         "--name",
         name,
         "--label",

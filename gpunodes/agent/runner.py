@@ -67,6 +67,9 @@ LOG_CHUNK_BYTES = 64 * 1024
 # What one attempt's log may hold on the control side: the first half and the last half of this are
 # kept, what lies between is dropped with a note (a job printing without end fills no database).
 LOG_CAP_BYTES = 8 * 1024 * 1024
+# How many `podman wait` in a row may follow a container whose `podman run` died before the agent kills it
+# without waiting more (Runner._container_outlives_podman).
+PODMAN_WAITS = 3
 # Report names (control-side tasks).
 STARTED = "jobs.tasks.attempt_started"
 FINISHED = "jobs.tasks.attempt_finished"
@@ -223,6 +226,11 @@ class Proc:
     gpus: tuple[int, ...] = ()
     log_stopped: bool = False  # the control side stores no more of its output (its team's budget)
     container: str | None = None  # its podman container's name, for a job that names an image
+    # The container's own exit code as podman recorded it (Runner._podman_died): its end, whatever
+    # became of the `podman run` the agent started.
+    container_code: int | None = None
+    podman_waits: int = 0  # how many `podman wait` followed it after its `podman run` died
+    killed: bool = False  # the agent sent SIGKILL to all of it (Runner._kill)
 
     def oom_kills(self) -> int:
         """How many of its processes the kernel killed for its memory limit (cgroup v2 or v1)."""
@@ -1113,6 +1121,7 @@ class Runner:
 
     @staticmethod
     def _kill(proc: Proc) -> bool:
+        proc.killed = True
         return kill_attempt(cgroup=proc.cgroup, pgid=proc.popen.pid, uid=proc.user.uid if proc.user else None)
 
     def fence(self) -> list[tuple[int, int]]:
@@ -1142,6 +1151,8 @@ class Runner:
                 log.warning("could not ship the log of %s: %s", attempt_words(proc.job_id, proc.number), e)
             code = proc.popen.poll()
             if code is not None:
+                if proc.container and self._container_outlives_podman(proc):
+                    continue  # podman died under it: stopped as a host fault, followed by `podman wait`
                 done.append(proc)
                 continue
             if not proc.out_of_memory and proc.oom_kills():
@@ -1168,6 +1179,75 @@ class Runner:
         if done or self._state_dirty:
             with self._lock:
                 self._save_state()
+
+    def _container_outlives_podman(self, proc: Proc) -> bool:
+        """A container job's podman process ended: was that its container's end? podman's record says
+        (Podman.state), not podman's exit status: a container that exited ended on its own (its exit
+        code is the job's, a SIGKILL it sent itself or its memory limit included); one that did not was
+        left by a podman that died (killed, say), a fault of the host and not the job's. That one is
+        stopped as a stop of its agent is (SIGTERM to the container, SIGKILL after its grace: one copy
+        only, and a chance to checkpoint) and ends how="shutdown" with the fault in words: re-queued,
+        never a strike. Returns True while it still runs (a `podman wait` for it is the attempt's
+        process until it ends)."""
+        if proc.killed:
+            # The agent killed it (a grace over, a fence, its memory limit): its end is that, and conmon
+            # went with it, so podman's record may lag; the reap removes the container.
+            return False
+        state = self._podman.state(proc.container) if self._podman is not None else None
+        if state is not None and state["status"] in ("exited", "stopped"):
+            if isinstance(state["exit_code"], int):
+                proc.container_code = state["exit_code"]
+            return False
+        code = proc.popen.returncode
+        if proc.podman_waits == 0:
+            if state is None and code >= 0:
+                return False  # podman's own error before any container ran (its exit code, as before)
+            if proc.out_of_memory or proc.oom_kills():
+                return False  # the attempt's memory limit killed it (podman too): the job's own end
+            died = f"was killed by signal {-code}" if code < 0 else f"exited ({code})"
+            running = state is not None and state["status"] in ("running", "paused")
+            what = "while its container still ran" if running else "before its container ran"
+            log.error(
+                "podman of %s %s %s: stopping it as a host fault",
+                attempt_words(proc.job_id, proc.number),
+                died,
+                what,
+            )
+            proc.sink.note(
+                f"gpuquota: podman, which ran this container on {self.node}, {died} {what}: the host's "
+                "fault, not the job's; the container is stopped and the job re-queued\n"
+            )
+            if proc.stop_how is None:  # a stop under way (pre-emption, max_runtime_s) keeps its own end
+                proc.stop_how = "shutdown"
+                # Short: the job's event says it with the work lost and no strike, in 300 characters.
+                proc.stop_detail = f"host fault: podman on {self.node} {died} {what}" + (
+                    "; the agent stopped it" if running else ""
+                )
+                if running:
+                    self._terminate(proc, "shutdown", proc.grace_s)
+            if not running:
+                return False  # nothing of it runs: the reap removes what is left
+        elif state is None:
+            return False
+        if proc.podman_waits >= PODMAN_WAITS:
+            self._kill(proc)  # podman cannot even wait for it: no more grace
+            return False
+        proc.podman_waits += 1
+        try:
+            proc.popen = subprocess.Popen(
+                self._podman.wait_argv(proc.container),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=containers.podman_env(),
+                start_new_session=True,  # the kill after the grace (killpg) ends it alone of the agent's
+            )
+        except OSError as e:
+            log.error("cannot follow the container of %s: %s", attempt_words(proc.job_id, proc.number), e)
+            self._kill(proc)
+            return False
+        self._state_dirty = True
+        return True
 
     def _reap(self, proc: Proc) -> None:
         """An attempt whose leader exited: whatever it left behind (its group, its cgroup, its uid)
@@ -1212,7 +1292,7 @@ class Runner:
                 self.outbox.mark_ended((proc.attempt_id, proc.number), proc.admitted_us)
             except (sqlite3.Error, OSError) as e:  # a full disk: remembered until a restart only
                 log.warning("cannot write down that %s ended: %s", attempt_words(proc.job_id, proc.number), e)
-        code = proc.popen.returncode
+        code = proc.container_code if proc.container_code is not None else proc.popen.returncode
         how = proc.stop_how or "exited"
         if proc.stop_how is None and f"{proc.attempt_id}/{proc.number}" in fenced_keys(self.state_path):
             how = "fenced"  # by the watchdog, not its own end: the job is re-queued

@@ -1,5 +1,5 @@
-"""The fault tests of issue 39.5 for a container job, besides those of test_container_jobs (podman killed,
-the fence) and test_container_containment (an agent killed with -9): an agent frozen (SIGSTOP) past its
+"""The fault tests of issue 39.5 for a container job, besides those of test_podman_killed (podman killed), test_container_jobs
+(the fence) and test_container_containment (an agent killed with -9): an agent frozen (SIGSTOP) past its
 lease has its container job stopped by the fence watchdog, SIGTERM first (a chance to checkpoint), then
 every process of it killed; the agent, thawed, reports the attempt fenced and removes the container."""
 

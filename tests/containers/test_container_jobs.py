@@ -3,7 +3,6 @@ directory and working directory mounted and the rest read-only, its own processe
 container behind."""
 
 import os
-import signal
 import time
 
 from tests.containers.conftest import needs_podman
@@ -96,26 +95,6 @@ def test_a_fence_kills_the_container(runner, reports, image, podman):
     done = wait_until(lambda: reports.finished(1), timeout=30, runner=runner, what="the fence")
     assert done["how"] == "fenced"
     assert podman.containers(runner.node) == []
-
-
-def test_podman_killed_ends_the_attempt_and_its_container(runner, reports, image, podman):
-    start(runner, image, "echo up; exec sleep 600")
-    wait_until(lambda: "up" in reports.log_of(1), timeout=30, runner=runner, what="the job up")
-    proc = runner._procs[1]
-    uid = proc.user.uid
-    os.kill(proc.popen.pid, signal.SIGKILL)  # podman itself, not the container: conmon keeps that
-    done = wait_until(lambda: reports.finished(1), timeout=30, runner=runner, what="the end")
-    assert done["how"] == "exited" and done["exit_code"] == -signal.SIGKILL
-    assert podman.containers(runner.node) == []
-    left = [p for p in os.listdir("/proc") if p.isdigit() and _owner(p) == uid]
-    assert left == [], f"processes of the attempt's uid live on: {left}"
-
-
-def _owner(pid: str) -> int:
-    try:
-        return os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        return -1
 
 
 def test_a_gang_rank_sees_the_rendezvous_and_the_hosts_network(runner, reports, image):
