@@ -29,8 +29,13 @@ week is the trace's busiest: the 7 whole days with the most GPU-hours submitted 
    `--starvation-s 1000000000` turns rule 6's reservations for starving heads off (a head that holds
    a node for itself does not take another one that frees; see bench/RESULTS.md).
 
+`--fair-reclaim` replays the week for item 1 twice, one after the other, fair reclaim (rule 11) off and
+then on, with bench 15's set-up otherwise (bench/bench_fair_reclaim.py: the same departments, weights,
+half-life 0, victims by safe point, half the jobs checkpointing), and prints the split figures side by
+side with the GPU-hours lost to `fair_share` in the measured days (pre-emptions that ended in them).
+
     python bench/bench_tree_weights.py [--days FIRST LAST] [--warmup DAYS] [--only weights|memory]
-                                       [--starvation-s S]
+                                       [--starvation-s S] [--fair-reclaim]
 """
 
 from __future__ import annotations
@@ -61,7 +66,12 @@ SATURATED = 16  # GPUs of waiting jobs: a member that could take two whole nodes
 
 
 def scenario(
-    first_day: int, last_day: int, warmup_days: int, half_life_s: int = 0, starvation_s: int | None = None
+    first_day: int,
+    last_day: int,
+    warmup_days: int,
+    half_life_s: int = 0,
+    starvation_s: int | None = None,
+    fair_reclaim: bool = False,
 ) -> sc.Scenario:
     """The ITP jobs submitted from (first_day - warmup_days) to last_day, re-based to 0, in bench 13's tree."""
     opts = importtrace.Options(
@@ -84,7 +94,11 @@ def scenario(
     ranked = sorted(data["shares"], key=lambda s: -sum(s["capacity"].values()))
     for i, share in enumerate(ranked):
         share["group"] = DEPARTMENTS[i % 3][0]  # as bench 13: by capacity rank, in turn
-    data["settings"] = {**data["settings"], "fair_reclaim": False, "fair_share_half_life_s": half_life_s}
+    data["settings"] = {
+        **data["settings"],
+        "fair_reclaim": fair_reclaim,
+        "fair_share_half_life_s": half_life_s,
+    }
     if starvation_s is not None:
         data["settings"]["starvation_s"] = starvation_s
     return sc.parse(data)
@@ -347,6 +361,96 @@ def memory_moments(sweep: Sweep, half_life_s: int, measured_from: int) -> list[d
     return out
 
 
+def lost_in_window(result, measured_from: int) -> dict[str, float]:
+    """GPU-hours of work thrown away by pre-emptions that ended from `measured_from` on, by cause (the
+    simulator's count: the work since the attempt's safe point; none where it saved when told to stop)."""
+    cause = {"FAIR_SHARE": "fair_share", "RECLAIM": "reclaim", "PRIORITY": "priority"}
+    lost: Counter = Counter()
+    for rec in result.jobs.values():
+        job = rec.spec
+        for a in rec.attempts:
+            if a.outcome != "PREEMPTED" or a.end is None or a.end < measured_from:
+                continue
+            if job.checkpoint_on_stop:
+                continue
+            ran = a.end - a.start
+            every = job.checkpoint_every_s
+            since = ran - ran // every * every if every else ran
+            lost[cause.get(a.preemption_reason, str(a.preemption_reason))] += job.gpus * since / 3600
+    return dict(lost)
+
+
+def weights(first: int, last: int, warmup: int, starvation_s: int | None, fair_reclaim: bool) -> dict:
+    """Replay the week once and print the split per set (item 1 of the module's docstring); returns the
+    summaries per (what is split, level, expectation) and the work lost in the week."""
+    measured_from = warmup * DAY
+    scen = scenario(first, last, warmup, starvation_s=starvation_s, fair_reclaim=fair_reclaim)
+    t0 = time.perf_counter()
+    result = simulate(scen)
+    print(
+        f"replay without history, fair reclaim {'on' if fair_reclaim else 'off'}: "
+        f"{time.perf_counter() - t0:.1f} s, {len(scen.jobs):,} jobs",
+        flush=True,
+    )
+    sweep = Sweep(scen, result)
+    if not fair_reclaim:
+        for s in sorted(scen.shares, key=lambda s: (s.group, s.name)):
+            print(f"  {s.group} > {s.name}: capacity {s.capacity[GPU_TYPE]}, weight {s.weight:g}")
+    split = weights_split(sweep, measured_from)
+    rows = split["rows"]
+    print(
+        f"{'level':10} {'set that waits':42} {'h':>6} {'member':8} {'GPU-h':>8} {'observed':>8} "
+        f"{'weight':>7} {'w x cap':>7}"
+    )
+    for r in sorted(rows, key=lambda r: (r["level"] != "(cluster)", r["level"], -r["set_taken_h"])):
+        if r["set_taken_h"] < 1:
+            continue
+        print(
+            f"{r['level']:10} {r['set'][:42]:42} {r['hours_waiting']:6.1f} {r['member']:8} "
+            f"{r['taken_h']:8,.0f} {r['observed']:8.1%} {r['by_weight']:7.1%} {r['by_weight_capacity']:7.1%}"
+        )
+    out: dict = {"summaries": {}, "lost_h": lost_in_window(result, measured_from)}
+    for label, which in (
+        ("all", rows),
+        (f"saturated (each waits for >= {SATURATED} GPUs)", split["saturated"]),
+        ("admitted while the set waited (GPU-h of those borrowed attempts)", split["admitted"]),
+    ):
+        print(label)
+        for level in ("top", "inside"):
+            for expected in ("by_weight", "by_weight_capacity"):
+                err, within, hours = summary(which, expected, level)
+                out["summaries"][(label, level, expected)] = (err, within, hours)
+                print(
+                    f"  {level:6} against {expected:18}: mean of the worst |observed - expected| / expected {err:.0%}, "
+                    f"{within:.0%} of {hours:,.0f} GPU-h within {TOLERANCE:.0%}"
+                )
+    print(
+        "GPU-h lost in the measured days: "
+        + ", ".join(f"{c} {h:,.1f}" for c, h in sorted(out["lost_h"].items()))
+        + "; whole replay, fair_share: "
+        + f"{sum(d['lost_gpu_seconds'].get('fair_share', 0) for d in result.shares.values()) / 3600:,.1f}",
+        flush=True,
+    )
+    return out
+
+
+def side_by_side(off: dict, on: dict) -> None:
+    """The split figures of the two replays next to each other."""
+    print(f"fair reclaim off | on: mean worst error, GPU-h within {TOLERANCE:.0%} of GPU-h")
+    for key in off["summaries"]:
+        label, level, expected = key
+        cells = []
+        for fig in (off, on):
+            err, within, hours = fig["summaries"].get(key, (float("nan"), float("nan"), 0.0))
+            cells.append(f"{err:5.0%}, {within:4.0%} of {hours:8,.0f}")
+        print(f"  {label[:24]:24} {level:6} {expected:18}: " + " | ".join(cells))
+    print(
+        f"  GPU-h lost to fair_share in the measured days: {off['lost_h'].get('fair_share', 0.0):,.1f} | "
+        f"{on['lost_h'].get('fair_share', 0.0):,.1f}; to reclaim: {off['lost_h'].get('reclaim', 0.0):,.1f} | "
+        f"{on['lost_h'].get('reclaim', 0.0):,.1f}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--days", nargs=2, type=int, default=BUSIEST_WEEK, metavar=("FIRST", "LAST"))
@@ -359,44 +463,23 @@ def main(argv: list[str] | None = None) -> int:
         help="the scenario's starvation_s (default: the import's); a large one turns rule 6's node "
         "reservations for starving heads off",
     )
+    parser.add_argument(
+        "--fair-reclaim",
+        action="store_true",
+        help="the weights measurement twice, fair reclaim off then on (rule 11), side by side, with the "
+        "GPU-hours lost to fair_share in the week (the memory measurement stays off)",
+    )
     args = parser.parse_args(argv)
     first, last = args.days
     measured_from = args.warmup * DAY
     print(f"ITP days {first}-{last} (after {args.warmup} days replayed first), {dict(DEPARTMENTS)}")
     if args.only in (None, "weights"):
-        scen = scenario(first, last, args.warmup, starvation_s=args.starvation_s)
-        t0 = time.perf_counter()
-        result = simulate(scen)
-        print(f"replay without history: {time.perf_counter() - t0:.1f} s, {len(scen.jobs):,} jobs")
-        sweep = Sweep(scen, result)
-        for s in sorted(scen.shares, key=lambda s: (s.group, s.name)):
-            print(f"  {s.group} > {s.name}: capacity {s.capacity[GPU_TYPE]}, weight {s.weight:g}")
-        split = weights_split(sweep, measured_from)
-        rows = split["rows"]
-        print(
-            f"{'level':10} {'set that waits':42} {'h':>6} {'member':8} {'GPU-h':>8} {'observed':>8} "
-            f"{'weight':>7} {'w x cap':>7}"
-        )
-        for r in sorted(rows, key=lambda r: (r["level"] != "(cluster)", r["level"], -r["set_taken_h"])):
-            if r["set_taken_h"] < 1:
-                continue
-            print(
-                f"{r['level']:10} {r['set'][:42]:42} {r['hours_waiting']:6.1f} {r['member']:8} "
-                f"{r['taken_h']:8,.0f} {r['observed']:8.1%} {r['by_weight']:7.1%} {r['by_weight_capacity']:7.1%}"
-            )
-        for label, which in (
-            ("all", rows),
-            (f"saturated (each waits for >= {SATURATED} GPUs)", split["saturated"]),
-            ("admitted while the set waited (GPU-h of those borrowed attempts)", split["admitted"]),
-        ):
-            print(label)
-            for level in ("top", "inside"):
-                for expected in ("by_weight", "by_weight_capacity"):
-                    err, within, hours = summary(which, expected, level)
-                    print(
-                        f"  {level:6} against {expected:18}: mean of the worst |observed - expected| / expected {err:.0%}, "
-                        f"{within:.0%} of {hours:,.0f} GPU-h within {TOLERANCE:.0%}"
-                    )
+        runs = (False, True) if args.fair_reclaim else (False,)
+        figures = {}
+        for fair in runs:  # one after the other: the machine is shared
+            figures[fair] = weights(first, last, args.warmup, args.starvation_s, fair)
+        if args.fair_reclaim:
+            side_by_side(figures[False], figures[True])
     if args.only in (None, "memory"):
         scen = scenario(first, last, args.warmup, half_life_s=DAY, starvation_s=args.starvation_s)
         t0 = time.perf_counter()
