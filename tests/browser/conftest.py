@@ -118,3 +118,42 @@ def login(page, user):
 def screenshot(page, name: str) -> None:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+@pytest.fixture
+def whatif_worker(monkeypatch, transactional_db):
+    """The what-if's replay tasks, each in a thread of its own as a worker would run it, once the
+    returned gate is set (it starts set). The threads are waited for before the database is flushed: a
+    replay that a second preview replaced still reads it, and on a loaded machine it outlived its test
+    and the flush failed under it (and the tests after it met the rows it left)."""
+    from django.db import connection
+
+    from quotas import whatif
+
+    gate = threading.Event()
+    gate.set()
+    real_replay = whatif.replay
+    threads: list[threading.Thread] = []
+
+    def held_replay(*args, **kwargs):
+        assert gate.wait(30), "the test never let the replays go"
+        return real_replay(*args, **kwargs)
+
+    def run(run_id, index):
+        try:
+            whatif.run_part(run_id, index, isolated=False)
+        finally:
+            connection.close()
+
+    def enqueue(run_id, index):
+        thread = threading.Thread(target=run, args=(run_id, index), daemon=True)
+        threads.append(thread)
+        thread.start()
+
+    monkeypatch.setattr(whatif, "replay", held_replay)
+    monkeypatch.setattr(whatif, "_enqueue", enqueue)
+    yield gate
+    gate.set()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a replay thread outlived its test by 2 minutes"

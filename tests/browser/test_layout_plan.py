@@ -3,12 +3,8 @@ diff, what happens now, the what-if polled to its result with its charts), apply
 rollback from the versions. The what-if's replays run as tasks, a thread each standing in for the
 worker."""
 
-import threading
-
 import pytest
-from django.db import connection
 
-from quotas import whatif
 from quotas.models import LayoutVersion, Share
 from tests.browser.conftest import login, screenshot
 from tests.web.conftest import submit
@@ -20,18 +16,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture(autouse=True)
-def worker(monkeypatch):
-    def run(run_id, index):
-        try:
-            whatif.run_part(run_id, index, isolated=False)
-        finally:
-            connection.close()
-
-    monkeypatch.setattr(
-        whatif,
-        "_enqueue",
-        lambda run_id, index: threading.Thread(target=run, args=(run_id, index), daemon=True).start(),
-    )
+def worker(whatif_worker):
+    return whatif_worker
 
 
 def test_edit_plan_apply_and_plan_a_rollback(page, alice, bob, vision_share, language_share, nodes):

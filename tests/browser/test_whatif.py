@@ -4,13 +4,10 @@ other values away. The replays run as tasks: here a thread per task stands in fo
 so the page shows the run's progress, polls, and then the result; and a sweep draws its trade-off."""
 
 import io
-import threading
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
 
-from quotas import whatif
 from tests.browser.conftest import login, screenshot
 from tests.web.conftest import submit
 
@@ -21,29 +18,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture(autouse=True)
-def worker(monkeypatch):
-    """Each replay task runs in a thread of its own, as a worker would, once `gate` is set."""
-    gate = threading.Event()
-    gate.set()
-    real_replay = whatif.replay
-
-    def held_replay(*args, **kwargs):
-        assert gate.wait(30), "the test never let the replays go"
-        return real_replay(*args, **kwargs)
-
-    def run(run_id, index):
-        try:
-            whatif.run_part(run_id, index, isolated=False)
-        finally:
-            connection.close()
-
-    monkeypatch.setattr(whatif, "replay", held_replay)
-    monkeypatch.setattr(
-        whatif,
-        "_enqueue",
-        lambda run_id, index: threading.Thread(target=run, args=(run_id, index), daemon=True).start(),
-    )
-    return gate
+def worker(whatif_worker):
+    """Each replay task runs in a thread of its own, as a worker would, once the gate is set."""
+    return whatif_worker
 
 
 @pytest.fixture
