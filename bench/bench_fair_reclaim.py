@@ -12,9 +12,10 @@ dept-a (weight 2), dept-b and dept-c (weight 1), no limits, grace 30 s, half the
 - **time to the weighted part**, p50 and p95. Replayed from the result's attempts, instant by instant
   (the state after the last pass of each instant): a share *waits to borrow* when a job of it is queued
   that does not fit its own capacity next to what it uses (the organisation page's "waiting to borrow");
-  its *weighted part* is the organisation page's fair part (quotas.engine.tree `_fair_parts`: what
-  borrowers may hold now, the top's offers and the unassigned pool, split top-down by weight among the
-  siblings that wait to borrow or borrow); it *holds its part* when what it takes from outside plus its
+  its *weighted part* is the organisation page's fair part (quotas.engine.tree `fair_parts`: what
+  borrowers may hold now, the top's offers and the unassigned pool, split top-down by weight x
+  max(1, capacity) among the siblings that wait to borrow or borrow; bench 15's time-to-part figures in
+  bench/RESULTS.md of 2026-12-06 were measured with the weight-only split it used before); it *holds its part* when what it takes from outside plus its
   smallest job that waits to borrow is more than its part (jobs are indivisible: one more job would put
   it above). An episode starts at an instant the share waits to borrow and does not hold its part, after
   an instant it did not (or at its first instant); it ends at the first instant it holds its part or no
@@ -41,7 +42,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from bench.bench_tree import WINDOW, _itp, _owner_p95  # noqa: E402
 from quotas.engine import scenario as sc  # noqa: E402
 from quotas.engine.simulate import SimResult, simulate  # noqa: E402
-from quotas.engine.tree import Tree, _fair_parts, nets  # noqa: E402
+from quotas.engine.tree import Tree, fair_parts, nets  # noqa: E402
 from quotas.engine.views import LEND_AND_BORROW, ShareView  # noqa: E402
 
 QUICK_WINDOW = (1_209_600, 1_468_800)  # days 14-17
@@ -117,7 +118,7 @@ def time_to_weighted_part(scenario: sc.Scenario, result: SimResult) -> dict:
             waiting.update(tree.path(share))
         n = nets(tree, GPU_TYPE, used, pool)
         borrowable = sum(n.offer[c] for c in tree.top) + pool
-        part, _ = _fair_parts(tree, n, waiting, float(borrowable))
+        part, _ = fair_parts(tree, n, waiting, float(borrowable), GPU_TYPE)
         for share in borrowers:
             below = share in smallest and n.taken[share] + smallest[share] <= part.get(share, 0.0)
             if below and share not in open_since:

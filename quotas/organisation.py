@@ -56,6 +56,11 @@ class Node:
         return STATE_CLASS.get(self.row.state, "within")
 
     @property
+    def fair_weight_words(self) -> str:
+        """ "weight 2 × 8 a10g of capacity = 16" (the organisation page's fair part)."""
+        return fair_weight_words(self.row)
+
+    @property
     def parts(self) -> str:
         """The fair-share value with its parts: "(3 taken + 1.4 history) ÷ (weight 2 × 8 capacity) = 0.27"."""
         r = self.row
@@ -271,15 +276,17 @@ def why_it_waits(org: Organisation, share: str, gpu_type: str, gpus: int | None 
 
 
 def fair_part_words(org: Organisation, node: Node, borrowed_day: float | None = None) -> str:
-    """ "your fair part of idle a10g now is 6 GPUs: weight 2 of 5 among the borrowers that wait; borrowed
-    3 a10g over the last day (history 1.4)"."""
+    """ "your fair part of idle a10g now is 6 GPUs: weight 2 × 8 a10g of capacity = 16 of 40 among the
+    borrowers that wait; borrowed 3 a10g over the last day (history 1.4)". The part is rule 5's split:
+    siblings that wait to borrow share what borrowers may hold by weight × capacity (a group's: its
+    shares' capacity), the divisor of the fair-share value that rule 5 evens out."""
     r = node.row
     if r.fair_part is None:
         head = f"{r.name} neither waits to borrow {r.gpu_type} nor borrows it now"
     else:
         head = (
-            f"your fair part of idle {r.gpu_type} now is {r.fair_part:.0f} GPUs: weight {r.weight:g} of "
-            f"{r.competing_total_weight:g} among the borrowers that wait"
+            f"your fair part of idle {r.gpu_type} now is {r.fair_part:.0f} GPUs: "
+            f"{fair_weight_words(r)} of {r.competing_total_fair_weight:g} among the borrowers that wait"
         )
     if borrowed_day is not None:
         # an average over the day: one decimal where it is small ("0.1 a10g"), else whole GPUs
@@ -290,6 +297,13 @@ def fair_part_words(org: Organisation, node: Node, borrowed_day: float | None = 
     elif org.half_life_s:
         head += f"; history {r.history:.1f}"
     return head
+
+
+def fair_weight_words(r: OrgRow) -> str:
+    """What a node's fair part is in proportion to: "weight 2 × 8 a10g of capacity = 16" (a node without
+    capacity of the type counts as 1: "weight 1 × 1 (no a10g of its own) = 1")."""
+    of = f"{r.capacity} {r.gpu_type} of capacity" if r.capacity >= 1 else f"1 (no {r.gpu_type} of its own)"
+    return f"weight {r.weight:g} × {of} = {r.fair_weight:g}"
 
 
 def share_lines(org: Organisation, share_names: Sequence[str], *, now: datetime | None = None) -> list[dict]:

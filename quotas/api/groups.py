@@ -29,9 +29,20 @@ class OrgValuesSerializer(serializers.Serializer):
     state = serializers.ChoiceField(choices=list(organisation.STATES))
     waiting_to_borrow = serializers.BooleanField()
     fair_part = serializers.FloatField(
-        allow_null=True, help_text="GPUs; null when it neither waits nor borrows"
+        allow_null=True,
+        help_text="GPUs: its part of what borrowers may hold now, split among the siblings that wait to "
+        "borrow or borrow by weight × max(1, capacity) (rule 5's split); null when it neither waits nor "
+        "borrows",
     )
-    competing_total_weight = serializers.FloatField(allow_null=True)
+    competing_total_weight = serializers.FloatField(
+        allow_null=True, help_text="Those siblings' total of their plain weights, itself included"
+    )
+    fair_weight = serializers.FloatField(
+        help_text="weight × max(1, capacity of the type): what its fair part is in proportion to"
+    )
+    competing_total_fair_weight = serializers.FloatField(
+        allow_null=True, help_text="Those siblings' total of weight × max(1, capacity), itself included"
+    )
     may_take = serializers.IntegerField(allow_null=True, help_text="Its borrow limit in GPUs (null: none)")
     may_lend = serializers.IntegerField(allow_null=True, help_text="Its lend limit in GPUs (null: none)")
 
@@ -63,6 +74,8 @@ def values_of(node: organisation.Node) -> dict:
         "waiting_to_borrow": r.waiting_to_borrow,
         "fair_part": None if r.fair_part is None else round(r.fair_part, 3),
         "competing_total_weight": r.competing_total_weight,
+        "fair_weight": r.fair_weight,
+        "competing_total_fair_weight": r.competing_total_fair_weight,
         "may_take": node.may_take,
         "may_lend": node.may_lend,
     }

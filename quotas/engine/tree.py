@@ -273,7 +273,7 @@ def nets(tree: Tree, gpu_type: str, used: Mapping[str, int], pool: int) -> Nets:
 
 def fair_share_value(taken: float, history: float, weight: float, capacity: int) -> float:
     """SEMANTICS: (what it takes from outside now + its history) / (weight x max(1, capacity))."""
-    return (taken + history) / (weight * max(1, capacity))
+    return (taken + history) / fair_weight(weight, capacity)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -387,11 +387,16 @@ class OrgRow:
     state: str  # WITHIN, BORROWING, LENDING or STARVED
     waiting_to_borrow: bool  # a job of its subtree waits to borrow this type
     # Its fair part of the capacity borrowers may use now (what is lent plus what is still idle and
-    # lendable), split top-down by weight among the siblings that wait to borrow or borrow; None when
-    # it neither waits to borrow nor borrows.
+    # lendable), split top-down among the siblings that wait to borrow or borrow as rule 5 splits it:
+    # by weight x max(1, capacity of the type) (a group: its subtree's capacity), the divisor of the
+    # fair-share value; None when it neither waits to borrow nor borrows.
     fair_part: float | None
-    # The total weight of those siblings, itself included ("weight 2 of 5 among the borrowers that wait").
+    # The plain weights' total of those siblings, itself included (kept as the API has always said it).
     competing_total_weight: float | None
+    # weight x max(1, capacity of the type): what its part is in proportion to ("weight 2 x 8 a10g of
+    # capacity = 16"), and the siblings' total of it, itself included ("16 of 40"; None as fair_part).
+    fair_weight: float
+    competing_total_fair_weight: float | None
 
 
 def organisation_view(
@@ -399,8 +404,9 @@ def organisation_view(
 ) -> list[OrgRow]:
     """Per group and share, per type: capacity, in use, taken from outside, lent outside, weight, history,
     fair-share value, its state in words, and for each one that waits to borrow (or borrows) its fair
-    part of the capacity borrowers may use now. `history` defaults to the snapshot's. Rows in tree
-    order (depth first, children by name), types by name."""
+    part of the capacity borrowers may use now (`fair_parts`: rule 5's split, by weight x capacity).
+    `history` defaults to the snapshot's. Rows in tree order (depth first, children by name), types by
+    name."""
     history = snapshot.history if history is None else history
     tree, per_type = _accounting(snapshot)
     shares = tree.shares
@@ -428,7 +434,7 @@ def organisation_view(
         # What borrowers may hold now: the offers at the top (what is lent and what is still idle) and
         # the unassigned pool.
         borrowable = sum(n.offer[c] for c in tree.top) + pool
-        part, competing = _fair_parts(tree, n, waiting, float(borrowable))
+        part, competing = fair_parts(tree, n, waiting, float(borrowable), gpu_type)
         for name in order:
             if caps.get(name, 0) == 0 and in_use.get(name, 0) == 0 and name not in waiting:
                 continue
@@ -444,7 +450,7 @@ def organisation_view(
                 state = LENDING
             else:
                 state = WITHIN
-            w = competing.get(name)
+            totals = competing.get(name)
             rows.append(
                 OrgRow(
                     kind="group" if name in tree.groups else "share",
@@ -462,27 +468,40 @@ def organisation_view(
                     state=state,
                     waiting_to_borrow=name in waiting,
                     fair_part=fair,
-                    competing_total_weight=None if w is None else w[1],
+                    competing_total_weight=None if totals is None else totals[0],
+                    fair_weight=fair_weight(tree.weight[name], caps[name]),
+                    competing_total_fair_weight=None if totals is None else totals[1],
                 )
             )
     return rows
 
 
-def _fair_parts(
-    tree: Tree, n: Nets, waiting: set[str], borrowable: float
+def fair_weight(weight: float, capacity: int) -> float:
+    """What a node's fair part is in proportion to: weight x max(1, capacity of the type), the divisor of
+    its fair-share value, so that the part is what rule 5 gives it (it evens the values out)."""
+    return weight * max(1, capacity)
+
+
+def fair_parts(
+    tree: Tree, n: Nets, waiting: set[str], borrowable: float, gpu_type: str
 ) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
     """Top-down, each node that waits to borrow or borrows gets of its parent's part (at the top: all
-    that borrowers may hold) its weight's fraction among such siblings; and (its weight, their total)."""
+    that borrowers may hold) its fraction of weight x max(1, capacity) among such siblings: rule 5
+    evens (taken + history) / (weight x max(1, capacity)) out, so what each takes tends to that part.
+    Also, per such node, the siblings' total of the plain weights and of weight x max(1, capacity)."""
+    caps = tree.capacity(gpu_type)
     part: dict[str, float] = {}
     competing: dict[str, tuple[float, float]] = {}
     stack: list[tuple[str | None, float]] = [(None, borrowable)]
     while stack:
         parent, amount = stack.pop()
         kids = [c for c in tree.children.get(parent, ()) if c in waiting or n.taken[c] > 0]
-        total = sum(tree.weight[c] for c in kids)
+        fair = {c: fair_weight(tree.weight[c], caps[c]) for c in kids}
+        weights = sum(tree.weight[c] for c in kids)
+        total = sum(fair.values())
         for c in kids:
-            part[c] = amount * tree.weight[c] / total
-            competing[c] = (tree.weight[c], total)
+            part[c] = amount * fair[c] / total
+            competing[c] = (weights, total)
             if c in tree.groups:
                 stack.append((c, part[c]))
     return part, competing
@@ -511,7 +530,9 @@ __all__ = [
     "STARVED",
     "Tree",
     "WITHIN",
+    "fair_parts",
     "fair_share_value",
+    "fair_weight",
     "limit_gpus",
     "nets",
     "organisation_view",

@@ -52,6 +52,12 @@ def test_a_share_has_its_group_weight_and_fair_share(as_charlie, world):
     assert a10g["taken_from_outside"] == 2 and a10g["waiting_to_borrow"] is True
     # (2 taken + 0 history) / (weight 2 x 4 capacity)
     assert a10g["fair_share_value"] == pytest.approx(0.25)
+    # its fair part is in proportion to weight 2 x capacity 4; the plain weights' total stays as it was
+    assert (a10g["fair_weight"], a10g["competing_total_fair_weight"], a10g["competing_total_weight"]) == (
+        8,
+        8,
+        2,
+    )
     assert "jobs" not in body and "own-run" not in str(body)
 
 

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from quotas.engine import policy
 from quotas.engine.tree import (
     BORROWING,
     LENDING,
@@ -205,9 +206,14 @@ def test_the_view_says_who_borrows_lends_and_waits():
     assert product.fair_share_value == 1.5
     assert research.lent_outside == 3
     assert rows[("vision", "a10g")].state == WITHIN
-    # Both departments wait to borrow (l1 needs 3 of language's 2): weight 1 of 2 each of the 3 that
-    # borrowers may hold now (research's offer, all lent); research takes nothing yet: starved.
-    assert research.waiting_to_borrow and research.fair_part == 1.5 and research.competing_total_weight == 2
+    # Both departments wait to borrow (l1 needs 3 of language's 2). Of the 3 that borrowers may hold now
+    # (research's offer, all lent) each gets its weight x capacity's fraction, as rule 5 evens out
+    # taken / (weight x capacity): research 1 x 6 = 6 of 8, product 1 x 2 = 2 of 8. Research takes
+    # nothing yet: starved; product takes 3, above its 0.75.
+    assert research.waiting_to_borrow and research.fair_part == 2.25
+    assert (research.fair_weight, research.competing_total_fair_weight) == (6, 8)
+    assert research.competing_total_weight == 2  # the plain weights, as before
+    assert product.fair_part == 0.75 and product.fair_weight == 2
     assert research.state == STARVED
     assert product.state == BORROWING
     assert rows[("language", "a10g")].depth == 1 and rows[("language", "a10g")].parent == "research"
@@ -219,6 +225,87 @@ def test_a_department_that_only_lends_is_lending():
     rows = {r.name: r for r in organisation_view(snapshot)}
     assert rows["research"].state == LENDING and rows["research"].fair_part is None
     assert rows["web"].state == BORROWING and rows["web"].fair_part == 3  # alone among borrowers
+    assert rows["web"].competing_total_fair_weight == rows["web"].fair_weight == 2
+
+
+def borrowed_by_rule_5(borrowers, lender_idle, groups=()):
+    """Borrowers (name, capacity, weight, group) each at their own capacity with many 1-GPU jobs waiting,
+    a lender with `lender_idle` idle GPUs: the snapshot after one pass, with what rule 5 admitted running
+    and the rest still queued."""
+    shares = [share(name, cap, group=group, weight=w) for name, cap, w, group in borrowers]
+    shares.append(share("lender", lender_idle, LEND))
+    size = sum(cap for _, cap, _, _ in borrowers) + lender_idle
+    nodes = tuple(NodeView(f"n{i}", "a10g", 1) for i in range(size))
+    free = iter(range(size))
+
+    def on_node(job, name, borrowed):
+        return RunningView(f"{job}#1", job, name, "a10g", 0, 0, 0, ((f"n{next(free)}", (0,)),), borrowed)
+
+    running = [on_node(f"{name}-own{i}", name, False) for name, cap, _, _ in borrowers for i in range(cap)]
+    queued = [QueuedView(f"{name}-{i}", name, "a10g", 1, 0, i) for name, *_ in borrowers for i in range(12)]
+    snap = Snapshot(now=10, nodes=nodes, shares=tuple(shares), running=tuple(running), queued=tuple(queued))
+    snap = Snapshot(**{**{f: getattr(snap, f) for f in snap.__slots__}, "groups": tuple(groups)})
+    admitted = {a.job_id for a in policy.plan(snap).admissions}
+    running += [on_node(j.job_id, j.share, True) for j in queued if j.job_id in admitted]
+    queued = [j for j in queued if j.job_id not in admitted]
+    return Snapshot(
+        **{
+            **{f: getattr(snap, f) for f in snap.__slots__},
+            "running": tuple(running),
+            "queued": tuple(queued),
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    "borrowers, lender_idle, groups, parts",
+    [
+        # equal weights, capacities 8 and 2: parts 4:1 (by weight alone they would be 5 and 5)
+        ((("a", 8, 1, None), ("b", 2, 1, None)), 10, (), {"a": 8, "b": 2}),
+        # weight 4 x capacity 2 = weight 1 x capacity 8: even parts
+        ((("a", 8, 1, None), ("b", 2, 4, None)), 10, (), {"a": 5, "b": 5}),
+        # weight 2 x capacity 2 against 1 x 2 (the README's product): 2:1
+        ((("a", 2, 2, None), ("b", 2, 1, None)), 6, (), {"a": 4, "b": 2}),
+        # groups by their subtree's capacity: dept-a (6) against dept-b (2), then a1 (4) and a2 (2)
+        (
+            (("a1", 4, 1, "dept-a"), ("a2", 2, 1, "dept-a"), ("b1", 2, 1, "dept-b")),
+            8,
+            (GroupSpec("dept-a"), GroupSpec("dept-b")),
+            {"dept-a": 6, "dept-b": 2, "a1": 4, "a2": 2, "b1": 2},
+        ),
+    ],
+)
+def test_the_fair_part_is_what_rule_5_gives_and_a_share_at_it_is_not_starved(
+    borrowers, lender_idle, groups, parts
+):
+    rows = {r.name: r for r in organisation_view(borrowed_by_rule_5(borrowers, lender_idle, groups))}
+    assert {name: rows[name].fair_part for name in parts} == pytest.approx(parts)
+    # Rule 5 took the idle GPUs to exactly those parts; each still waits to borrow, and holding its part
+    # it is borrowing, not starved.
+    assert {name: rows[name].taken_from_outside for name in parts} == parts
+    for name in parts:
+        r = rows[name]
+        assert r.waiting_to_borrow and r.state == BORROWING
+        assert r.fair_weight == r.weight * max(1, r.capacity)
+    top = [rows[name] for name in parts if rows[name].parent is None]
+    assert sum(r.fair_part for r in top) == pytest.approx(lender_idle)
+    assert {r.competing_total_fair_weight for r in top} == {sum(r.fair_weight for r in top)}
+
+
+def test_a_share_waiting_below_its_weight_times_capacity_part_is_starved():
+    # b (capacity 2) holds 4 of the 10 lent, a (capacity 8, same weight) 6: a's part is 8, b's 2.
+    snap = borrowed_by_rule_5((("a", 8, 1, None), ("b", 2, 1, None)), 10)
+    running = [r for r in snap.running if not (r.borrowed and r.share == "a" and r.job_id in {"a-6", "a-7"})]
+    free = [r.placement for r in snap.running if r not in running]
+    running += [
+        RunningView(f"b-x{i}#1", f"b-x{i}", "b", "a10g", 0, 0, 0, placement, True)
+        for i, placement in enumerate(free)
+    ]
+    snap = Snapshot(**{**{f: getattr(snap, f) for f in snap.__slots__}, "running": tuple(running)})
+    rows = {r.name: r for r in organisation_view(snap)}
+    assert (rows["a"].taken_from_outside, rows["b"].taken_from_outside) == (6, 4)
+    assert (rows["a"].fair_part, rows["b"].fair_part) == (8, 2)
+    assert rows["a"].state == STARVED and rows["b"].state == BORROWING
 
 
 def test_the_view_reads_the_history_given():

@@ -108,8 +108,23 @@ def test_the_organisation_reads_the_stored_history_into_values_and_words(world):
     assert research.fair_share_value == pytest.approx((2 + 1.0) / (1 * 4))
     assert research.parts == "(2 taken + 1.0 history) ÷ (weight 1 × 4 capacity) = 0.75"
     vision = org.find("vision-main", "a10g")
-    assert organisation.fair_part_words(org, vision, borrowed_day=2.0).endswith(
-        "; borrowed 2 a10g over the last day (history 1.0)"
+    assert organisation.fair_part_words(org, vision, borrowed_day=2.0) == (
+        "your fair part of idle a10g now is 4 GPUs: weight 2 × 4 a10g of capacity = 8 of 8 among the "
+        "borrowers that wait; borrowed 2 a10g over the last day (history 1.0)"
+    )
+
+
+def test_a_share_without_capacity_of_the_type_counts_as_1_in_its_fair_part_words(world):
+    from dataclasses import replace
+
+    from quotas import organisation
+
+    org = organisation.load()
+    vision = org.find("vision-main", "a10g")
+    vision.row = replace(vision.row, capacity=0, weight=1.5, fair_weight=1.5, competing_total_fair_weight=3.5)
+    assert organisation.fair_part_words(org, vision).startswith(
+        "your fair part of idle a10g now is 4 GPUs: weight 1.5 × 1 (no a10g of its own) = 1.5 of 3.5 among "
+        "the borrowers that wait"
     )
 
 

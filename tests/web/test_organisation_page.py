@@ -38,6 +38,8 @@ def test_the_page_shows_each_node_with_its_numbers_and_state(as_bob, world):
     assert "may take 2 from outside" in research[9]
     vision = cells(row(html, "vision-main"))
     assert vision[1:5] == ["starved", "4", "6", "2"] and vision[6] == "2"
+    # its fair part as rule 5 splits: by weight x capacity among the borrowers that wait (it is alone)
+    assert vision[9] == "fair part 4 (weight 2 × 4 a10g of capacity = 8 of 8)", vision[9]
     assert cells(row(html, "lang"))[1] == "lending"
     # the value with its parts: (2 taken + 0 history) / (weight 1 x 4 capacity)
     assert 'title="(2 taken + 0.0 history) ÷ (weight 1 × 4 capacity) = 0.50"' in row(html, "research")
@@ -49,7 +51,7 @@ def test_the_readers_share_says_its_fair_part_and_why_it_waits(as_bob, world):
     html = as_bob.get("/organisation/").content.decode()
     mine = html.split('id="org-mine"')[1].split("</section>")[0]
     assert "your fair part of idle a10g now is" in mine
-    assert "weight 2 of 2 among the borrowers that wait" in mine
+    assert "weight 2 × 4 a10g of capacity = 8 of 8 among the borrowers that wait" in mine
     assert "group research may take 2 a10g from outside: 2 taken" in mine
 
 
@@ -123,7 +125,8 @@ def test_the_team_page_says_each_shares_fair_part_and_why_it_waits(as_bob, world
     html = as_bob.get("/teams/vision/").content.decode()
     fair = html.split('data-testid="team-fair"')[1].split("</section>")[0]
     assert (
-        "your fair part of idle a10g now is" in fair and "weight 2 of 2 among the borrowers that wait" in fair
+        "your fair part of idle a10g now is" in fair
+        and "weight 2 × 4 a10g of capacity = 8 of 8 among the borrowers that wait" in fair
     )
     assert "group research may take 2 a10g from outside: 2 taken" in fair
 
