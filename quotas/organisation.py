@@ -22,11 +22,8 @@ from quotas.engine.tree import (
     LENDING,
     STARVED,
     WITHIN,
-    Nets,
     OrgRow,
-    Tree,
     limit_gpus,
-    nets,
     organisation_view,
 )
 
@@ -105,52 +102,9 @@ class Organisation:
         }
 
 
-def lent_beyond(tree: Tree, n: Nets, top_lent: dict[str, float]) -> dict[str, float]:
-    """Per node of one type, the GPUs of its offer that shares outside its own subtree use (SEMANTICS'
-    net per node). At the top that is what the other top-level nodes and the pool's users take
-    (`top_lent`, the engine's figure). Inside a group, its children's offers serve their siblings'
-    needs **and** what the group lends outside, each child in proportion to its offer: so a share whose
-    department lends outside lends too (counting its siblings' needs alone said 0)."""
-    lent = {c: top_lent.get(c, 0.0) for c in tree.top}
-    stack = [c for c in tree.top if c in tree.groups]
-    while stack:
-        group = stack.pop()
-        kids = tree.children[group]
-        offers = sum(n.offer[c] for c in kids)
-        demand = sum(n.taken[c] for c in kids) + lent[group]
-        factor = min(1.0, demand / offers) if offers else 0.0
-        for c in kids:
-            lent[c] = n.offer[c] * factor
-            if c in tree.groups:
-                stack.append(c)
-    return lent
-
-
-def view(snapshot) -> list[OrgRow]:
-    """The engine's organisation view (quotas.engine.tree.organisation_view), with each node's lent
-    outside counted beyond its own subtree at every level (`lent_beyond`; the view counts only what its
-    siblings use, which is right at the top and short below a group that lends outside), and the state
-    of a node that lends so as "lending". Taken from outside, values and fair parts are the engine's."""
-    rows = organisation_view(snapshot)
-    if not snapshot.groups:
-        return rows  # every node is at the top: the engine's figures as they are
-    known = {s.name for s in snapshot.shares}
-    extra = sorted({r.name for r in rows if r.kind == "share"} - known)  # named only by work: owns nothing
-    shares = [*snapshot.shares, *(policy.ShareView(name=x, capacity={}, borrow_limit=0) for x in extra)]
-    tree = Tree.build(snapshot.groups, shares)
-    out: list[OrgRow] = []
-    for gpu_type in sorted({r.gpu_type for r in rows}):
-        of_type = [r for r in rows if r.gpu_type == gpu_type]
-        used = {r.name: r.in_use for r in of_type if r.kind == "share"}
-        top_lent = {r.name: r.lent_outside for r in of_type if r.parent is None}
-        # The pool only changes what the top lends, which top_lent already holds.
-        lent = lent_beyond(tree, nets(tree, gpu_type, used, 0), top_lent)
-        for r in of_type:
-            gpus = lent.get(r.name, r.lent_outside)
-            state = LENDING if r.state == WITHIN and gpus > 0 else r.state
-            out.append(replace(r, lent_outside=gpus, state=state))
-    order = {(r.name, r.gpu_type): i for i, r in enumerate(rows)}
-    return sorted(out, key=lambda r: order[(r.name, r.gpu_type)])
+# The rows the page, the API, the CLI and Prometheus read: the engine's organisation view, whose lent
+# outside counts, at every level, what a node's capacity lends beyond its own subtree (tree.nets).
+view = organisation_view
 
 
 def _queued_heads(loaded) -> tuple[policy.QueuedView, ...]:

@@ -361,9 +361,9 @@ class _NetCalc:
             (index[g], [index[c] for c in tree.children[g]], tree.lend_cap(g, gpu_type)) for g in order
         ]
         self.top = [index[c] for c in tree.top]
-        self.levels = [
-            [index[c] for c in kids] for parent, kids in tree.children.items() if parent is not None
-        ]
+        # Groups with their children, parents before their subtrees: what each lends beyond itself is
+        # counted top-down (tree.nets).
+        self.levels = [(g, kids) for g, kids, _ in reversed(self.groups)]
 
     def run(
         self,
@@ -390,18 +390,20 @@ class _NetCalc:
         for x in range(n):
             if net[x] < 0:
                 taken[(names[x], gpu_type)] = -net[x]
-        for kids, extra in [(self.top, pool)] + [(k, 0) for k in self.levels]:
-            offers = extra
-            needs = 0
+        lent_of = [0.0] * n
+        for g, kids in [(-1, self.top), *self.levels]:
+            offers = pool if g < 0 else 0
+            demand = 0.0 if g < 0 else lent_of[g]
             for c in kids:
                 offers += offer[c]
                 if net[c] < 0:
-                    needs -= net[c]
-            if offers and needs:
-                factor = needs / offers if needs < offers else 1.0
+                    demand -= net[c]
+            if offers and demand:
+                factor = demand / offers if demand < offers else 1.0
                 for c in kids:
                     if offer[c]:
-                        lent[(names[c], gpu_type)] = offer[c] * factor
+                        lent_of[c] = offer[c] * factor
+                        lent[(names[c], gpu_type)] = lent_of[c]
 
 
 class _OrgAccounting:

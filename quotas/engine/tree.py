@@ -209,9 +209,11 @@ class Tree:
 class Nets:
     """The tree's accounting for one type at one instant: per node its net (positive: it offers, negative:
     it needs), what it takes from outside itself, what it offers to its parent's level (its positive
-    net after its lend limit) and what of that is used (lent outside); `top` is the sum at the top with
-    the unassigned pool's idle GPUs, and `shortfall` per group (over its borrow limit) and at the top
-    (None)."""
+    net after its lend limit) and what of that is used beyond its own subtree (lent outside: by its
+    siblings and by whatever its ancestors lend outside them); `top` is the sum at the top with the
+    unassigned pool's idle GPUs, and `shortfall` per group (over its borrow limit) and at the top
+    (None). `lent` is a figure to show and to count (the page, the API, the metrics, the simulator's
+    per-group GPU-seconds); no rule decides by it."""
 
     net: Mapping[str, int]
     taken: Mapping[str, int]
@@ -258,13 +260,22 @@ def nets(tree: Tree, gpu_type: str, used: Mapping[str, int], pool: int) -> Nets:
     for name in tree.groups:
         visit(name)  # a group with no shares below it
     taken = {name: max(0, -n) for name, n in net.items()}
+    # What of each node's offer is used beyond its own subtree, top-down: at the top, the other top-level
+    # nodes' needs, served by the offers and the pool in proportion; inside a group, its children's
+    # offers serve their siblings' needs and what the group lends outside, each in proportion to its
+    # offer (counting the siblings' needs alone, a share whose department lends outside lent nothing).
     lent: dict[str, float] = {}
-    for parent, kids in tree.children.items():
+    stack: list[str | None] = [None]
+    while stack:
+        parent = stack.pop()
+        kids = tree.children.get(parent, ())
         offers = sum(offer[c] for c in kids) + (pool if parent is None else 0)
-        needs = sum(taken[c] for c in kids)
-        factor = min(1.0, needs / offers) if offers else 0.0
+        demand = sum(taken[c] for c in kids) + (lent[parent] if parent is not None else 0)
+        factor = min(1.0, demand / offers) if offers else 0.0
         for c in kids:
             lent[c] = offer[c] * factor
+            if c in tree.groups:
+                stack.append(c)
     shortfall: dict[str | None, int] = {None: max(0, -top)}
     for name in tree.groups:
         shortfall[name] = max(0, taken[name] - tree.borrow_cap(name, gpu_type))

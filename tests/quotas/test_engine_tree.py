@@ -12,7 +12,6 @@ from quotas.engine.tree import (
     BORROWING,
     LENDING,
     STARVED,
-    WITHIN,
     FairShareHistory,
     GroupSpec,
     Tree,
@@ -110,6 +109,8 @@ def test_a_lend_limit_caps_what_a_department_offers():
     assert n.net["research"] == 6 and n.offer["research"] == 3
     assert n.taken["product"] == 3 and n.top == 0 and n.shortfall[None] == 0
     assert n.lent["research"] == 3
+    # What research lends outside comes from its children in proportion to their offers (4 and 2 idle).
+    assert (n.lent["vision"], n.lent["language"], n.lent["web"]) == (2, 1, 0)
     # One more borrowed GPU for web would be a shortfall of 1 at the top.
     assert nets(Tree.build(groups, shares), "a10g", {"web": 6}, pool=0).shortfall[None] == 1
 
@@ -205,7 +206,10 @@ def test_the_view_says_who_borrows_lends_and_waits():
     assert (web.capacity, web.in_use, web.taken_from_outside) == (2, 5, 3)
     assert product.fair_share_value == 1.5
     assert research.lent_outside == 3
-    assert rows[("vision", "a10g")].state == WITHIN
+    # research's 3 lent outside come from its children's 6 idle in proportion to their offers: vision
+    # lends 2 of its 4 beyond itself (its sibling needs none), language 1 of its 2.
+    assert rows[("vision", "a10g")].lent_outside == 2 and rows[("vision", "a10g")].state == LENDING
+    assert rows[("language", "a10g")].lent_outside == 1
     # Both departments wait to borrow (l1 needs 3 of language's 2). Of the 3 that borrowers may hold now
     # (research's offer, all lent) each gets its weight x capacity's fraction, as rule 5 evens out
     # taken / (weight x capacity): research 1 x 6 = 6 of 8, product 1 x 2 = 2 of 8. Research takes
@@ -306,6 +310,29 @@ def test_a_share_waiting_below_its_weight_times_capacity_part_is_starved():
     assert (rows["a"].taken_from_outside, rows["b"].taken_from_outside) == (6, 4)
     assert (rows["a"].fair_part, rows["b"].fair_part) == (8, 2)
     assert rows["a"].state == STARVED and rows["b"].state == BORROWING
+
+
+def test_the_simulator_counts_a_nested_groups_lent_outside_as_the_view_does():
+    # The worked example with vision in its own group under research: what research lends outside
+    # comes, in proportion to their offers, from vision-team and language, and vision-team also lends
+    # to language. Per interval, vision-team's lent: 0-100 2 (of research's 3), 100-200 4 (3 out, 1 to
+    # language), 200-1100 2, 1100-1200 0.5 (1 out of 4 offered), 1200-2000 4/6 (1 out of 6).
+    import json
+    from pathlib import Path
+
+    from quotas.engine import scenario as sc
+    from quotas.engine.simulate import simulate
+
+    data = json.loads((Path(__file__).parent / "scenarios" / "two-departments-lend-limit.json").read_text())
+    data["groups"].append({"name": "vision-team", "parent": "research"})
+    next(s for s in data["shares"] if s["name"] == "vision")["group"] = "vision-team"
+    result = simulate(sc.parse(data))
+    lent_s = 2 * 100 + 4 * 100 + 2 * 900 + 0.5 * 100 + 4 / 6 * 800
+    assert result.groups["vision-team"] == {
+        "gpu_seconds_from_outside": 0,
+        "gpu_seconds_lent_outside": round(lent_s),
+    }
+    assert result.groups["research"]["gpu_seconds_lent_outside"] == 2400  # the top level as before
 
 
 def test_the_view_reads_the_history_given():
