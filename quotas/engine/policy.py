@@ -337,6 +337,7 @@ class Engine:
             run.preempting,
             run.beneficiary_job_id,
             at,
+            run.fair_reclaims,
         )
         self.running[attempt_id] = run
         base = self._base(run.gpu_type, run.share)

@@ -996,6 +996,7 @@ class _Simulator:
             started_at=t,
             placement=admission.placement,
             borrowed=admission.borrowed,
+            fair_reclaims=sum(1 for a in job.record.attempts if a.preemption_reason == policy.FAIR_SHARE),
         )
         finish = t + spec.duration_s - job.saved
         failing = spec.max_runtime_s is not None and t + spec.max_runtime_s < finish

@@ -91,6 +91,9 @@ class RunningView:
     # When the attempt last reported a checkpoint (SEMANTICS "Checkpoints and safe points"); None:
     # never. One before the attempt started (a stale report) counts as none.
     last_checkpoint_at: float | None = None
+    # How many earlier attempts of its job a fair reclaim (rule 11) pre-empted: fair reclaim leaves a job
+    # alone after fairshare.FAIR_RECLAIM_MAX_PER_JOB of them. No other rule reads it.
+    fair_reclaims: int = 0
 
     @property
     def gpus(self) -> int:
