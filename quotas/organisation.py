@@ -278,55 +278,93 @@ def share_lines(org: Organisation, share_names: Sequence[str], *, now: datetime 
     return out
 
 
-# --- /usage/: borrowed GPU-hours per group and share against their weighted part --------------------
+# --- /usage/: borrowed GPU-hours per group and share against their fair part ------------------------
 
 
-def borrowing_by_tree(borrowed: dict[str, float]) -> list[dict]:
-    """The borrowed GPU-hours of a window (share -> GPU-hours, /usage/'s figures) per group and share of
-    today's tree, in tree order, each beside its weighted part: at each level, what the siblings that
-    borrowed borrowed together, split by their weights ("weight 2 of 3"). A group's figure is what its
-    shares borrowed. Shares that borrowed nothing and groups without borrowing are listed with 0 and no
-    part (they did not compete)."""
+def borrowing_by_tree(borrowed: dict[str, dict[str, float]]) -> list[dict]:
+    """The borrowed GPU-hours of a window (type -> share -> GPU-hours, quotas.usage.borrowed_by_type)
+    per type that was borrowed (by name; borrowing of different types is not comparable) and per group
+    and share of today's tree, in tree order, each beside its fair part: at each level, what the
+    siblings that borrowed borrowed together, split by weight x max(1, capacity of the type) (the
+    engine's fair_weight, a group's capacity its subtree's): rule 5 lends to the lowest fair-share value
+    first, so over time borrowing follows that split. A group's figure is what its shares borrowed.
+    Nodes that borrowed nothing are listed with 0 and no part (they did not compete).
+    Returns [{"gpu_type", "rows": [...]}]."""
+    from types import SimpleNamespace
+
     from quotas import fairshare
-    from quotas.models import Share
+    from quotas.engine.tree import fair_weight
+    from quotas.models import Share, ShareCapacity
 
     groups = {g.name: g for g in fairshare.groups()}
     parent: dict[str, str | None] = {g.name: g.parent for g in groups.values()}
     weight: dict[str, float] = {g.name: float(g.weight) for g in groups.values()}
     for name, group, w in Share.objects.values_list("name", "group__name", "weight"):
         parent[name], weight[name] = group, float(w)
-    total: dict[str, float] = dict.fromkeys(parent, 0.0)
-    for name, hours in borrowed.items():
-        node = name if name in parent else None
-        while node is not None:
-            total[node] += hours
-            node = parent[node]
+    own_capacity: dict[tuple[str, str], int] = {
+        (share, gpu_type): gpus
+        for share, gpu_type, gpus in ShareCapacity.objects.values_list("share__name", "gpu_type", "max_gpus")
+    }
     children: dict[str | None, list[str]] = {}
     for name in sorted(parent):
         children.setdefault(parent[name], []).append(name)
-    rows: list[dict] = []
+
+    def up_the_tree(per_share: dict[str, float]) -> dict[str, float]:
+        """Each node's figure: its own (a share) plus its subtree's (a group)."""
+        total = dict.fromkeys(parent, 0.0)
+        for name, amount in per_share.items():
+            node = name if name in parent else None
+            while node is not None:
+                total[node] += amount
+                node = parent[node]
+        return total
+
+    order: list[tuple[str, int]] = []  # (name, depth), depth first, children by name
 
     def walk(at: str | None, depth: int) -> None:
-        kids = children.get(at, [])
-        competing = [k for k in kids if total[k] > 0]
-        hours = sum(total[k] for k in competing)
-        weights = sum(weight[k] for k in competing)
-        for k in kids:
-            part = hours * weight[k] / weights if k in competing else None
-            rows.append(
-                {
-                    "name": k,
-                    "kind": "group" if k in groups else "share",
-                    "depth": depth,
-                    "borrowed": total[k],
-                    "weight": weight[k],
-                    "competing_weight": weights if k in competing else None,
-                    "weighted_part": part,
-                    "ratio": None if not part else total[k] / part,
-                }
-            )
-            if k in groups:
-                walk(k, depth + 1)
+        for k in children.get(at, []):
+            order.append((k, depth))
+            walk(k, depth + 1)
 
     walk(None, 0)
-    return rows
+    sections: list[dict] = []
+    for gpu_type in sorted(t for t, by_share in borrowed.items() if any(h > 0 for h in by_share.values())):
+        total = up_the_tree(borrowed[gpu_type])
+        capacity = up_the_tree({s: float(g) for (s, t), g in own_capacity.items() if t == gpu_type})
+        fair = {name: fair_weight(weight[name], int(capacity[name])) for name in parent}
+        # Per parent, what its children that borrowed borrowed together and their total fair weight.
+        level: dict[str | None, tuple[float, float]] = {}
+        for at, kids in children.items():
+            competing = [k for k in kids if total[k] > 0]
+            level[at] = (sum(total[k] for k in competing), sum(fair[k] for k in competing))
+        rows: list[dict] = []
+        for name, depth in order:
+            hours, fair_total = level[parent[name]]
+            competes = total[name] > 0
+            part = hours * fair[name] / fair_total if competes else None
+            # The organisation page's words (fair_weight_words reads these four attributes).
+            words = fair_weight_words(
+                SimpleNamespace(
+                    weight=weight[name],
+                    capacity=int(capacity[name]),
+                    gpu_type=gpu_type,
+                    fair_weight=fair[name],
+                )
+            )
+            rows.append(
+                {
+                    "name": name,
+                    "kind": "group" if name in groups else "share",
+                    "depth": depth,
+                    "borrowed": total[name],
+                    "weight": weight[name],
+                    "capacity": int(capacity[name]),
+                    "fair_weight": fair[name],
+                    "competing_fair_weight": fair_total if competes else None,
+                    "fair_part": part,
+                    "ratio": None if not part else total[name] / part,
+                    "words": words + (f" of {fair_total:g} among those that borrowed" if competes else ""),
+                }
+            )
+        sections.append({"gpu_type": gpu_type, "rows": rows})
+    return sections

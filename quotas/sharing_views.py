@@ -7,7 +7,7 @@ from __future__ import annotations
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from quotas import organisation, sharing
+from quotas import organisation, sharing, usage
 from quotas.forms import UsageForm
 from quotas.views import admin_required
 
@@ -43,8 +43,8 @@ def usage_page(request):
         "cluster": row(report.cluster),
         "chart": report.chart(share),
         "causes": [(c, sharing.CAUSE_LABELS[c]) for c in sharing.CAUSES],
-        # borrowed GPU-hours per group and share against their weighted part (issue 37)
-        "tree": organisation.borrowing_by_tree({n: f.borrowed for n, f in report.shares.items()}),
+        # borrowed GPU-hours per type, group and share against their fair part (issue 37)
+        "tree": organisation.borrowing_by_tree(usage.borrowed_by_type(report.since, report.until)),
         "csv_url": f"/api/v1/usage/?format=csv&{query}",
         "api_url": f"/api/v1/usage/?{query}",
     }

@@ -126,6 +126,22 @@ def prune(now: datetime | None = None) -> int:
     return deleted
 
 
+def borrowed_by_type(since: datetime, until: datetime) -> dict[str, dict[str, float]]:
+    """GPU-hours borrowed per type and share over [since, until) (type -> share -> GPU-hours, only those
+    that borrowed), as /usage/'s figures count them (a sample stands for its resolution_s), but kept
+    apart by type: borrowing of different types is not comparable. One aggregating query."""
+    out: dict[str, dict[str, float]] = defaultdict(dict)
+    rows = (
+        UsageSample.objects.filter(at__gte=since, at__lt=until, borrowed__gt=0)
+        .values("gpu_type", "share__name")
+        .annotate(seconds=Sum(F("borrowed") * F("resolution_s")))
+        .order_by()
+    )
+    for r in rows:
+        out[r["gpu_type"]][r["share__name"]] = (r["seconds"] or 0.0) / 3600
+    return dict(out)
+
+
 HISTORY_MIN_SPAN = timedelta(minutes=10)
 
 
