@@ -22,9 +22,11 @@ dept-a (weight 2), dept-b and dept-c (weight 1), no limits, grace 30 s, half the
   longer waits to borrow (its jobs started). Episodes still open at the end count with their time so far
   (censored, reported).
 - which fair-reclaim moves cost the most: lost work per (taker's side, victim's side), and how often the
-  same two sides took GPUs from each other in both directions.
+  same two sides took GPUs from each other in both directions;
+- how many times the most-taken job was fair-reclaimed (`--max-per-job N` sets the engine's bound,
+  FAIR_RECLAIM_MAX_PER_JOB, for the run; a large N measures fair reclaim without it).
 
-    python bench/bench_fair_reclaim.py [--quick] [--only off|on]
+    python bench/bench_fair_reclaim.py [--quick] [--only off|on] [--max-per-job N]
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_tree import WINDOW, _itp, _owner_p95  # noqa: E402
+from quotas.engine import fairshare  # noqa: E402
 from quotas.engine import scenario as sc  # noqa: E402
 from quotas.engine.simulate import SimResult, simulate  # noqa: E402
 from quotas.engine.tree import Tree, fair_parts, nets  # noqa: E402
@@ -203,14 +206,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="days 14-17 instead of 14-28")
     parser.add_argument("--only", choices=("off", "on"))
+    parser.add_argument(
+        "--max-per-job",
+        type=int,
+        default=fairshare.FAIR_RECLAIM_MAX_PER_JOB,
+        help="how many times fair reclaim may take one job (default: the engine's "
+        f"FAIR_RECLAIM_MAX_PER_JOB, {fairshare.FAIR_RECLAIM_MAX_PER_JOB}); a large number: no bound",
+    )
     args = parser.parse_args(argv)
+    if args.max_per_job < 0:
+        parser.error("--max-per-job must be 0 or more")
+    fairshare.FAIR_RECLAIM_MAX_PER_JOB = args.max_per_job  # the walk reads it at each try
     for fair in (False, True):
         if args.only and args.only != ("on" if fair else "off"):
             continue
         r = run(fair, args.quick)
         w = r["weighted_part"]
         print(
-            f"fair_reclaim {'on ' if fair else 'off'}: {r['seconds']:.1f} s; lost to fair_share "
+            f"fair_reclaim {f'on (at most {args.max_per_job} per job)' if fair else 'off'}: "
+            f"{r['seconds']:.1f} s; lost to fair_share "
             f"{r['lost_fair_share_h']:,.1f} GPU-h, to reclaim {r['lost_reclaim_h']:,.1f}; owners' p95 wait "
             f"{r['owner_p95_s']} s; time to the weighted part p50 {w['p50_s']} s, p95 {w['p95_s']} s "
             f"({w['episodes']} episodes, ended {w['ended']}, {w['censored']} open at the end); taken from "

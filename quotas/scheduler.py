@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -359,6 +359,21 @@ def load_snapshot(now: datetime | None = None, *, queued: bool = True) -> Loaded
             )
         )
 
+    if tree.get("fair_reclaim") and running:
+        # Fair reclaim leaves a job alone once it took the job's earlier attempts often enough (rule 11's
+        # bound per job, quotas/engine/fairshare.py): how many it took, per job that runs now.
+        taken = dict(
+            Attempt.objects.filter(
+                job_id__in={r.job_id for r in running}, preemption_reason=policy.FAIR_SHARE
+            )
+            .exclude(state__in=list(ATTEMPT_ACTIVE_STATES))
+            .values("job_id")
+            .annotate(n=Count("*"))
+            .values_list("job_id", "n")
+            .order_by()
+        )
+        if taken:
+            running = [replace(r, fair_reclaims=taken[r.job_id]) if r.job_id in taken else r for r in running]
     queue = Job.objects.filter(state=JobState.QUEUED)
     if not queued:
         totals = {

@@ -145,3 +145,34 @@ def test_borrowed_over_the_last_day_is_the_days_average_from_the_usage_samples(w
     assert (
         "; borrowed 0.2 a10g over the last day" in words or "; borrowed 0.3 a10g over the last day" in words
     )
+
+
+def test_the_snapshot_counts_the_fair_reclaims_of_each_running_job(world):
+    """Fair reclaim's bound per job (quotas/engine/fairshare.py FAIR_RECLAIM_MAX_PER_JOB) reads how many
+    earlier attempts of the job a fair reclaim pre-empted: other pre-emptions do not count, and with fair
+    reclaim off the pass does not count at all."""
+    from jobs.choices import AttemptState, Outcome, PreemptionReason
+    from jobs.models import Attempt
+    from quotas.models import FairSharing
+
+    borrowed = world["borrowed"]
+    for number, reason in (
+        (10, PreemptionReason.FAIR_SHARE),
+        (11, PreemptionReason.RECLAIM),
+        (12, "FAIR_SHARE"),
+    ):
+        Attempt.objects.create(
+            job=borrowed,
+            number=number,
+            state=AttemptState.ENDED,
+            outcome=Outcome.PREEMPTED,
+            preemption_reason=reason,
+            ended_at=timezone.now(),
+        )
+
+    def counts():
+        return {r.job_id: r.fair_reclaims for r in scheduler.load_snapshot().snapshot.running}
+
+    assert counts() == {world["own"].pk: 0, borrowed.pk: 0}  # fair reclaim off: not counted
+    FairSharing.objects.update_or_create(pk=1, defaults={"fair_reclaim": True})
+    assert counts() == {world["own"].pk: 0, borrowed.pk: 2}

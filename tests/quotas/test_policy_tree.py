@@ -677,6 +677,50 @@ def test_fair_reclaim_passes_over_attempts_with_more_than_half_an_hour_unsaved()
     assert [(x.attempt_id, x.reason) for x in policy.plan(early).preemptions] == [("a2", "FAIR_SHARE")]
 
 
+def test_fair_reclaim_passes_over_a_job_it_took_max_per_job_times():
+    """a and c each borrow 2 of the lender's GPUs (a first by name at equal values, a2 its most recent
+    start): b takes a2 while a2's job was fair-reclaimed fewer than FAIR_RECLAIM_MAX_PER_JOB times before,
+    then a1 (the next of a's side), then c's most recent start once both of a's jobs reached the bound."""
+    from quotas.engine.fairshare import FAIR_RECLAIM_MAX_PER_JOB
+
+    def taken_before(attempt, share_name, node, started, times):
+        return RunningView(
+            attempt, attempt, share_name, "a10g", 0, started, started, ((node, (0,)),), True,
+            fair_reclaims=times,
+        )  # fmt: skip
+
+    def first_victim(a1_times, a2_times):
+        snap = Snapshot(
+            now=1000,
+            nodes=nodes(4),
+            shares=(share("lender", 4, LEND), share("a", 0), share("b", 0), share("c", 0)),
+            running=(
+                taken_before("a1", "a", "n1", 0.0, a1_times),
+                taken_before("a2", "a", "n2", 10.0, a2_times),
+                taken_before("c1", "c", "n3", 6.0, 0),
+                taken_before("c2", "c", "n4", 7.0, 0),
+            ),
+            queued=(queued("b0", "b"),),
+            fair_reclaim=True,
+        )
+        return [(x.attempt_id, x.reason) for x in policy.plan(snap).preemptions]
+
+    bound = FAIR_RECLAIM_MAX_PER_JOB
+    assert first_victim(0, bound - 1) == [("a2", "FAIR_SHARE")]
+    assert first_victim(0, bound) == [("a1", "FAIR_SHARE")]
+    assert first_victim(bound, bound + 5) == [("c2", "FAIR_SHARE")]
+    # An owner's reclaim is not bounded: the lender takes its GPU back from a job taken any number of times.
+    owner = Snapshot(
+        now=1000,
+        nodes=nodes(2),
+        shares=(share("lender", 2, LEND_AND_BORROW), share("a", 0)),
+        running=(run("l1", "lender", "n1"), taken_before("a1", "a", "n2", 0.0, bound)),
+        queued=(queued("l2", "lender"),),
+        fair_reclaim=True,
+    )
+    assert [(x.attempt_id, x.reason) for x in policy.plan(owner).preemptions] == [("a1", "RECLAIM")]
+
+
 def test_fair_reclaim_passes_over_protected_attempts():
     data = fair_scenario(True)
     data["shares"][1]["min_runtime_s"] = 1000
