@@ -408,7 +408,9 @@ class JobDetailSerializer(JobSerializer):
         )
     )
     def get_why_it_waits(self, job) -> list[str]:
-        if job.state != JobState.QUEUED:
+        # A job just submitted (FRESH) has met no pass yet: the submit path reads no organisation (its
+        # one statement); GET jobs/{id}/ says it after the next pass.
+        if job.state != JobState.QUEUED or getattr(job, FRESH, False):
             return []
         from quotas import organisation
 
