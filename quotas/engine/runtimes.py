@@ -231,8 +231,13 @@ class Runtimes:
             return Guess(d, d / DEFAULT_SPREAD, d * DEFAULT_SPREAD, None)
         if elapsed < d:  # not yet past the default median: the rest of it, spread as the default's
             rest = d - elapsed
+            # Within MIN_REMAINING_S of the default the point moves with the low end (never below it).
             return Guess(
-                d, elapsed + max(MIN_REMAINING_S, rest / DEFAULT_SPREAD), d * DEFAULT_SPREAD, None, True
+                max(d, elapsed + MIN_REMAINING_S),
+                elapsed + max(MIN_REMAINING_S, rest / DEFAULT_SPREAD),
+                d * DEFAULT_SPREAD,
+                None,
+                True,
             )
         return Guess(
             elapsed + max(MIN_REMAINING_S, lindy_remaining(elapsed, 0.5)),
