@@ -28,8 +28,10 @@ from tests.faults.ledger import Ledger
 
 pytestmark = [needs_stack, pytest.mark.django_db(transaction=True)]
 
-LOST_AFTER_S = 8  # NODE_LOST_AFTER_S of these clusters: each outage lasts many times longer
-OUTAGE_S = float(os.environ.get("GPUQUOTA_FAULT_OUTAGE_S", "60"))
+LOST_AFTER_S = 8  # NODE_LOST_AFTER_S of these clusters: each outage lasts four times longer
+# 32 s (GPUQUOTA_FAULT_OUTAGE_S=600 for ten minutes): what matters is that it outlasts
+# NODE_LOST_AFTER_S several times over, and the suite stays within CI's 30 minutes.
+OUTAGE_S = float(os.environ.get("GPUQUOTA_FAULT_OUTAGE_S", "32"))
 
 
 def start_running(cluster, django_user_model, prefix: str) -> tuple[Ledger, list[Job], object]:
@@ -100,7 +102,7 @@ def finish(cluster, ledger: Ledger, jobs: list[Job], user_share) -> None:
     ledger.assert_no_overlap()
 
 
-def test_a_control_worker_down_for_a_minute_loses_no_node_and_requeues_nothing(cluster, django_user_model):
+def test_a_control_worker_down_four_times_node_lost_after_s_loses_no_node_and_requeues_nothing(cluster, django_user_model):
     ledger, jobs, user_share = start_running(cluster, django_user_model, "cw")
     cluster.kill("control")  # kill -9; beat and the agents go on (their messages wait in the broker)
     outage(OUTAGE_S, ledger)
@@ -119,7 +121,7 @@ def test_a_database_away_for_longer_than_node_lost_after_s_loses_no_node(cluster
     fail meanwhile (the heartbeats are gone, not queued). The first pass back may come before a node's
     next heartbeat, and must not take the control side's deafness for the node's silence."""
     ledger, jobs, user_share = start_running(cluster, django_user_model, "db")
-    seconds = min(OUTAGE_S, 45.0)
+    seconds = OUTAGE_S
     with database_refused():
         outage(seconds, ledger)
     back = timezone.now()

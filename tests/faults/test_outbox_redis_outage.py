@@ -7,9 +7,9 @@ attempts of a job overlap (the ledger, written from inside the jobs).
 The redis-server is killed, not stopped: it comes back empty, so whatever it held (the reports sent
 while it was going down, the heartbeats, the passes' messages) is gone, and only the outboxes can bring
 the ends back. The outbox has no time window of its own (the heartbeat repeat it replaces had 120 s);
-the outage, 60 s here (`GPUQUOTA_FAULT_REDIS_OUTAGE_S`, e.g. 600 for the issue's 10 minutes), outlasts
-the windows set short for the test: FENCE_AFTER_S + FENCE_GRACE_S (22 s), NODE_LOST_AFTER_S (30 s), the
-start re-send (10 s) and PREEMPT_ACK_TIMEOUT_S (5 s)."""
+the outage, 30 s here (`GPUQUOTA_FAULT_REDIS_OUTAGE_S`, e.g. 600 for the issue's 10 minutes), outlasts
+the windows set short for the test (heartbeats every 2 s): FENCE_AFTER_S + FENCE_GRACE_S (12 s),
+NODE_LOST_AFTER_S (16 s), the start re-send (10 s) and PREEMPT_ACK_TIMEOUT_S (5 s)."""
 
 from __future__ import annotations
 
@@ -30,8 +30,14 @@ from tests.faults.ledger import Ledger
 
 pytestmark = [needs_stack, pytest.mark.django_db(transaction=True)]
 
-OUTAGE_S = float(os.environ.get("GPUQUOTA_FAULT_REDIS_OUTAGE_S", "60"))
-WINDOWS = {"NODE_LOST_AFTER_S": 30, "FENCE_AFTER_S": 20, "FENCE_GRACE_S": 2, "PREEMPT_ACK_TIMEOUT_S": 5}
+OUTAGE_S = float(os.environ.get("GPUQUOTA_FAULT_REDIS_OUTAGE_S", "30"))
+WINDOWS = {
+    "HEARTBEAT_INTERVAL_S": 2,
+    "NODE_LOST_AFTER_S": 16,
+    "FENCE_AFTER_S": 10,
+    "FENCE_GRACE_S": 2,
+    "PREEMPT_ACK_TIMEOUT_S": 5,
+}
 
 
 def outbox_sizes(cluster, nodes) -> dict[str, int]:
