@@ -145,19 +145,15 @@ def test_a_flood_from_one_node_delays_no_other_nodes_heartbeat_nor_a_pass(server
         cluster.start_control()
         wait_for(lambda: staleness() < 2, 90, what="gpu-2's heartbeats applied")
 
-        def onto_control():  # what the old ACL let a node do: `(~control +lpush)`
-            admin.pipeline(transaction=False).lpush("control", *[message] * FLOOD).execute()
-
         def onto_its_own_list():
             flood.pipeline(transaction=False).lpush("control.from.flood", *[message] * FLOOD).execute()
 
-        before = under_flood(server, onto_control, "before")
-        wait_for(lambda: admin.llen("control") == 0 and staleness() < 2, 120, what="the first flood gone")
+        # The same flood pushed straight onto `control` (what the old ACL let a node do) froze gpu-2's
+        # heartbeat and a pass for ~12 s: measured once (issue 41's closing note), not every run.
         after = under_flood(server, onto_its_own_list, "after")
         print(
-            f"\n20,000 junk messages: gpu-2's heartbeat at worst {before[0]:.1f} s old and a pass waited "
-            f"{before[1]:.1f} s on a shared control queue; {after[0]:.1f} s and {after[1]:.1f} s from the "
-            "node's own list"
+            f"\n20,000 junk messages from the node's own list: gpu-2's heartbeat at worst {after[0]:.1f} s "
+            f"old, a pass waited {after[1]:.1f} s"
         )
         # A heartbeat comes every second: 1.3-1.5 s at worst on a quiet 2-core machine; room for a busy one.
         assert after[0] < 4.0 and after[1] < 3.0
