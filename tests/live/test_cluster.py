@@ -74,10 +74,10 @@ def test_three_projects_borrow_and_reclaim_live(cluster, django_user_model):
     submit = dict(user=user_a, share=shares["a"], gpus=1, gpu_type="a10g", preemption_grace_s=5)
     # a1 and a2 run long enough to still hold their GPUs when b1 arrives, and a3 to still be running
     # when it is reclaimed, even on the file broker (SQLite runs), whose messages take a second or so.
-    a1 = job_submit(name="a1", command=train(cluster, 160), **submit)
-    a2 = job_submit(name="a2", command=train(cluster, 160), **submit)
+    a1 = job_submit(name="a1", command=train(cluster, 100), **submit)
+    a2 = job_submit(name="a2", command=train(cluster, 100), **submit)
     wait_for(lambda: state(a1) == state(a2) == JobState.RUNNING, 30, what="a1 and a2 running", jobs=[a1, a2])
-    a3 = job_submit(name="a3", command=train(cluster, 100), **submit)
+    a3 = job_submit(name="a3", command=train(cluster, 60), **submit)
     wait_for(lambda: state(a3) == JobState.RUNNING, 30, what="a3 running on borrowed capacity", jobs=[a3])
     assert Attempt.objects.get(job=a3, number=1).borrowed
     wait_for(lambda: "step 10/" in log_text(a3, 1), 30, what="a3 making progress", jobs=[a3])
