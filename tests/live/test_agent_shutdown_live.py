@@ -22,7 +22,7 @@ from tests.live.test_checkpoints_live import log_text
 from tests.security.agent_helpers import job_python
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
-DOWN_S = 20
+DOWN_S = 12  # longer than the 7 s the end may be from the Ctrl-C: a receipt's date would fail
 
 
 def test_ctrl_c_of_the_agent_is_an_orderly_stop_not_lost_work(cluster, django_user_model):
@@ -47,7 +47,7 @@ def test_ctrl_c_of_the_agent_is_an_orderly_stop_not_lost_work(cluster, django_us
     wait_for(
         lambda: Job.objects.get(pk=job.pk).state == JobState.RUNNING, 60, what="the job running", jobs=[job]
     )
-    time.sleep(8)
+    time.sleep(5)
 
     stopped = time.time()
     cluster.kill("agent-c1", signal.SIGINT)  # Ctrl-C: the agent's orderly shutdown
@@ -67,7 +67,7 @@ def test_ctrl_c_of_the_agent_is_an_orderly_stop_not_lost_work(cluster, django_us
     )
     assert (first.outcome, first.lost_cause) == (Outcome.AGENT_STOPPED, LostCause.AGENT_STOPPED)
     assert abs(first.ended_at.timestamp() - stopped) < 7  # its processes' end, not the report's receipt
-    assert first.gpu_seconds_run == pytest.approx(run_s, abs=0.5) and run_s < 8 + 7 + 10
+    assert first.gpu_seconds_run == pytest.approx(run_s, abs=0.5) and run_s < 5 + 7 + 10
     saved = re.search(r"SIGTERM: saved checkpoint at step (\d+)", log_text(job, 1))
     assert saved, log_text(job, 1)[-500:]
     assert first.gpu_seconds_lost < 2  # it saved on SIGTERM
