@@ -21,6 +21,10 @@ def granian_argv(
         "--runtime-threads",
         "1",
         "--respawn-failed-workers",
+        # A worker that does not stop on SIGTERM (one stuck after a sibling was killed mid-burst did, for
+        # good) is killed after this: a stop of the web server is bounded.
+        "--workers-kill-timeout",
+        "5",
         "--no-ws",
         "--host",
         host,
