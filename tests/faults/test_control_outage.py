@@ -102,7 +102,9 @@ def finish(cluster, ledger: Ledger, jobs: list[Job], user_share) -> None:
     ledger.assert_no_overlap()
 
 
-def test_a_control_worker_down_four_times_node_lost_after_s_loses_no_node_and_requeues_nothing(cluster, django_user_model):
+def test_a_control_worker_down_four_times_node_lost_after_s_loses_no_node_and_requeues_nothing(
+    cluster, django_user_model
+):
     ledger, jobs, user_share = start_running(cluster, django_user_model, "cw")
     cluster.kill("control")  # kill -9; beat and the agents go on (their messages wait in the broker)
     outage(OUTAGE_S, ledger)
