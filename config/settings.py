@@ -274,6 +274,9 @@ BROKER_NODE_MAX_BYTES = env_int("BROKER_NODE_MAX_BYTES", 16 * 1024 * 1024)
 
 # --- gpuquota ---------------------------------------------------------------------------------
 SCHEDULER_INTERVAL_S = env_int("SCHEDULER_INTERVAL_S", 2)
+# The organisation a job's "why it waits", the organisation page and /api/v1/groups/ read is reused in a
+# process for this long while no pass runs (quotas.organisation.load_recent); 0: read every time.
+ORGANISATION_RECENT_S = env_int("ORGANISATION_RECENT_S", 5)
 # How often the control side looks for temporary layout changes whose time has come (quotas/layout.py).
 LAYOUT_REVERT_INTERVAL_S = env_int("LAYOUT_REVERT_INTERVAL_S", 30)
 # A node silent this long while others are heard is LOST (quotas/hearing.py). An agent that could not

@@ -30,7 +30,7 @@ def _own_shares(user) -> list[str]:
 @login_required
 def organisation_page(request):
     part = request.GET.get("part") if request.htmx else None
-    org = organisation.load()
+    org = organisation.load_recent()
     context: dict = {"org": org, "poll": True, "states": organisation.STATES}
     if part in (None, "tree"):
         context["types"] = [

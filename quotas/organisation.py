@@ -9,10 +9,13 @@ needs (a share waits to borrow a type when one of its queued jobs does not fit i
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db.models import Max
 from django.utils import timezone
 
@@ -166,6 +169,37 @@ def load(*, loaded=None, now: datetime | None = None, words: bool = True, teams:
         half_life_s=snapshot.fair_share_half_life_s,
         fair_reclaim=snapshot.fair_reclaim,
     )
+
+
+_recent: dict[bool, tuple[float, int | None, Organisation]] = {}
+_recent_lock = threading.Lock()
+
+
+def load_recent(*, teams: bool = True) -> Organisation:
+    """load(teams=...) as this process read it at most ORGANISATION_RECENT_S ago, unless a pass ran
+    since: what a job's "why it waits", the organisation page and /api/v1/groups/ show, polled by many
+    (`gpuquota status --watch`, the page's refresh), costs one small query per poll, not a snapshot of
+    every running attempt. The numbers it shows move at passes; a change between passes shows within
+    ORGANISATION_RECENT_S (0: read every time)."""
+    from quotas.models import SchedulerPass
+
+    max_age = settings.ORGANISATION_RECENT_S
+    if max_age <= 0:
+        return load(teams=teams)
+    last_pass = SchedulerPass.objects.order_by("-pk").values_list("pk", flat=True).first()
+    now = time.monotonic()
+    hit = _recent.get(teams)
+    if hit is not None and hit[1] == last_pass and now - hit[0] < max_age:
+        return hit[2]  # shared between threads: nothing after load() changes an Organisation
+    org = load(teams=teams)
+    with _recent_lock:
+        _recent[teams] = (now, last_pass, org)
+    return org
+
+
+def forget_recent() -> None:
+    with _recent_lock:
+        _recent.clear()
 
 
 # --- a share's fair part, in words ------------------------------------------------------------------

@@ -32,6 +32,16 @@ def own_submit_coalescer(monkeypatch):
     return coalescer
 
 
+@pytest.fixture(autouse=True)
+def organisation_read_every_time(settings):
+    """No organisation reused between requests (quotas.organisation.load_recent) unless a test asks:
+    a test that changes the cluster and reads it again within ORGANISATION_RECENT_S must see it."""
+    from quotas import organisation
+
+    settings.ORGANISATION_RECENT_S = 0
+    organisation.forget_recent()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item):
     """Settle the test's coalescer before any fixture is torn down: a fixture's finalizer runs after

@@ -418,7 +418,7 @@ class JobDetailSerializer(JobSerializer):
         if job.share.strategy != Strategy.LEND_AND_BORROW:
             return []  # only a borrower waits to borrow: no organisation to read for the others
 
-        org = organisation.load(teams=False)  # groups and shares by name, never a job
+        org = organisation.load_recent(teams=False)  # groups and shares by name, never a job
         return organisation.why_it_waits(org, job.share.name, job.gpu_type, job.gpus)
 
     @staticmethod

@@ -122,11 +122,11 @@ class GroupViewSet(ApiViewMixin, viewsets.ViewSet):
 
     @extend_schema(responses={200: GroupSerializer(many=True)})
     def list(self, request):
-        return Response(group_entries(organisation.load()))
+        return Response(group_entries(organisation.load_recent()))
 
     @extend_schema(responses={200: GroupSerializer})
     def retrieve(self, request, name=None):
-        entry = next((g for g in group_entries(organisation.load()) if g["name"] == name), None)
+        entry = next((g for g in group_entries(organisation.load_recent()) if g["name"] == name), None)
         if entry is None:
             raise Http404("No such group.")
         return Response(entry)

@@ -56,3 +56,31 @@ def test_the_words_name_no_job_of_another_team(as_charlie, world):
     )
     for secret in ("vision-waits", "own-run", "borrowed-run", "speech-own", "bob"):
         assert secret not in words
+
+
+def test_a_polled_job_reuses_the_organisation_until_a_pass_runs(as_bob, world, settings):
+    """`gpuquota status --watch` and the page's refresh poll a queued job: its "why it waits" reads the
+    whole organisation once per ORGANISATION_RECENT_S and pass, then one small query per poll."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from quotas.models import SchedulerPass
+
+    settings.ORGANISATION_RECENT_S = 60
+    url = f"/api/v1/jobs/{world['vision_waits'].pk}/"
+    with CaptureQueriesContext(connection) as first:
+        assert as_bob.get(url).json()["why_it_waits"] == [why_world.LIMIT_WORDS, why_world.BEHIND_WORDS]
+    with CaptureQueriesContext(connection) as again:
+        assert as_bob.get(url).json()["why_it_waits"] == [why_world.LIMIT_WORDS, why_world.BEHIND_WORDS]
+    assert len(again) <= len(first) - 5, (len(first), len(again))
+
+    # The group's limit lifted: the words say so only once a pass has run since.
+    from quotas.models import Group
+
+    Group.objects.filter(name="research").update(borrow_limit=-1)
+    assert as_bob.get(url).json()["why_it_waits"] == [why_world.LIMIT_WORDS, why_world.BEHIND_WORDS]
+    SchedulerPass.objects.create(started_at=world["vision_waits"].submitted_at)
+    with CaptureQueriesContext(connection) as after_pass:
+        words = as_bob.get(url).json()["why_it_waits"]
+    assert len(after_pass) >= len(first) - 1
+    assert why_world.LIMIT_WORDS not in words, words
