@@ -121,22 +121,9 @@ def _held_out(window: tuple[int, int], *, today: list[dict]):
     for share in today:
         takes = [c for c in clusters if importtrace.share_name(c) == share["name"]]
         layout.append({**share, "groups": takes or ["*"]})
-    opts = importtrace.Options(
-        start=window[0],
-        end=window[1],
-        nodes=168,
-        node_gpus=8,
-        gpu_type="a100",
-        layout=layout,
-        grace_s=30,
-        checkpoint_fraction=0.5,
-        checkpoint_every_s=1800,
-        seed=1,
-        source=importtrace.ITP_TRACE.name,
-    )
-    with open(importtrace.ITP_TRACE, encoding="utf-8", newline="") as f:
-        data, _ = importtrace.import_trace(f, opts)
-    return sc.parse(data)
+    from bench.bench_tree import itp_data
+
+    return sc.parse(itp_data(window, layout=layout, top=8))
 
 
 def main() -> None:

@@ -57,8 +57,12 @@ def _timed(scenario: sc.Scenario, **options) -> tuple[float, float, object]:
     return time.perf_counter() - t0, profile.seconds.get("passes", 0.0), result
 
 
-def _itp(window: tuple[int, int] | None, *, departments: bool, fair_reclaim: bool = False) -> sc.Scenario:
-    opts = importtrace.Options(
+def itp_data(window: tuple[float, float] | None, **overrides) -> dict:
+    """The ITP trace's jobs submitted in `window` (seconds; None: all) as a scenario document, on bench
+    10's cluster: 168 x 8 a100, every virtual cluster a share, grace 30 s, half the jobs checkpointing
+    every 1,800 s (importtrace.Options; `overrides` replace some). Benches 10, 13, 13b, 15 and the
+    advisor's hold-out build on it."""
+    options = dict(
         start=None if window is None else window[0],
         end=None if window is None else window[1],
         nodes=168,
@@ -72,15 +76,24 @@ def _itp(window: tuple[int, int] | None, *, departments: bool, fair_reclaim: boo
         source=importtrace.ITP_TRACE.name,
     )
     with open(importtrace.ITP_TRACE, encoding="utf-8", newline="") as f:
-        data, _ = importtrace.import_trace(f, opts)
-    if departments:
-        data = dict(data)
-        data["groups"] = [{"name": name, "weight": weight} for name, weight in DEPARTMENTS]
-        ranked = sorted(data["shares"], key=lambda s: -sum(s["capacity"].values()))
-        for i, share in enumerate(ranked):
-            share["group"] = DEPARTMENTS[i % 3][0]  # by capacity rank, in turn: a 0,3,6,9; b 1,4,7; c 2,5,8
-        data["settings"] = {**data["settings"], "fair_reclaim": fair_reclaim}
-    return sc.parse(data)
+        data, _ = importtrace.import_trace(f, importtrace.Options(**{**options, **overrides}))
+    return dict(data)
+
+
+def in_departments(data: dict, **settings) -> dict:
+    """Bench 13's tree: the shares dealt by capacity rank, in turn, into DEPARTMENTS (a: ranks 1, 4, 7,
+    10; b: 2, 5, 8; c: 3, 6, 9); `settings` added to the scenario's."""
+    data["groups"] = [{"name": name, "weight": weight} for name, weight in DEPARTMENTS]
+    ranked = sorted(data["shares"], key=lambda s: -sum(s["capacity"].values()))
+    for i, share in enumerate(ranked):
+        share["group"] = DEPARTMENTS[i % 3][0]
+    data["settings"] = {**data["settings"], **settings}
+    return data
+
+
+def _itp(window: tuple[int, int] | None, *, departments: bool, fair_reclaim: bool = False) -> sc.Scenario:
+    data = itp_data(window)
+    return sc.parse(in_departments(data, fair_reclaim=fair_reclaim) if departments else data)
 
 
 def speed(quick: bool = False) -> list[dict]:

@@ -49,8 +49,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_tree import DEPARTMENTS  # noqa: E402
-from quotas.engine import importtrace, policy  # noqa: E402
+from bench.bench_tree import DEPARTMENTS, in_departments, itp_data  # noqa: E402
+from quotas.engine import policy  # noqa: E402
 from quotas.engine import scenario as sc  # noqa: E402
 from quotas.engine.simulate import simulate  # noqa: E402
 from quotas.engine.tree import FairShareHistory, Tree, fair_share_value, nets  # noqa: E402
@@ -74,34 +74,11 @@ def scenario(
     fair_reclaim: bool = False,
 ) -> sc.Scenario:
     """The ITP jobs submitted from (first_day - warmup_days) to last_day, re-based to 0, in bench 13's tree."""
-    opts = importtrace.Options(
-        start=(first_day - warmup_days) * DAY,
-        end=last_day * DAY,
-        nodes=168,
-        node_gpus=8,
-        gpu_type=GPU_TYPE,
-        top=0,
-        grace_s=30,
-        checkpoint_fraction=0.5,
-        checkpoint_every_s=1800,
-        seed=1,
-        source=importtrace.ITP_TRACE.name,
-    )
-    with open(importtrace.ITP_TRACE, encoding="utf-8", newline="") as f:
-        data, _ = importtrace.import_trace(f, opts)
-    data = dict(data)
-    data["groups"] = [{"name": name, "weight": weight} for name, weight in DEPARTMENTS]
-    ranked = sorted(data["shares"], key=lambda s: -sum(s["capacity"].values()))
-    for i, share in enumerate(ranked):
-        share["group"] = DEPARTMENTS[i % 3][0]  # as bench 13: by capacity rank, in turn
-    data["settings"] = {
-        **data["settings"],
-        "fair_reclaim": fair_reclaim,
-        "fair_share_half_life_s": half_life_s,
-    }
+    data = itp_data(((first_day - warmup_days) * DAY, last_day * DAY), gpu_type=GPU_TYPE)
+    settings = {"fair_reclaim": fair_reclaim, "fair_share_half_life_s": half_life_s}
     if starvation_s is not None:
-        data["settings"]["starvation_s"] = starvation_s
-    return sc.parse(data)
+        settings["starvation_s"] = starvation_s
+    return sc.parse(in_departments(data, **settings))
 
 
 def queue_changes(result, end: int) -> list[tuple[int, str, int, int]]:

@@ -91,7 +91,10 @@ class LiveCluster:
         self.procs[name] = proc
         return proc
 
-    def start_control(self, name: str = "control", concurrency: int = 4) -> subprocess.Popen:
+    def start_worker(
+        self, name: str, queue: str, pool: str = "threads", concurrency: int = 4
+    ) -> subprocess.Popen:
+        """A Celery worker of `queue` (control: the passes and the nodes' messages; whatif: replays)."""
         return self._spawn(
             name,
             [
@@ -102,9 +105,9 @@ class LiveCluster:
                 "config",
                 "worker",
                 "-Q",
-                "control",
+                queue,
                 "-P",
-                "threads",
+                pool,
                 "-c",
                 str(concurrency),
                 "-n",
@@ -116,6 +119,9 @@ class LiveCluster:
                 "INFO",
             ],
         )
+
+    def start_control(self, name: str = "control", concurrency: int = 4) -> subprocess.Popen:
+        return self.start_worker(name, "control", "threads", concurrency)
 
     def start_beat(self) -> subprocess.Popen:
         return self._spawn(

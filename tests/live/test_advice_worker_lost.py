@@ -12,7 +12,6 @@ import io
 import json
 import os
 import signal
-import sys
 import time
 
 import pytest
@@ -36,33 +35,6 @@ VISIBILITY_TIMEOUT_S = (
 
 def digest(answer: dict) -> str:
     return hashlib.sha256(json.dumps(answer, sort_keys=True).encode()).hexdigest()
-
-
-def start_whatif(cluster, name: str, pool: str):
-    return cluster._spawn(
-        name,
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "config",
-            "worker",
-            "-Q",
-            "whatif",
-            "-P",
-            pool,
-            "-c",
-            "1",
-            "-n",
-            f"{name}-{os.getpid()}-{time.monotonic_ns()}@%h",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "-l",
-            "INFO",
-        ],
-    )
 
 
 def replaying_on(run_id: str, pids: set[int], besides: int | None = None) -> tuple[int, int] | None:
@@ -104,8 +76,8 @@ def test_an_advice_run_survives_a_lost_pool_process_and_a_lost_worker(cluster):
         WHATIF_RESTORE_INTERVAL_S="1",
         ADVICE_PROCESSES="1",
     )
-    prefork = start_whatif(cluster, "whatif-prefork", "prefork")
-    threads = start_whatif(cluster, "whatif-threads", "threads")
+    prefork = cluster.start_worker("whatif-prefork", "whatif", "prefork", 1)
+    threads = cluster.start_worker("whatif-threads", "whatif", "threads", 1)
     # Both take replays from the first (else one could make them all before the other is up).
     for name in ("whatif-prefork", "whatif-threads"):
         log = cluster.tmp / f"{name}.log"
