@@ -33,13 +33,17 @@ def own_submit_coalescer(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def organisation_read_every_time(settings):
+def organisation_read_every_time():
     """No organisation reused between requests (quotas.organisation.load_recent) unless a test asks:
-    a test that changes the cluster and reads it again within ORGANISATION_RECENT_S must see it."""
+    a test that changes the cluster and reads it again within ORGANISATION_RECENT_S must see it. (Not
+    pytest-django's `settings` fixture: some tests have a parameter of that name.)"""
+    from django.test import override_settings
+
     from quotas import organisation
 
-    settings.ORGANISATION_RECENT_S = 0
     organisation.forget_recent()
+    with override_settings(ORGANISATION_RECENT_S=0):
+        yield
 
 
 @pytest.hookimpl(hookwrapper=True)
