@@ -235,7 +235,13 @@ class CoverAccounting:
         return tuple(out)
 
     def _shortfalls_if(self, s: int, more: int) -> tuple[int, ...]:
-        """_shortfalls(s) if share s held `more` GPUs more, without changing anything."""
+        """_shortfalls(s) if share s held `more` GPUs more, without changing anything. Kept while the
+        pass's version stays the same: a borrower that cannot borrow asks it three or four times in a
+        row (rule 5's test, its reason, the skip of the jobs behind it)."""
+        memo = self._shortfalls_memo
+        hit = memo.get((s, more))
+        if hit is not None and hit[0] == self.version:
+            return hit[1]
         tree = self.tree
         u = self.held[s] + self.pend[s]
         c = self.capacity[s]
@@ -255,7 +261,9 @@ class CoverAccounting:
             o = cap if n > cap else n
             d = o - offer[g]
         top = -(self.top_sum + d)
-        return (hw, top if top > 0 else 0, *reversed(groups))
+        out = (hw, top if top > 0 else 0, *reversed(groups))
+        memo[(s, more)] = (self.version, out)
+        return out
 
     def _cover_tol(self, s: int) -> int | tuple[int, ...]:
         """What a decision for share s may not make larger: the shortfall(s) now (0 where the cover holds)."""

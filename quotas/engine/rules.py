@@ -180,6 +180,8 @@ class TypePass(
         # share -> (GPUs, version): at that version a job of that many GPUs of the share could borrow
         # right now (_can_borrow_now), so any job of as many or fewer could too (_borrows_now).
         self.borrows_now: dict[int, tuple[int, int]] = {}
+        # (share, GPUs more) -> (version, its shortfalls) (cover._shortfalls_if)
+        self._shortfalls_memo: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}
 
         # -- victim orders: from the base, when first needed (_victims)
         self._vready = False

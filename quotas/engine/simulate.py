@@ -426,10 +426,10 @@ class _OrgAccounting:
         if self.history.half_life_s:
             self.sim.engine.set_history(self.history.advance(now, self.taken))
 
-    def account(self, t: int, values: Mapping[tuple[str, str, str], float] | None = None) -> None:
-        """After instant t: integrate what held since the last change, then, given the timeline's values
-        of the instant (own and borrowed GPUs per share and type, the unassigned pool's capacity), read
-        the new numbers."""
+    def account(self, t: int, changed: Mapping[str, tuple[Mapping[str, int], int]] | None = None) -> None:
+        """After instant t: integrate what held since the last change, then, for the GPU types whose
+        usage changed at the instant (per type: GPUs used per share, own and borrowed, and the
+        unassigned pool's capacity), read the new numbers (the other types' stand)."""
         dt = t - self.at
         if dt:
             for (name, _), gpus in self.taken.items():
@@ -439,28 +439,24 @@ class _OrgAccounting:
                 if name in self.lent_outside_s:
                     self.lent_outside_s[name] += gpus * dt
         self.at = t
-        if values is None:
+        if changed is None:
             return
         sim = self.sim
-        if self.tree is None:
+        if self.tree is None:  # (re)built: the simulator then recounts every type (dirty_all)
             self.tree = Tree.build([g.spec() for g in sim.groups.values()], list(sim.share_views.values()))
             self.calcs: dict[str, _NetCalc] = {}
-        used: dict[str, dict[str, int]] = {}
-        pools: dict[str, int] = {}
-        for (share, gpu_type, metric), gpus in values.items():
-            if metric in ("own", "borrowed"):
-                by_share = used.setdefault(gpu_type, {})
-                by_share[share] = by_share.get(share, 0) + int(gpus)
-            elif metric == "capacity" and share == policy.UNASSIGNED:
-                pools[gpu_type] = int(gpus)
-        taken: dict[tuple[str, str], int] = {}
-        lent: dict[tuple[str, str], float] = {}
-        for gpu_type in used.keys() | pools.keys():
+            self.of_type: dict[str, tuple[dict, dict]] = {}
+        for gpu_type, (used, pool) in changed.items():
             calc = self.calcs.get(gpu_type)
             if calc is None:
                 calc = self.calcs[gpu_type] = _NetCalc(self.tree, gpu_type)
-            calc.run(used.get(gpu_type, {}), pools.get(gpu_type, 0), gpu_type, taken, lent)
-        self.taken, self.lent = taken, lent
+            taken: dict[tuple[str, str], int] = {}
+            lent: dict[tuple[str, str], float] = {}
+            if used or pool:
+                calc.run(used, pool, gpu_type, taken, lent)
+            self.of_type[gpu_type] = (taken, lent)
+        self.taken = {k: v for taken, _ in self.of_type.values() for k, v in taken.items()}
+        self.lent = {k: v for _, lent in self.of_type.values() for k, v in lent.items()}
 
     def result(self, end: int) -> dict[str, dict[str, int]]:
         self.account(end)  # what held since the last change, up to the end
@@ -1147,8 +1143,12 @@ class _Simulator:
         self.dirty_types = set()
         timeline = self.timeline
         set_value = timeline.set_value
+        org: dict[str, tuple[dict[str, int], int]] | None = None if self.org is None else {}
         for gpu_type in sorted(types):
-            values = self._type_values(gpu_type)
+            used: dict[str, int] | None = None if org is None else {}
+            values = self._type_values(gpu_type, used)
+            if org is not None:
+                org[gpu_type] = (used, int(values.get((policy.UNASSIGNED, gpu_type, "capacity"), 0)))
             last = self.type_values.get(gpu_type)
             if last:
                 for key in last:
@@ -1163,11 +1163,14 @@ class _Simulator:
             self.type_values[gpu_type] = values
         timeline.end = max(timeline.end, t)
         if self.org is not None:
-            self.org.account(t, {k: v for values in self.type_values.values() for k, v in values.items()})
+            self.org.account(t, org)
 
-    def _type_values(self, gpu_type: str) -> dict[tuple[str, str, str], float]:
+    def _type_values(
+        self, gpu_type: str, used_out: dict[str, int] | None = None
+    ) -> dict[tuple[str, str, str], float]:
         """usage()'s own, borrowed, lent and capacity of one GPU type, as the timeline keeps them (only
-        what is not 0), and the READY cluster's GPUs of the type."""
+        what is not 0), and the READY cluster's GPUs of the type; `used_out` gets the GPUs each share
+        uses (own and borrowed: the organisation's accounting)."""
         assert self.type_shares is not None and self.cluster_caps is not None
         shares = self.type_shares.get(gpu_type, {})
         used = self.used.get(gpu_type, {})
@@ -1178,6 +1181,8 @@ class _Simulator:
         for share, row_type, capacity, use, own, lent in usage_rows(shares, used, pool):
             if row_type != gpu_type:
                 continue  # a share's capacity of another type: that type's own rows
+            if use and used_out is not None:
+                used_out[share] = use
             if own:
                 values[(share, gpu_type, "own")] = own
             if use - own:
