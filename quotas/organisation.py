@@ -178,7 +178,7 @@ _recent_lock = threading.Lock()
 def load_recent(*, teams: bool = True) -> Organisation:
     """load(teams=...) as this process read it at most ORGANISATION_RECENT_S ago, unless a pass ran
     since: what a job's "why it waits", the organisation page and /api/v1/groups/ show, polled by many
-    (`gpuquota status --watch`, the page's refresh), costs one small query per poll, not a snapshot of
+    (`gpuquota status` in a loop, the page's refresh), costs one small query per poll, not a snapshot of
     every running attempt. The numbers it shows move at passes; a change between passes shows within
     ORGANISATION_RECENT_S (0: read every time)."""
     from quotas.models import SchedulerPass

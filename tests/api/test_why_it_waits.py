@@ -59,7 +59,7 @@ def test_the_words_name_no_job_of_another_team(as_charlie, world):
 
 
 def test_a_polled_job_reuses_the_organisation_until_a_pass_runs(as_bob, world, settings):
-    """`gpuquota status --watch` and the page's refresh poll a queued job: its "why it waits" reads the
+    """`gpuquota status` in a loop and the page's refresh poll a queued job: its "why it waits" reads the
     whole organisation once per ORGANISATION_RECENT_S and pass, then one small query per poll."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
