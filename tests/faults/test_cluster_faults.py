@@ -29,7 +29,7 @@ from tests.faults.harness import burst, wait_settled
 
 pytestmark = [needs_stack, pytest.mark.django_db(transaction=True)]
 
-BURST = int(os.environ.get("GPUQUOTA_FAULT_BURST", "150"))
+BURST = int(os.environ.get("GPUQUOTA_FAULT_BURST", "100"))
 
 
 def state(job_id: int) -> str:
@@ -114,7 +114,7 @@ def test_a_killed_agent_loses_its_node_requeues_its_jobs_and_comes_back_ready(cl
 
 
 def test_redis_restarted_mid_burst_loses_no_accepted_job(cluster, django_user_model):
-    """The issue asks for 2,000 submits; BURST (150 by default, GPUQUOTA_FAULT_BURST) keeps the test
+    """The issue asks for 2,000 submits; BURST (100 by default, GPUQUOTA_FAULT_BURST) keeps the test
     within half a minute. Redis runs without persistence, so its restart drops every queued message:
     pass triggers, starts, reports. The beat, the heartbeats (which repeat lost reports and re-send
     lost starts) and the pass bring everything back."""

@@ -1,5 +1,5 @@
 """A real partition (tests/faults/netns.py): an agent in a network namespace of its own reaches the
-broker over a veth pair at a 10.213.X.0/30 address; its link goes down for 36 s, longer than
+broker over a veth pair at a 10.213.X.0/30 address; its link goes down for 30 s, longer than
 FENCE_AFTER_S + FENCE_GRACE_S and NODE_LOST_AFTER_S (set short), then comes back up. Its jobs are
 fenced within FENCE_AFTER_S (+ grace), the node is LOST only later and the re-queued copies start on
 the other node only then, no two attempts of a job overlap (the ledger), the cut-off agent's reports
@@ -31,7 +31,7 @@ from tests.live.conftest import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-CUT_S = float(os.environ.get("GPUQUOTA_FAULT_PARTITION_S", "36"))
+CUT_S = float(os.environ.get("GPUQUOTA_FAULT_PARTITION_S", "30"))
 LOST_S, FENCE_S, GRACE_S = 20, 10, 2
 
 
