@@ -230,15 +230,9 @@ class Runtimes:
         if elapsed is None or elapsed <= 0:
             return Guess(d, d / DEFAULT_SPREAD, d * DEFAULT_SPREAD, None)
         if elapsed < d:  # not yet past the default median: the rest of it, spread as the default's
-            rest = d - elapsed
+            low = elapsed + max(MIN_REMAINING_S, (d - elapsed) / DEFAULT_SPREAD)
             # Within MIN_REMAINING_S of the default the point moves with the low end (never below it).
-            return Guess(
-                max(d, elapsed + MIN_REMAINING_S),
-                elapsed + max(MIN_REMAINING_S, rest / DEFAULT_SPREAD),
-                d * DEFAULT_SPREAD,
-                None,
-                True,
-            )
+            return Guess(max(d, low), low, d * DEFAULT_SPREAD, None, True)
         return Guess(
             elapsed + max(MIN_REMAINING_S, lindy_remaining(elapsed, 0.5)),
             elapsed + max(MIN_REMAINING_S, lindy_remaining(elapsed, LOW_Q)),
