@@ -259,7 +259,12 @@ class TypePass(
 
         # C. Rule 5: borrowers by fewest borrowed GPUs relative to capacity (ties: name); with groups,
         # weights or history, top-down by fair-share value.
-        for _, s, k in sorted(later):
+        # Rule 6's starving heads that wait to borrow try first, in queue order (one per share at most),
+        # as before the tree. With groups, weights or history they wait for their share's turn in rule
+        # 5's order like every borrower, and hold their node(s) then if they cannot start: first in line
+        # by submit time, a head of a share that borrowed all week took the node that freed ahead of
+        # an idle share whose fair-share value was lower, against rule 5 (and the memory it gives).
+        for _, s, k in () if self.fair else sorted(later):
             if status[s][k] == DEFERRED:
                 self._borrow(s, k)
         # Still to place: every job of the queue that phases A and B did not decide (looked at and

@@ -220,6 +220,37 @@ def test_memory_a_share_idle_for_days_goes_ahead_of_one_that_borrowed_all_week()
     assert sorted(with_history) == ["i0", "i1", "i2", "i3"]
 
 
+def test_memory_holds_when_the_busy_shares_head_is_starving():
+    # The same week, but busy's jobs have waited two hours (starvation_s is 3,600 s): rule 6 makes its
+    # head hold a node against backfill, not jump rule 5's order. With history the idle share still
+    # borrows first, and busy's head hears why when its turn comes.
+    day = 86400
+    from quotas.engine.tree import FairShareHistory
+
+    history = FairShareHistory(half_life_s=day, at=0)
+    for t in range(3600, 7 * day, 3600):
+        history.advance(t, {("busy", "a10g"): 4})
+    values = history.advance(7 * day, {})
+    shares = (share("busy", 2), share("idle", 2), share("lender", 4, LEND))
+    jobs = [queued(f"b{i}", "busy", submitted=7 * day - 7200 + i) for i in range(6)] + [
+        queued(f"i{i}", "idle", submitted=7 * day - 50 + i) for i in range(6)
+    ]
+    running = (
+        run("b-1", "busy", "n1"),
+        run("b-2", "busy", "n2"),
+        run("i-1", "idle", "n3"),
+        run("i-2", "idle", "n4"),
+    )
+    base = dict(now=7 * day, nodes=nodes(8), shares=shares, running=running, queued=tuple(jobs))
+    p = policy.plan(Snapshot(**base, fair_share_half_life_s=day, history=values))
+    assert sorted(admitted(p)) == ["i0", "i1", "i2", "i3"]
+    assert p.waiting["b0"].endswith("nothing idle to borrow")
+    # Flat (no history, no groups, no weights) decides as before the tree: the starving head first,
+    # in queue order, then rule 5 by fewest borrowed per capacity.
+    flat = admitted(policy.plan(Snapshot(**base)))
+    assert "b0" in flat and sorted(flat) == ["b0", "b1", "i0", "i1"]
+
+
 def test_reclaim_takes_from_the_furthest_share_first_then_most_borrowed_per_weight():
     # owner (research) needs its GPU back; sibling (research) borrows 2, far (product) borrows 1: the
     # far one goes first although the sibling borrows more.
