@@ -264,8 +264,12 @@ class TypePass(
         # 5's order like every borrower, and hold their node(s) then if they cannot start: first in line
         # by submit time, a head of a share that borrowed all week took the node that freed ahead of
         # an idle share whose fair-share value was lower, against rule 5 (and the memory it gives).
+        # (The head of a share that may not borrow only waits: with lazy reasons its sentence is left for
+        # later with the rest of its queue, below.)
+        eager = not reasons.LAZY_REASONS
+        may_borrow = self.may_borrow
         for _, s, k in () if self.fair else sorted(later):
-            if status[s][k] == DEFERRED:
+            if status[s][k] == DEFERRED and (may_borrow[s] or eager):
                 self._borrow(s, k)
         # Still to place: every job of the queue that phases A and B did not decide (looked at and
         # deferred, or never reached).
