@@ -26,8 +26,9 @@ week is the trace's busiest: the 7 whole days with the most GPU-hours submitted 
    days) and one whose history is 5 GPUs or more (it borrowed all week): what the idle one got at that
    pass against its weighted part, and what the busy one got.
 
-   `--starvation-s 1000000000` turns rule 6's reservations for starving heads off (a head that holds
-   a node for itself does not take another one that frees; see bench/RESULTS.md).
+   `--starvation-s 1000000000` turns rule 6's reservations for starving heads off (before commit
+   f43a4f4 a starving head of a busy share went ahead of rule 5's order and took the node that freed;
+   see bench/RESULTS.md).
 
 `--fair-reclaim` replays the week for item 1 twice, one after the other, fair reclaim (rule 11) off and
 then on, with bench 15's set-up otherwise (bench/bench_fair_reclaim.py: the same departments, weights,
