@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, F, FloatField, Func, Sum
+from django.db.models import Count, F, FloatField, Func, Q, Sum
 from django.utils import timezone
 
 from gpunodes.choices import HOLDING_STATES, GpuHealth, NodeState
@@ -359,13 +359,16 @@ def load_snapshot(now: datetime | None = None, *, queued: bool = True) -> Loaded
             )
         )
 
-    if tree.get("fair_reclaim") and running:
+    taken: dict[int, int] = {}
+    if tree.get("fair_reclaim") and (running or queued):
         # Fair reclaim leaves a job alone once it took the job's earlier attempts often enough (rule 11's
-        # bound per job, quotas/engine/fairshare.py): how many it took, per job that runs now.
+        # bound per job, quotas/engine/fairshare.py): how many it took, per job that runs now and, for
+        # the forecast's replay (the attempt it gets next carries the count), per queued job; one query.
+        whose = Q(job_id__in={r.job_id for r in running})
+        if queued:
+            whose |= Q(job__state=JobState.QUEUED)
         taken = dict(
-            Attempt.objects.filter(
-                job_id__in={r.job_id for r in running}, preemption_reason=policy.FAIR_SHARE
-            )
+            Attempt.objects.filter(whose, preemption_reason=policy.FAIR_SHARE)
             .exclude(state__in=list(ATTEMPT_ACTIVE_STATES))
             .values("job_id")
             .annotate(n=Count("*"))
@@ -404,6 +407,7 @@ def load_snapshot(now: datetime | None = None, *, queued: bool = True) -> Loaded
             priority=prio,
             submitted_at=submitted,
             beneficiary=beneficiary,
+            fair_reclaims=taken.get(pk, 0),
         )
         for pk, share_id, gpu_type, gpus, prio, submitted, beneficiary in queue.annotate(
             submitted_s=Epoch("submitted_at")

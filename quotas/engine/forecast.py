@@ -374,6 +374,7 @@ def _replay(
     kind: dict[Hashable, str] = {}
     basis: dict[Hashable, str] = {}
     guessed_ends: set[Hashable] = set()  # attempt ids whose end in the replay is a guess
+    fair_taken: set[Hashable] = set()  # attempt ids the replay's fair reclaims pre-empt (rule 11)
 
     def grace(job_id: Hashable) -> float:
         return float(grace_s.get(job_id, default_grace_s))
@@ -509,6 +510,7 @@ def _replay(
                     started_at=t,
                     placement=adm.placement,
                     borrowed=adm.borrowed,
+                    fair_reclaims=q.fair_reclaims,  # rule 11's bound per job holds in the replay too
                 )
             )
             expect_end(attempt_id, t + runtime(q.job_id))
@@ -526,6 +528,8 @@ def _replay(
                 continue
             changed = True
             put_running(replace(victim, preempting=True, beneficiary_job_id=pre.beneficiary_job_id))
+            if pre.reason == policy.FAIR_SHARE:
+                fair_taken.add(pre.attempt_id)
             if t + grace(victim.job_id) < ends[pre.attempt_id]:
                 expect_end(pre.attempt_id, t + grace(victim.job_id))
                 guessed_ends.discard(pre.attempt_id)  # the grace period is enforced
@@ -578,6 +582,7 @@ def _replay(
                         gpus=r.gpus,
                         priority=r.priority,
                         submitted_at=r.submitted_at,
+                        fair_reclaims=r.fair_reclaims + (attempt_id in fair_taken),
                     )
                 )
         while arrived < len(coming) and coming[arrived].submitted_at <= t:

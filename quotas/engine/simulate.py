@@ -738,10 +738,16 @@ class _Simulator:
                 priority=job.priority,
                 submitted_at=job.spec.submit_at,
                 beneficiary=job.beneficiary,
+                fair_reclaims=self.fair_reclaims(job),
             )
         )
         job.record.final = QUEUED
         self.invalidate()
+
+    @staticmethod
+    def fair_reclaims(job: _Job) -> int:
+        """How many of the job's attempts so far a fair reclaim pre-empted (rule 11's bound per job)."""
+        return sum(1 for a in job.record.attempts if a.preemption_reason == policy.FAIR_SHARE)
 
     def set_view(self, run: _Run, **changes: Any) -> None:
         run.view = dataclasses.replace(run.view, **changes)
@@ -992,7 +998,7 @@ class _Simulator:
             started_at=t,
             placement=admission.placement,
             borrowed=admission.borrowed,
-            fair_reclaims=sum(1 for a in job.record.attempts if a.preemption_reason == policy.FAIR_SHARE),
+            fair_reclaims=self.fair_reclaims(job),
         )
         finish = t + spec.duration_s - job.saved
         failing = spec.max_runtime_s is not None and t + spec.max_runtime_s < finish

@@ -118,6 +118,10 @@ class QueuedView:
     # Pre-emptions were decided for this job and it has not been admitted since: it goes ahead of
     # everything else that arrived (rule 7).
     beneficiary: bool = False
+    # How many earlier attempts of the job a fair reclaim (rule 11) pre-empted: carried to the attempt
+    # it gets next (RunningView.fair_reclaims) by whoever admits it (the forecast's replay). No rule reads
+    # it here.
+    fair_reclaims: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -176,3 +176,34 @@ def test_the_snapshot_counts_the_fair_reclaims_of_each_running_job(world):
     assert counts() == {world["own"].pk: 0, borrowed.pk: 0}  # fair reclaim off: not counted
     FairSharing.objects.update_or_create(pk=1, defaults={"fair_reclaim": True})
     assert counts() == {world["own"].pk: 0, borrowed.pk: 2}
+
+
+def test_the_snapshot_counts_the_fair_reclaims_of_each_queued_job(world):
+    """The forecast's replay gives a queued job's next attempt its count (rule 11's bound per job), so
+    the snapshot carries it for queued jobs too, in the same query."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from jobs.choices import AttemptState, Outcome, PreemptionReason
+    from jobs.models import Attempt
+    from quotas.models import FairSharing
+
+    waiting = world["waiting"]
+    for number in (1, 2, 3):
+        Attempt.objects.create(
+            job=waiting,
+            number=number,
+            state=AttemptState.ENDED,
+            outcome=Outcome.PREEMPTED,
+            preemption_reason=PreemptionReason.FAIR_SHARE,
+            ended_at=timezone.now(),
+        )
+
+    def counts():
+        return {q.job_id: q.fair_reclaims for q in scheduler.load_snapshot().snapshot.queued}
+
+    assert counts()[waiting.pk] == 0  # fair reclaim off: not counted
+    FairSharing.objects.update_or_create(pk=1, defaults={"fair_reclaim": True})
+    with CaptureQueriesContext(connection) as ctx:
+        assert counts()[waiting.pk] == 3
+    assert sum("preemption_reason" in q["sql"] for q in ctx.captured_queries) == 1
