@@ -276,10 +276,19 @@ class CoverAccounting:
         """No shortfall on share s's path is larger than `tol` (one number for all, or one per level)."""
         if self.tree is None:
             return self._deficit() <= tol
-        now = self._shortfalls(s)
         if tol.__class__ is int:
-            return max(now) <= tol
-        return all(a <= b for a, b in zip(now, tol, strict=True))
+            return max(self._shortfalls(s)) <= tol
+        # _shortfalls(s) level by level against `tol` (its own shortfalls earlier, so none negative),
+        # stopping at the first that is worse: rule 9's walk asks this once per candidate.
+        if self._hw_short() > tol[0] or -self.top_sum > tol[1]:
+            return False
+        net, bcap = self.node_net, self.node_borrow_cap
+        i = 2
+        for g in self.tree.path[s]:
+            if -net[g] - bcap[g] > tol[i]:
+                return False
+            i += 1
+        return True
 
     def _borrow_breaks(self, s: int, g: int) -> bool:
         """Would share s borrowing g more GPUs leave a shortfall (rule 5: the cover, per level)?"""
