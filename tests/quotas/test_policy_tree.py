@@ -190,32 +190,43 @@ def test_weights_split_idle_capacity_two_to_one():
     assert sum(1 for j in got if j.startswith("h")) == 4 and sum(1 for j in got if j.startswith("l")) == 2
 
 
-def test_memory_a_share_idle_for_days_goes_ahead_of_one_that_borrowed_all_week():
-    # Half-life 1 day: steady borrowing of 4 a10g all week leaves a history of about 4; the share that
-    # was idle has none. Both wait with equal weights and capacities: the idle one gets its weighted part
-    # of the 4 GPUs that free (2 each would be the split without history; with it, the idle one first).
-    day = 86400
+DAY = 86400
+
+
+def busy_and_idle_after_a_week(busy_waited_s: float) -> tuple[dict, dict]:
+    """Half-life 1 day: "busy" borrowed 4 a10g steadily all week, "idle" nothing. Both (capacity 2, equal
+    weights) use their own 2 GPUs and queue 6 more 1-GPU jobs; idle's were submitted 50 s ago, busy's
+    `busy_waited_s` ago; a lender has 4 idle GPUs. Returns the history's values at the week's end and
+    the snapshot's fields without the history."""
     from quotas.engine.tree import FairShareHistory
 
-    history = FairShareHistory(half_life_s=day, at=0)
-    for t in range(3600, 7 * day, 3600):
+    history = FairShareHistory(half_life_s=DAY, at=0)
+    for t in range(3600, 7 * DAY, 3600):
         history.advance(t, {("busy", "a10g"): 4})
-    values = history.advance(7 * day, {})
-    assert values[("busy", "a10g")] == pytest.approx(3.86, rel=0.01)  # 4 x (1 - 2^-7), an hour idle
+    values = history.advance(7 * DAY, {})
     shares = (share("busy", 2), share("idle", 2), share("lender", 4, LEND))
-    jobs = [queued(f"b{i}", "busy", submitted=7 * day - 100 + i) for i in range(6)] + [
-        queued(f"i{i}", "idle", submitted=7 * day - 50 + i) for i in range(6)
-    ]  # (submitted just now: no starving head goes first, rule 6)
+    jobs = [queued(f"b{i}", "busy", submitted=7 * DAY - busy_waited_s + i) for i in range(6)] + [
+        queued(f"i{i}", "idle", submitted=7 * DAY - 50 + i) for i in range(6)
+    ]
     running = (
         run("b-1", "busy", "n1"),
         run("b-2", "busy", "n2"),
         run("i-1", "idle", "n3"),
         run("i-2", "idle", "n4"),
     )
-    base = dict(now=7 * day, nodes=nodes(8), shares=shares, running=running, queued=tuple(jobs))
+    return values, dict(now=7 * DAY, nodes=nodes(8), shares=shares, running=running, queued=tuple(jobs))
+
+
+def test_memory_a_share_idle_for_days_goes_ahead_of_one_that_borrowed_all_week():
+    # Steady borrowing of 4 a10g all week leaves a history of about 4; the share that was idle has none.
+    # Both wait with equal weights and capacities: the idle one gets its weighted part of the 4 GPUs that
+    # free (2 each would be the split without history; with it, the idle one first). Busy's jobs were
+    # submitted just now: no starving head (rule 6).
+    values, base = busy_and_idle_after_a_week(busy_waited_s=100)
+    assert values[("busy", "a10g")] == pytest.approx(3.86, rel=0.01)  # 4 x (1 - 2^-7), an hour idle
     without = admitted(policy.plan(Snapshot(**base)))
     assert sorted(without) == ["b0", "b1", "i0", "i1"]  # no memory: 2 and 2, busy first on ties by name
-    with_history = admitted(policy.plan(Snapshot(**base, fair_share_half_life_s=day, history=values)))
+    with_history = admitted(policy.plan(Snapshot(**base, fair_share_half_life_s=DAY, history=values)))
     # busy's value starts at 3.86/2: idle borrows until its value passes that (4 GPUs); busy gets none.
     assert sorted(with_history) == ["i0", "i1", "i2", "i3"]
 
@@ -224,25 +235,8 @@ def test_memory_holds_when_the_busy_shares_head_is_starving():
     # The same week, but busy's jobs have waited two hours (starvation_s is 3,600 s): rule 6 makes its
     # head hold a node against backfill, not jump rule 5's order. With history the idle share still
     # borrows first, and busy's head hears why when its turn comes.
-    day = 86400
-    from quotas.engine.tree import FairShareHistory
-
-    history = FairShareHistory(half_life_s=day, at=0)
-    for t in range(3600, 7 * day, 3600):
-        history.advance(t, {("busy", "a10g"): 4})
-    values = history.advance(7 * day, {})
-    shares = (share("busy", 2), share("idle", 2), share("lender", 4, LEND))
-    jobs = [queued(f"b{i}", "busy", submitted=7 * day - 7200 + i) for i in range(6)] + [
-        queued(f"i{i}", "idle", submitted=7 * day - 50 + i) for i in range(6)
-    ]
-    running = (
-        run("b-1", "busy", "n1"),
-        run("b-2", "busy", "n2"),
-        run("i-1", "idle", "n3"),
-        run("i-2", "idle", "n4"),
-    )
-    base = dict(now=7 * day, nodes=nodes(8), shares=shares, running=running, queued=tuple(jobs))
-    p = policy.plan(Snapshot(**base, fair_share_half_life_s=day, history=values))
+    values, base = busy_and_idle_after_a_week(busy_waited_s=7200)
+    p = policy.plan(Snapshot(**base, fair_share_half_life_s=DAY, history=values))
     assert sorted(admitted(p)) == ["i0", "i1", "i2", "i3"]
     assert p.waiting["b0"].endswith("nothing idle to borrow")
     # Flat (no history, no groups, no weights) decides as before the tree: the starving head first,
