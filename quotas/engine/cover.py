@@ -280,8 +280,7 @@ class CoverAccounting:
             return max(self._shortfalls(s)) <= tol
         # _shortfalls(s) level by level against `tol` (its own shortfalls earlier, so none negative),
         # stopping at the first that is worse: rule 9's walk asks this once per candidate.
-        hw = self.schedulable_gpus - self.own_total - self.reserve_idle  # _hw_short(), inline
-        if self.borrowed_total - (hw if hw > 0 else 0) > tol[0] or -self.top_sum > tol[1]:
+        if self._hw_short() > tol[0] or -self.top_sum > tol[1]:
             return False
         net, bcap = self.node_net, self.node_borrow_cap
         i = 2
