@@ -387,27 +387,45 @@ def usage_rows(
         gpu_types.update(share.capacity)
     names = sorted(shares)
     for gpu_type in sorted(gpu_types):
-        rows = []
-        assigned = borrowed = lendable = 0
-        for name in names:
-            share = shares[name]
-            cap = max(0, share.capacity.get(gpu_type, 0))
-            assigned += cap
-            use = used.get((name, gpu_type), 0)
-            if not cap and not use:
-                continue
-            own = min(use, cap)
-            lend = cap - own if lends(share.strategy) else 0
-            rows.append((name, cap, use, own, lend))
-            borrowed += use - own
-            lendable += lend
-        pool = max(0, cluster.get(gpu_type, 0) - assigned)
-        lendable += pool
-        factor = min(1.0, borrowed / lendable) if lendable else 0.0
+        specs = [
+            (name, max(0, shares[name].capacity.get(gpu_type, 0)), lends(shares[name].strategy))
+            for name in names
+        ]
+        rows, factor, pool = type_usage(gpu_type, specs, used, cluster.get(gpu_type, 0))
         for name, cap, use, own, lend in rows:
             yield name, gpu_type, cap, use, own, lend * factor
         if pool:
             yield UNASSIGNED, gpu_type, pool, 0, 0, pool * factor
+
+
+def type_usage(
+    gpu_type: str,
+    specs: Iterable[tuple[str, int, bool]],
+    used: Mapping[tuple[str, str], int],
+    gpus: int,
+) -> tuple[list[tuple[str, int, int, int, int]], float, int]:
+    """One GPU type's part of usage_rows, from its shares as (name, capacity of the type (not below 0),
+    lends), in name order, the GPUs used per (share, type) and the type's schedulable GPUs:
+    (name, capacity, used, own, lendable idle) per share with capacity or use, the factor that makes
+    lendable idle GPUs lent (SEMANTICS "Lent": borrowed / lendable, at most 1), and the unassigned
+    pool (which lends `pool * factor`). The simulator's accounting calls it per type after each
+    instant with its specs kept between calls."""
+    rows = []
+    assigned = borrowed = lendable = 0
+    for name, cap, lender in specs:
+        assigned += cap
+        use = used.get((name, gpu_type), 0)
+        if not cap and not use:
+            continue
+        own = use if use < cap else cap
+        lend = cap - own if lender else 0
+        rows.append((name, cap, use, own, lend))
+        borrowed += use - own
+        lendable += lend
+    pool = max(0, gpus - assigned)
+    lendable += pool
+    factor = min(1.0, borrowed / lendable) if lendable else 0.0
+    return rows, factor, pool
 
 
 def lending(snapshot: Snapshot, *, count_preempting: bool = True) -> dict[str, dict[tuple[str, str], float]]:
