@@ -75,6 +75,7 @@ class LostCause(models.TextChoices):
     FENCED = "fenced", "Fenced: its host's agent lost its lease"
     GPU_FAILED = "gpu_failed", "A GPU of it failed"
     AGENT_STOPPED = "agent_stopped", "Its host's agent was stopped"
+    HOST_FAULT = "host_fault", "Its host failed under it (its container runtime died)"
 
 
 class EventKind(models.TextChoices):

@@ -134,9 +134,13 @@ def record_checkpoint(attempt_id: int, number: int, *, node: str, at: float, cou
     return True
 
 
-def lost_cause(outcome: str, preemption_reason: str, *, fenced: bool = False) -> str:
+def lost_cause(
+    outcome: str, preemption_reason: str, *, fenced: bool = False, host_fault: bool = False
+) -> str:
     """Why an attempt that ended so lost its work since its safe point; "" where it lost nothing to
-    anyone's decision (it succeeded, failed, timed out, or its job was cancelled)."""
+    anyone's decision (it succeeded, failed, timed out, or its job was cancelled). `host_fault`: its
+    agent stopped it for a fault of its host (an AGENT_STOPPED end whose reason begins HOST_FAULT), not
+    at an orderly stop of the agent."""
     if outcome == Outcome.PREEMPTED:
         return {
             PreemptionReason.RECLAIM: LostCause.RECLAIM,
@@ -148,7 +152,7 @@ def lost_cause(outcome: str, preemption_reason: str, *, fenced: bool = False) ->
     if outcome == Outcome.GPU_FAILED:
         return LostCause.GPU_FAILED
     if outcome == Outcome.AGENT_STOPPED:
-        return LostCause.AGENT_STOPPED
+        return LostCause.HOST_FAULT if host_fault else LostCause.AGENT_STOPPED
     return ""
 
 
@@ -263,7 +267,9 @@ def end_attempt(
         Outcome.GPU_FAILED,
     ):
         outcome = Outcome.PREEMPTED  # one that finished within its grace (exit 0) succeeded: not run again
-    cause = lost_cause(outcome, attempt.preemption_reason, fenced=fenced)
+    cause = lost_cause(
+        outcome, attempt.preemption_reason, fenced=fenced, host_fault=reason.startswith(HOST_FAULT)
+    )
     run_s, lost_s = work_done_and_lost(attempt, cause, now)
     Attempt.objects.filter(pk=attempt.pk).update(
         state=AttemptState.ENDED,

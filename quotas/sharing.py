@@ -38,7 +38,16 @@ MAX_DAYS = 90  # what the samples keep (usage.KEEP_FOR)
 HOURLY_UP_TO_DAYS = 2  # a window of up to 2 days in hours, a longer one in days
 # The causes in the order pages and files give them (jobs.choices.LostCause's values: the jobs app is
 # below this one, but its choices are read here as plain strings).
-CAUSES = ("reclaim", "priority", "fair_share", "node_lost", "fenced", "gpu_failed", "agent_stopped")
+CAUSES = (
+    "reclaim",
+    "priority",
+    "fair_share",
+    "node_lost",
+    "fenced",
+    "gpu_failed",
+    "agent_stopped",
+    "host_fault",
+)
 CAUSE_LABELS = {
     "reclaim": "reclaim",
     "priority": "in-share priority",
@@ -47,6 +56,7 @@ CAUSE_LABELS = {
     "fenced": "fenced",
     "gpu_failed": "GPU failed",
     "agent_stopped": "agent stopped",
+    "host_fault": "host fault",
 }
 CSV_COLUMNS = (
     "bucket_start",

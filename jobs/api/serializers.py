@@ -369,7 +369,9 @@ class AttemptSerializer(serializers.ModelSerializer):
                 "help_text": "GPUs x (end - safe point) where its work was thrown away (see lost_cause), once it ended."
             },
             "lost_cause": {
-                "help_text": "reclaim, priority, node_lost, fenced, gpu_failed or agent_stopped; empty: nothing lost."
+                "help_text": "reclaim, priority, fair_share, node_lost, fenced, gpu_failed, agent_stopped or host_fault "
+                "(its agent stopped it for a fault of its host, such as its container runtime dying); empty: "
+                "nothing lost."
             },
         }
 

@@ -170,7 +170,8 @@ def test_the_host_fault_re_queues_the_job_with_no_strike_and_counts_its_lost_wor
     detail = "host fault: podman on node-1 was killed by signal 9 while its container still ran; the agent stopped it"
     assert attempt_finished(a.pk, 1, "node-1", "shutdown", 143, detail, ended_at=ago(0))
     a.refresh_from_db()
-    assert a.outcome == Outcome.AGENT_STOPPED and a.lost_cause == LostCause.AGENT_STOPPED
+    # Its lost work is the host's fault's, not an orderly stop of the agent's (the lost-work tables).
+    assert a.outcome == Outcome.AGENT_STOPPED and a.lost_cause == LostCause.HOST_FAULT
     assert a.gpu_seconds_lost == pytest.approx(2 * 600, abs=5)  # no checkpoint: all of its run
     job.refresh_from_db()
     assert job.state == JobState.QUEUED and job.node_lost_streak == 0 and job.strike_nodes == []

@@ -87,6 +87,14 @@ def history(bob, charlie, vision_share, language_share, nodes):
     Attempt.objects.filter(pk=a.pk).update(borrowed=True)
 
 
+def test_the_report_has_a_column_for_every_cause_an_attempt_can_lose_work_to():
+    from jobs.choices import LostCause
+
+    assert sorted(sharing.CAUSES) == sorted(LostCause.values) and set(sharing.CAUSE_LABELS) == set(
+        sharing.CAUSES
+    )
+
+
 def test_the_report_integrates_the_samples_and_counts_lost_work_and_owner_waits(history):
     r = sharing.report(days=1, now=NOW)
     assert (
@@ -104,6 +112,7 @@ def test_the_report_integrates_the_samples_and_counts_lost_work_and_owner_waits(
             "fenced": 0,
             "gpu_failed": 0,
             "agent_stopped": 0,
+            "host_fault": 0,
         }
     )
     assert language.waits.summary() == {"n": 3, "p50_s": 90.0, "p95_s": 600.0}
