@@ -83,13 +83,23 @@ def test_an_advice_run_survives_a_lost_pool_process_and_a_lost_worker(cluster):
         log = cluster.tmp / f"{name}.log"
         wait_for(lambda log=log: " ready." in log.read_text(), timeout=30, what=f"{name} ready")
 
-    run_id = advice.start(weeks=1, now=now)
-    spec = advice.cache.get(advice._run_key(run_id))
-
-    # A prefork pool child dies mid-replay: its parent sees WorkerLostError and re-queues the task.
-    lost_child = lose_mid_replay(run_id, lambda: children(prefork.pid), os.kill)
-    # The other worker's host goes away mid-replay: the worker and its replay process at once.
-    lost_worker = lose_mid_replay(run_id, lambda: {threads.pid}, os.killpg, besides=lost_child)
+    # One worker at a time takes replays until each has lost one: a replay takes well under a second
+    # here, and with both at work the second could have made every replay left while the first lost its
+    # own (the test then waited for a replay that never came). Stopped (SIGSTOP), a worker takes nothing.
+    os.killpg(threads.pid, signal.SIGSTOP)
+    try:
+        run_id = advice.start(weeks=1, now=now)
+        spec = advice.cache.get(advice._run_key(run_id))
+        # A prefork pool child dies mid-replay: its parent sees WorkerLostError and re-queues the task.
+        lost_child = lose_mid_replay(run_id, lambda: children(prefork.pid), os.kill)
+        os.killpg(prefork.pid, signal.SIGSTOP)
+        os.killpg(threads.pid, signal.SIGCONT)
+        # The other worker's host goes away mid-replay: the worker and its replay process at once.
+        lost_worker = lose_mid_replay(run_id, lambda: {threads.pid}, os.killpg, besides=lost_child)
+    finally:
+        for worker in (prefork, threads):  # (a stopped worker would not hear the teardown's SIGTERM)
+            if worker.poll() is None:
+                os.killpg(worker.pid, signal.SIGCONT)
     threads.wait(timeout=10)
     st = wait_for(
         lambda: (s := advice.status(run_id))["finished"] and s,
