@@ -114,19 +114,7 @@ def test_every_task_of_an_array_has_the_mounts_and_the_start_message_carries_the
     assert r.status_code == 201, r.json()
     stored = [{"host": "/datasets/public/x", "container": "/data", "allowed_by": "/datasets/public"}]
     assert list(Job.objects.values_list("mounts", flat=True)) == [stored, stored]
-    payload = start_payloads(
-        attempt_id=1,
-        number=1,
-        job_id=1,
-        placement=[("n1", [0])],
-        command=["t"],
-        env={},
-        use_shell=False,
-        max_runtime_s=None,
-        grace_s=30,
-        image=IMAGE,
-        mounts=stored,
-    )[0]["payload"]
+    payload = start_payload(mounts=stored)
     assert payload["mounts"] == stored
     from gpunodes.agent.tasks import Invalid, validate_start
 
@@ -138,8 +126,9 @@ def test_every_task_of_an_array_has_the_mounts_and_the_start_message_carries_the
     assert start_messages([]) == []
 
 
-def test_a_job_without_mounts_sends_none(vision_share):
-    payload = start_payloads(
+def start_payload(**mounts):
+    """The start message's payload of a one-GPU container job (with `mounts=` if given)."""
+    return start_payloads(
         attempt_id=1,
         number=1,
         job_id=1,
@@ -150,8 +139,12 @@ def test_a_job_without_mounts_sends_none(vision_share):
         max_runtime_s=None,
         grace_s=30,
         image=IMAGE,
+        **mounts,
     )[0]["payload"]
-    assert "mounts" not in payload
+
+
+def test_a_job_without_mounts_sends_none(vision_share):
+    assert "mounts" not in start_payload()
 
 
 def test_allowed_mounts_are_planned_applied_and_exported_and_a_bad_one_is_a_400_at_its_path(

@@ -56,3 +56,22 @@ def logged_in(cli, live_server, bob, vision_share, nodes, config_file):
     )
     assert code == 0, err
     return cli
+
+
+def cli_submit(argv):
+    """`gpuquota submit ARGV` through the CLI's own parser and cmd_submit, against a client that records
+    the body it would send: (exit code, body sent)."""
+    from gpuquota_client.cli import cmd_submit, quick_submit_args
+
+    args = quick_submit_args(argv)
+    sent = {}
+
+    class Client:
+        def submit(self, **body):
+            sent.update(body)
+            return {"id": 1, "state": "QUEUED", "name": "", "share": "s", "gpus": 1, "gpu_type": "a10g"}
+
+    args.client = Client
+    args.settings = dict
+    args.json = True
+    return cmd_submit(args, lambda _: None), sent

@@ -2,6 +2,8 @@
 
 import pytest
 
+from tests.client.conftest import cli_submit
+
 ARGV = [
     "submit",
     "--share",
@@ -27,19 +29,7 @@ def test_the_quick_parser_and_argparse_read_the_image():
 
 @pytest.mark.parametrize("image", [None, "reg.example.com/x:1"])
 def test_the_submit_sends_the_image_only_when_given(image):
-    from gpuquota_client.cli import cmd_submit, quick_submit_args
-
     argv = [a for a in ARGV if a not in ("--image", "reg.example.com/x:1")] if image is None else ARGV
-    args = quick_submit_args(argv)
-    sent = {}
-
-    class Client:
-        def submit(self, **body):
-            sent.update(body)
-            return {"id": 1, "state": "QUEUED", "name": "", "share": "s", "gpus": 1, "gpu_type": "a10g"}
-
-    args.client = Client
-    args.settings = dict
-    args.json = True
-    assert cmd_submit(args, lambda _: None) == 0
+    code, sent = cli_submit(argv)
+    assert code == 0
     assert sent.get("image") == image

@@ -4,6 +4,8 @@ request."""
 
 import pytest
 
+from tests.client.conftest import cli_submit as submit
+
 ARGV = ["submit", "--share", "s", "--gpus", "1", "--gpu-type", "a10g", "--image", "reg.example.com/x:1"]
 MOUNTS = ["--mount", "/datasets/a:/data", "--mount", "/datasets/b"]
 
@@ -15,23 +17,6 @@ def test_the_quick_parser_and_argparse_read_the_mounts():
     quick = quick_submit_args(argv)
     assert quick.mount == ["/datasets/a:/data", "/datasets/b"]
     assert vars(quick) == vars(build_parser().parse_args(argv))
-
-
-def submit(argv):
-    from gpuquota_client.cli import cmd_submit, quick_submit_args
-
-    args = quick_submit_args(argv)
-    sent = {}
-
-    class Client:
-        def submit(self, **body):
-            sent.update(body)
-            return {"id": 1, "state": "QUEUED", "name": "", "share": "s", "gpus": 1, "gpu_type": "a10g"}
-
-    args.client = Client
-    args.settings = dict
-    args.json = True
-    return cmd_submit(args, lambda _: None), sent
 
 
 def test_the_submit_sends_the_mounts_with_the_image():
