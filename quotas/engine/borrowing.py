@@ -12,6 +12,10 @@ from quotas.engine.state import (
     OpenIndexes,
 )
 
+# Why _borrow's job could not borrow (TypePass.borrow_blocked), in the order it asks: behind a job that
+# waits for GPUs held for it, at the share's borrow limit, no new borrowing (rule 10), the cover, no node.
+HELD, LIMIT, PAUSED, COVER, UNPLACED = range(5)
+
 
 class BorrowingRules:
     """Phase C of the pass: rule 5."""
@@ -55,37 +59,44 @@ class BorrowingRules:
                 return self._wait(s, k, ("behind", k))
             return self._wait(s, k, ("strategy", *self._own_numbers(s, g), self.sh.views[s].strategy))
         if self.qkey[s][k] > self.held_for[s]:
+            self.borrow_blocked = HELD
             return self._wait(s, k, ("held",))
         # A borrower that lost its own room to earlier jobs of its share hears why it cannot borrow.
         limit = self.capacity[s] + self.borrow_cap[s]
         use = self.held[s] + max(self.grace[s], self.pend[s])
         if use + g > limit:
+            self.borrow_blocked = LIMIT
             borrowed = max(0, use - self.capacity[s])
             return self._wait(s, k, ("limit", *self._own_numbers(s, g), borrowed, self.borrow_cap[s]))
         if self.no_borrow:
+            self.borrow_blocked = PAUSED
             return self._wait(s, k, ("paused",))  # rule 10: a job waits for protection
         if self._borrow_breaks(s, g):
+            self.borrow_blocked = COVER
             return self._wait(s, k, self._cover_key(s, g, use))
         placement = None if g <= self.largest_node and self._max_free() < g else self._place(g)
         if placement is None:
+            self.borrow_blocked = UNPLACED
             return self._blocked_on_placement(s, k, 0)
         self._chg(s, dp=g)
         return self._admit(s, k, placement, True, [])
 
     def _skip_blocked(self, s: int, k: int, ks: OpenIndexes) -> int:
-        """Rule 5, after job k of a LEND_AND_BORROW share could not borrow: the next queue index whose
-        job might. When k waits behind a held job, at its borrow limit, for lendable GPUs or for a
-        node, every later job as big or bigger waits too, and nothing changes while they are told so:
-        their reasons, from the numbers as they are now, are left for when they are read."""
+        """Rule 5, after job k of a LEND_AND_BORROW share could not borrow (_borrow, which said why in
+        `borrow_blocked`, nothing changed since): the next queue index whose job might. When k waits
+        behind a held job, at its borrow limit, for lendable GPUs or for a node, every later job as big
+        or bigger waits too, and nothing changes while they are told so: their reasons, from the numbers
+        as they are now, are left for when they are read."""
         g = self.q[s][k].gpus
         use = self.held[s] + max(self.grace[s], self.pend[s])
         limit = self.capacity[s] + self.borrow_cap[s]
         unplaced = False
-        if self.qkey[s][k] > self.held_for[s]:
+        why = self.borrow_blocked
+        if why == HELD:
             below = 0  # every later job is held too
-        elif use + g > limit:
+        elif why == LIMIT:
             below = limit - use + 1
-        elif self._borrow_breaks(s, g):
+        elif why == COVER or (why == PAUSED and self._borrow_breaks(s, g)):
             below = g  # a bigger job would break the cover at least as much
         else:
             # No node for it (or it is the starving head and now holds one): a bigger job fits no node

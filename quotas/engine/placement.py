@@ -276,15 +276,16 @@ class NodePlacement:
     ) -> tuple[tuple[tuple[str, int], ...], int]:
         """Reserve GPUs on these nodes for one waiting job: GPUs being freed first, then free ones (not
         `free_too`: none). Returns what was held and how many of those GPUs were being freed."""
-        self._own_pend()
         held = []
         from_pend = 0
         for i, c in placement:
             take = min(c, self.pend_u[i])
-            from_pend += take
-            self.pend_u[i] -= take
-            if not self.pend_u[i]:
-                self.pend_nodes.discard(i)
+            if take:  # (the copies only when this pass first changes them: most holds take none)
+                self._own_pend()
+                from_pend += take
+                self.pend_u[i] -= take
+                if not self.pend_u[i]:
+                    self.pend_nodes.discard(i)
             if not free_too:
                 c = take
             elif c > take:

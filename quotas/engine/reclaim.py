@@ -333,13 +333,19 @@ class OwnCapacityRules:
             # The node with the most GPUs free or being freed, ties by name (index): the first of the
             # largest sums, computed over the fitting nodes at C speed (this runs at nearly every pass
             # of a busy cluster, over every node).
-            fit = self.base.fit_nodes.get(g)
-            if fit is None:
-                fit = self.base.fit_nodes[g] = [
-                    i for i in range(len(self.size)) if self.sched[i] and self.size[i] >= g
-                ]
-            avail = list(map(add, fu, pu)) if len(fit) == len(fu) else [fu[i] + pu[i] for i in fit]
-            placement = [(fit[avail.index(max(avail))], g)]
+            cached = self.base.fit_nodes.get(g)
+            if cached is None:
+                fit = [i for i in range(len(self.size)) if self.sched[i] and self.size[i] >= g]
+                cached = self.base.fit_nodes[g] = (fit, len(fit) == sum(map(bool, self.sched)))
+            fit, every = cached
+            if every and not self.pend_nodes:
+                # Every schedulable node fits and none has GPUs being freed: the sums are the free
+                # counts, whose largest and its first node the free-count buckets know already.
+                v = self._max_free()
+                placement = [(self.bk[v][0] if v else fit[0], g)]
+            else:
+                avail = list(map(add, fu, pu)) if len(fit) == len(fu) else [fu[i] + pu[i] for i in fit]
+                placement = [(fit[avail.index(max(avail))], g)]
         self._chg(s, dp=g)
         if not self._covered(s, tol):
             self._chg(s, dp=-g)

@@ -293,9 +293,10 @@ class TypeState:
         # Why-it-waits sentences by blocker key (reasons.WaitingReasons._reason); they depend on the key, the
         # type, the node size and `overcommitted` only, all fixed for this base's life.
         self.reasons: dict[tuple, str] = {}
-        # g -> the schedulable nodes with at least g GPUs, by index (rule 6's held node for a starving
-        # head is chosen among them): fixed for this base's life, like the node tables.
-        self.fit_nodes: dict[int, list[int]] = {}
+        # g -> (the schedulable nodes with at least g GPUs, by index; whether they are all the schedulable
+        # nodes): rule 6's held node for a starving head is chosen among them. Fixed for this base's
+        # life, like the node tables.
+        self.fit_nodes: dict[int, tuple[list[int], bool]] = {}
         self.lender_shares = [s for s in range(n) if self.lender[s] and cap[s] > 0]
         # The tree's numbers of this type (see cover.py): each node's capacity and its limits in GPUs.
         tree = sh.tree
