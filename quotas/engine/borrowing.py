@@ -184,6 +184,10 @@ class BorrowingRules:
         """The reason key of a job of g GPUs of share s that the cover stops borrowing: flat, the idle
         lendable GPUs left (the share's own idle ones are part of the lendable total, not for it);
         with groups, the limit that binds: a group's borrow limit, or what the top still offers."""
+        if self.tree is None:  # flat (as below, without asking _borrow_block, nor _own_numbers for `use`)
+            cap = self.capacity[s]
+            spare = -self._deficit() - (max(0, cap - use) if self.lender[s] else 0)
+            return ("slack", g, use if use < cap else cap, cap, spare)
         block = self._borrow_block(s, g)
         if block is None:  # flat
             spare = -self._deficit() - (max(0, self.capacity[s] - use) if self.lender[s] else 0)
