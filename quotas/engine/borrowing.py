@@ -7,10 +7,26 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
+from functools import partial
 
 from quotas.engine.state import (
     OpenIndexes,
 )
+
+
+def _write_skipped_reason(numbers: tuple, s: int, k: int) -> None:
+    """BorrowingRules._skipped_why's writer: job k's reason, from the numbers of the moment it was
+    skipped."""
+    q, keys, out, reason, held_for, use, limit, used, cap, borrowed, bcap, place, spare = numbers
+    g = q[k].gpus
+    if keys[k] > held_for:
+        key: tuple = ("held",)
+    elif use + g > limit:
+        key = ("limit", g, used, cap, borrowed, bcap)
+    else:
+        key = place.get(g) or ("slack", g, used, cap, spare)
+    out[q[k].job_id] = reason(key)
+
 
 # Why _borrow's job could not borrow (TypePass.borrow_blocked), in the order it asks: behind a job that
 # waits for GPUs held for it, at the share's borrow limit, no new borrowing (rule 10), the cover, no node.
@@ -114,12 +130,10 @@ class BorrowingRules:
         self, s: int, g0: int, unplaced: bool, use: int, limit: int
     ) -> Callable[[int, int], None]:
         """The reason writer for the jobs _skip_blocked skipped (`use` and `limit` as it computed them):
-        _borrow's checks in its order, with the numbers of this moment. (A function of its own: the
-        closure's cells would otherwise be made on every call of _skip_blocked, most of which skip
-        nothing.)"""
-        q, keys, out, reason = self.q[s], self.qkey[s], self.out.waiting, self._reason
-        cap, held_for, bcap = self.capacity[s], self.held_for[s], self.borrow_cap[s]
-        used, borrowed = min(use, cap), max(0, use - cap)
+        _borrow's checks in its order, with the numbers of this moment. (A partial of a module function,
+        not a closure: its numbers are one tuple, where a closure made a cell for each of them on every
+        call, and this runs at most passes of a busy cluster.)"""
+        cap = self.capacity[s]
         # After an unplaced job, a bigger one that passes the cover check (it grows with the size)
         # waits for a node: its sentence, per size, with the nodes as they are now.
         place: dict[int, tuple] = {}
@@ -132,18 +146,22 @@ class BorrowingRules:
             spare = max(0, self.top_sum)
             cover_key = self._cover_key
             place.update((x, cover_key(s, x, use)) for x in self.by_size[s] if x >= g0 and x not in place)
-
-        def why(s: int, k: int) -> None:
-            g = q[k].gpus
-            if keys[k] > held_for:
-                key: tuple = ("held",)
-            elif use + g > limit:
-                key = ("limit", g, used, cap, borrowed, bcap)
-            else:
-                key = place.get(g) or ("slack", g, used, cap, spare)
-            out[q[k].job_id] = reason(key)
-
-        return why
+        numbers = (
+            self.q[s],
+            self.qkey[s],
+            self.out.waiting,
+            self._reason,
+            self.held_for[s],
+            use,
+            limit,
+            use if use < cap else cap,
+            cap,
+            use - cap if use > cap else 0,
+            self.borrow_cap[s],
+            place,
+            spare,
+        )
+        return partial(_write_skipped_reason, numbers)
 
     def _next_below(self, s: int, k: int, below: int) -> int:
         """The first queue index after k whose job needs fewer than `below` GPUs (the queue's length
