@@ -235,11 +235,12 @@ class TypePass(
         # A. Rule 7: beneficiaries of earlier pre-emptions, ahead of everything else.
         # Rule 6: a starving head goes next, before backfill and other shares can take its node.
         heads = []
+        now, starvation_s = self.now, self.starvation_s
         for s in shares:
             for k, job in enumerate(q[s]):
                 if job.job_id in is_ben:
                     continue
-                if self._starving(job):
+                if now - job.submitted_at > starvation_s:  # (_starving, inline: the same formula)
                     heads.append((qkey[s][k], s, k))
                 break
         for _, s, k in self.bens:
@@ -251,7 +252,13 @@ class TypePass(
                 later.append((key, s, k))
 
         # B. Rules 2-4, shares by lowest own-use ratio (ties: name), recomputed as they admit.
-        heap = [(self._own_ratio(s), s) for s in shares if self.capacity[s]]
+        held, pend, capacity = self.held, self.pend, self.capacity
+        heap = []
+        for s in shares:
+            c = capacity[s]
+            if c:  # (_own_ratio, inline)
+                u = held[s] + pend[s]
+                heap.append(((u if u < c else c) / c, s))
         heapq.heapify(heap)
         while heap:
             _, s = heapq.heappop(heap)

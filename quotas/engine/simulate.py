@@ -553,6 +553,7 @@ class _Simulator:
         self.used: dict[str, dict[tuple[str, str], int]] = {}  # type -> (share, type) -> GPUs held
         self.type_shares: dict[str, dict[str, ShareView]] | None = None  # type -> shares with capacity in it
         self.type_specs: dict[str, list[tuple[str, int, bool]]] = {}  # type -> _type_specs(its shares)
+        self.series_keys: dict[str, dict[str, tuple]] = {}  # type -> share -> its timeline series' keys
         self.type_values: dict[str, dict[tuple[str, str, str], float]] = {}  # as last recorded
         self.cluster_gpus: dict[str, int] = {}  # READY schedulable GPUs per type (usage's pool)
         self.cluster_caps: dict[tuple[str, str, str], float] | None = None
@@ -1193,18 +1194,28 @@ class _Simulator:
             specs = _type_specs({**shares, **{share: self.share_views[share] for share, _ in used}}, gpu_type)
         values: dict[tuple[str, str, str], float] = {}
         rows, factor, pool = type_usage(gpu_type, specs, used, self.cluster_gpus.get(gpu_type, 0))
+        # Each share's series keys, made once (four tuples per share at every instant were a good part
+        # of the accounting's cost).
+        series = self.series_keys.get(gpu_type)
+        if series is None:
+            series = self.series_keys[gpu_type] = {}
         for share, capacity, use, own, lend in rows:
+            keys = series.get(share)
+            if keys is None:
+                keys = series[share] = tuple(
+                    (share, gpu_type, part) for part in ("own", "borrowed", "lent", "capacity")
+                )
             if use and used_out is not None:
                 used_out[share] = use
             if own:
-                values[(share, gpu_type, "own")] = own
+                values[keys[0]] = own
             if use - own:
-                values[(share, gpu_type, "borrowed")] = use - own
+                values[keys[1]] = use - own
             lent = round(lend * factor, 3)
             if lent:
-                values[(share, gpu_type, "lent")] = lent
+                values[keys[2]] = lent
             if capacity:
-                values[(share, gpu_type, "capacity")] = capacity
+                values[keys[3]] = capacity
         if pool:
             lent = round(pool * factor, 3)
             if lent:
