@@ -289,9 +289,15 @@ class TypePass(
         heap = []
         lazy = self.out.later if reasons.LAZY_REASONS else None
         keys_version = self.version
+        fair, no_borrow, pend = self.fair, self.no_borrow, self.pend
         for s, ks in pending.items():
-            if self.may_borrow[s] and not self.no_borrow:
-                heap.append((self._borrow_order(s), s))
+            if may_borrow[s] and not no_borrow:
+                if fair:
+                    heap.append((self._borrow_order(s), s))
+                else:  # (_borrow_ratio, inline: the same formula)
+                    c = capacity[s]
+                    b = held[s] + pend[s] - c
+                    heap.append(((b if b > 0 else 0) / (c if c > 1 else 1), s))
             elif lazy is None:
                 for k in ks:
                     self._borrow(s, k)
@@ -302,7 +308,6 @@ class TypePass(
                 lazy.append((self._borrow, s, ks))
         heapq.heapify(heap)
         ptr = dict.fromkeys(pending, 0)
-        fair = self.fair
         # share -> the version its key in the heap was computed at (or before): a key is a function of
         # the shares' numbers, which change only with the version (_chg), so a key of this version is
         # not stale.
