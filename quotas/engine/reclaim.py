@@ -212,7 +212,7 @@ class OwnCapacityRules:
         k = self.bptr[s]
         n = len(qs)
         while k < n:
-            if st[k] != TODO:
+            if st.get(k, TODO) != TODO:  # (get: no __missing__ call for the untouched)
                 k += 1
                 continue
             # Nothing left in this queue fits its own capacity: all of it is for rule 5, unless rule 4
@@ -279,7 +279,7 @@ class OwnCapacityRules:
         skipped: list[int] = []
         place: dict[int, tuple] = {}  # size -> its reason's key now
         while k < n:
-            if st[k] == TODO:
+            if st.get(k, TODO) == TODO:
                 g = q[k].gpus
                 if g > room or not self._place_failed(g):
                     break

@@ -245,10 +245,10 @@ class TypePass(
                 break
         for _, s, k in self.bens:
             # Ahead of everything else, borrowing included: its victims have made room for it.
-            if status[s][k] == TODO and self._own_phase(s, k) == DEFERRED:
+            if status[s].get(k, TODO) == TODO and self._own_phase(s, k) == DEFERRED:
                 self._borrow(s, k)
         for key, s, k in sorted(heads):
-            if status[s][k] == TODO and self._own_phase(s, k) == DEFERRED:
+            if status[s].get(k, TODO) == TODO and self._own_phase(s, k) == DEFERRED:
                 later.append((key, s, k))
 
         # B. Rules 2-4, shares by lowest own-use ratio (ties: name), recomputed as they admit.
