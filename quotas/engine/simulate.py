@@ -248,7 +248,7 @@ class _Job:
     needs_reclaim_since: int | None = None  # see AttemptRecord.needed_reclaim_at
     protection_wait_s: int = 0  # see AttemptRecord.protection_wait_s
     fair_reclaims: int = 0  # attempts a fair reclaim pre-empted (counted as they stop: a sum over the
-    # attempts at each queueing cost the 100k trace, whose jobs run up to 400 attempts, 1.2 s)
+    # attempts at each queueing cost the 100k trace, where a job runs up to 410 attempts, 1.2 s)
 
 
 class Profile:
