@@ -346,14 +346,22 @@ class OwnCapacityRules:
             else:
                 avail = list(map(add, fu, pu)) if len(fit) == len(fu) else [fu[i] + pu[i] for i in fit]
                 placement = [(fit[avail.index(max(avail))], g)]
-        self._chg(s, dp=g)
-        if not self._covered(s, tol):
-            self._chg(s, dp=-g)
+        if self.tree is None:
+            if self._deficit_if(s, g) <= tol:  # _covered after the change, asked before it (flat)
+                self._chg(s, dp=g)
+        else:
+            self._chg(s, dp=g)
+            if not self._covered(s, tol):
+                self._chg(s, dp=-g)
         hold = []
         for i, c in placement:
             hold.append((i, min(c, fu[i] + pu[i])))
         self.out.reserved[job.job_id] = self._hold([(i, c) for i, c in hold if c])[0]
-        nodes = ", ".join(self.node_names[i] for i, _ in placement)
+        nodes = (
+            self.node_names[placement[0][0]]
+            if len(placement) == 1
+            else ", ".join(self.node_names[i] for i, _ in placement)
+        )
         self.out.waiting[job.job_id] = (
             f"{self._reason(self._place_key(g))}; holding {nodes} for it (waited over {self.starvation_s:g}s)"
         )
