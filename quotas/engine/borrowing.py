@@ -141,7 +141,7 @@ class BorrowingRules:
             breaks, place_key = self._borrow_breaks, self._place_key
             place = {x: place_key(x) for x in self.by_size[s] if x >= g0 and not breaks(s, x)}
         if self.tree is None:
-            spare = -self._deficit() - (max(0, cap - use) if self.lender[s] else 0)
+            spare = self._flat_spare(s, use)
         else:  # the limit that binds depends on the size: each size's sentence, with the numbers of now
             spare = max(0, self.top_sum)
             cover_key = self._cover_key
@@ -198,18 +198,19 @@ class BorrowingRules:
         with groups, weights or history, its path's fair-share values from the top down."""
         return self._fair_key(s) if self.fair else self._borrow_ratio(s)
 
+    def _flat_spare(self, s: int, use: int) -> int:
+        """The idle lendable GPUs a borrower of share s (using `use`) still finds, flat: the share's own
+        idle ones are part of the lendable total, not for it."""
+        return -self._deficit() - (max(0, self.capacity[s] - use) if self.lender[s] else 0)
+
     def _cover_key(self, s: int, g: int, use: int) -> tuple:
         """The reason key of a job of g GPUs of share s that the cover stops borrowing: flat, the idle
         lendable GPUs left (the share's own idle ones are part of the lendable total, not for it);
         with groups, the limit that binds: a group's borrow limit, or what the top still offers."""
-        if self.tree is None:  # flat (as below, without asking _borrow_block, nor _own_numbers for `use`)
+        block = None if self.tree is None else self._borrow_block(s, g)
+        if block is None:  # flat, or no level of the tree binds
             cap = self.capacity[s]
-            spare = -self._deficit() - (max(0, cap - use) if self.lender[s] else 0)
-            return ("slack", g, use if use < cap else cap, cap, spare)
-        block = self._borrow_block(s, g)
-        if block is None:  # flat
-            spare = -self._deficit() - (max(0, self.capacity[s] - use) if self.lender[s] else 0)
-            return ("slack", *self._own_numbers(s, g), spare)
+            return ("slack", g, use if use < cap else cap, cap, self._flat_spare(s, use))
         if block[0] == "group":
             x = block[1]
             taken = -self.node_net[x]

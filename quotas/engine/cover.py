@@ -290,6 +290,15 @@ class CoverAccounting:
             i += 1
         return True
 
+    def _covered_if(self, s: int, more: int, tol: int | tuple[int, ...]) -> bool:
+        """_covered(s, tol) if share s held `more` GPUs more, without changing anything."""
+        if self.tree is None:
+            return self._deficit_if(s, more) <= tol
+        short = self._shortfalls_if(s, more)
+        if tol.__class__ is int:
+            return max(short) <= tol
+        return all(a <= b for a, b in zip(short, tol, strict=True))
+
     def _borrow_breaks(self, s: int, g: int) -> bool:
         """Would share s borrowing g more GPUs leave a shortfall (rule 5: the cover, per level)?"""
         if self.tree is None:

@@ -346,13 +346,8 @@ class OwnCapacityRules:
             else:
                 avail = list(map(add, fu, pu)) if len(fit) == len(fu) else [fu[i] + pu[i] for i in fit]
                 placement = [(fit[avail.index(max(avail))], g)]
-        if self.tree is None:
-            if self._deficit_if(s, g) <= tol:  # _covered after the change, asked before it (flat)
-                self._chg(s, dp=g)
-        else:
+        if self._covered_if(s, g, tol):  # (asked before the change: no change and its undoing)
             self._chg(s, dp=g)
-            if not self._covered(s, tol):
-                self._chg(s, dp=-g)
         hold = []
         for i, c in placement:
             hold.append((i, min(c, fu[i] + pu[i])))

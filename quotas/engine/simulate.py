@@ -84,7 +84,7 @@ from quotas.engine.policy import (
 from quotas.engine.reasons import WaitingReasons
 from quotas.engine.timeline import Timeline, percentile
 from quotas.engine.tree import FairShareHistory, Tree
-from quotas.engine.views import UNASSIGNED, lends, type_usage
+from quotas.engine.views import UNASSIGNED, type_specs, type_usage
 
 SUCCEEDED = "SUCCEEDED"
 FAILED = "FAILED"
@@ -552,7 +552,7 @@ class _Simulator:
         self.dirty_types: set[str] = set()
         self.used: dict[str, dict[tuple[str, str], int]] = {}  # type -> (share, type) -> GPUs held
         self.type_shares: dict[str, dict[str, ShareView]] | None = None  # type -> shares with capacity in it
-        self.type_specs: dict[str, list[tuple[str, int, bool]]] = {}  # type -> _type_specs(its shares)
+        self.type_specs: dict[str, list[tuple[str, int, bool]]] = {}  # type -> views.type_specs(its shares)
         self.series_keys: dict[str, dict[str, tuple]] = {}  # type -> share -> its timeline series' keys
         self.type_values: dict[str, dict[tuple[str, str, str], float]] = {}  # as last recorded
         self.cluster_gpus: dict[str, int] = {}  # READY schedulable GPUs per type (usage's pool)
@@ -1188,10 +1188,11 @@ class _Simulator:
         shares = self.type_shares.get(gpu_type, {})
         specs = self.type_specs.get(gpu_type)
         if specs is None:  # the type's shares as views.type_usage reads them, kept until shares change
-            specs = self.type_specs[gpu_type] = _type_specs(shares, gpu_type)
+            specs = self.type_specs[gpu_type] = type_specs(shares, gpu_type, sorted(shares))
         used = self.used.get(gpu_type, {})
         if any(share not in shares for share, _ in used):  # borrowers without capacity of the type
-            specs = _type_specs({**shares, **{share: self.share_views[share] for share, _ in used}}, gpu_type)
+            everyone = {**shares, **{share: self.share_views[share] for share, _ in used}}
+            specs = type_specs(everyone, gpu_type, sorted(everyone))
         values: dict[tuple[str, str, str], float] = {}
         rows, factor, pool = type_usage(gpu_type, specs, used, self.cluster_gpus.get(gpu_type, 0))
         # Each share's series keys, made once (four tuples per share at every instant were a good part
@@ -1279,13 +1280,6 @@ class _Simulator:
             rejected=self.rejected,
             warnings=self.warnings,
         )
-
-
-def _type_specs(shares: Mapping[str, ShareView], gpu_type: str) -> list[tuple[str, int, bool]]:
-    """The shares as views.type_usage reads them for one type: (name, capacity, lends), by name."""
-    return [
-        (n, max(0, shares[n].capacity.get(gpu_type, 0)), lends(shares[n].strategy)) for n in sorted(shares)
-    ]
 
 
 def forecast_error(records: Iterable[JobRecord]) -> dict[str, Any]:

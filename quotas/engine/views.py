@@ -387,15 +387,21 @@ def usage_rows(
         gpu_types.update(share.capacity)
     names = sorted(shares)
     for gpu_type in sorted(gpu_types):
-        specs = [
-            (name, max(0, shares[name].capacity.get(gpu_type, 0)), lends(shares[name].strategy))
-            for name in names
-        ]
-        rows, factor, pool = type_usage(gpu_type, specs, used, cluster.get(gpu_type, 0))
+        rows, factor, pool = type_usage(
+            gpu_type, type_specs(shares, gpu_type, names), used, cluster.get(gpu_type, 0)
+        )
         for name, cap, use, own, lend in rows:
             yield name, gpu_type, cap, use, own, lend * factor
         if pool:
             yield UNASSIGNED, gpu_type, pool, 0, 0, pool * factor
+
+
+def type_specs(
+    shares: Mapping[str, ShareView], gpu_type: str, names: Iterable[str]
+) -> list[tuple[str, int, bool]]:
+    """The shares `names` (in that order: by name) as type_usage reads them for one type: (name, capacity
+    of the type, not below 0, lends)."""
+    return [(n, max(0, shares[n].capacity.get(gpu_type, 0)), lends(shares[n].strategy)) for n in names]
 
 
 def type_usage(
