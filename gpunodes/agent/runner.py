@@ -1138,17 +1138,16 @@ class Runner:
     # --- the reaper ------------------------------------------------------------------------------
 
     def poll(self) -> None:
-        """Called every fraction of a second: ship new log bytes, enforce deadlines and memory limits,
-        reap exits. One attempt's trouble (a full disk, say) never keeps another's end unreported."""
+        """Called every fraction of a second: reap exits, enforce deadlines and memory limits, ship new
+        log bytes. One attempt's trouble (a full disk, say) never keeps another's end unreported. What
+        an ended attempt held on this host (its checkpoint directory, uid, cgroups, GPUs) is let go of
+        before anything is sent: sends may each wait for a broker that cannot be reached (a partition),
+        and a copy of the job started elsewhere meanwhile must not find its directory still held."""
         now = time.monotonic()
         done: list[Proc] = []
         with self._lock:
             procs = list(self._procs.values())
         for proc in procs:
-            try:
-                self._ship_log(proc)
-            except OSError as e:
-                log.warning("could not ship the log of %s: %s", attempt_words(proc.job_id, proc.number), e)
             code = proc.popen.poll()
             if code is not None:
                 if proc.container and self._container_outlives_podman(proc):
@@ -1167,15 +1166,28 @@ class Runner:
             elif proc.kill_at is not None and now >= proc.kill_at:
                 self._kill(proc)
                 proc.kill_at = None
+        ended: list[tuple[Proc, float, bool]] = []
+        for proc in done:
+            try:
+                ended.append((proc, *self._reap_here(proc)))
+            except Exception:
+                log.exception("reaping %s failed", attempt_words(proc.job_id, proc.number))
+        for proc in procs:
+            if proc in done:
+                continue  # its last bytes go with its end (_report_end)
+            try:
+                self._ship_log(proc)
+            except OSError as e:
+                log.warning("could not ship the log of %s: %s", attempt_words(proc.job_id, proc.number), e)
         self.checkpoints.poll()
         if self.gpu_holders is not None and now >= self._next_gpu_use_check:
             self._next_gpu_use_check = now + self.gpu_use_check_s
             self.check_gpu_use()
-        for proc in done:
+        for proc, ended_at, oom in ended:
             try:
-                self._reap(proc)
+                self._report_end(proc, ended_at, oom)
             except Exception:
-                log.exception("reaping %s failed", attempt_words(proc.job_id, proc.number))
+                log.exception("reporting the end of %s failed", attempt_words(proc.job_id, proc.number))
         if done or self._state_dirty:
             with self._lock:
                 self._save_state()
@@ -1249,10 +1261,11 @@ class Runner:
         self._state_dirty = True
         return True
 
-    def _reap(self, proc: Proc) -> None:
-        """An attempt whose leader exited: whatever it left behind (its group, its cgroup, its uid)
-        goes with it, then its end is reported (into the outbox first), dated now by this host's clock:
-        the control side dates the end then, not when it reads the report (after a restart, say)."""
+    def _reap_here(self, proc: Proc) -> tuple[float, bool]:
+        """An attempt whose leader exited: whatever it left behind (its group, its cgroup, its uid, its
+        hold on its checkpoint directory) goes with it, on this host only (nothing sent). Returns when
+        it ended, by this host's clock (the control side dates the end then, not when it reads the
+        report: after a restart, say), and whether it ran out of memory, for _report_end."""
         ended_at = time.time()
         try:
             os.killpg(proc.popen.pid, signal.SIGKILL)
@@ -1278,6 +1291,11 @@ class Runner:
             else:
                 self.gpu_health.released(proc.gpus, label, self._owns(proc))
         proc.sink.finish()
+        return ended_at, oom
+
+    def _report_end(self, proc: Proc, ended_at: float, oom: bool) -> None:
+        """The end of an attempt _reap_here let go of: the rest of its log, then its end (into the
+        outbox first)."""
         try:
             self._ship_log(proc, final=True)
         except OSError as e:

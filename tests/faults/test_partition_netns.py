@@ -2,9 +2,11 @@
 broker over a veth pair at a 10.213.X.0/30 address; its link goes down for 30 s, longer than
 FENCE_AFTER_S + FENCE_GRACE_S and NODE_LOST_AFTER_S (set short), then comes back up. Its jobs are
 fenced within FENCE_AFTER_S (+ grace), the node is LOST only later and the re-queued copies start on
-the other node only then, no two attempts of a job overlap (the ledger), the cut-off agent's reports
-reach the control side once the link is back (its outbox empties: every entry acknowledged), and its
-node is READY again. The agent runs without DATABASE_URL: it needs only the broker.
+the other node only then (a copy p2 refuses, its job's checkpoint directory still held by the fenced
+attempt, is re-queued and never ran), no two attempts of a job overlap (the ledger), the cut-off
+agent's reports reach the control side once the link is back (its outbox empties: every entry
+acknowledged), and its node is READY again. The agent runs without DATABASE_URL: it needs only the
+broker.
 
 Needs root (`ip netns add`) besides PostgreSQL and redis-server; skipped, saying why, elsewhere."""
 
@@ -142,13 +144,20 @@ def test_an_agent_cut_off_by_a_real_partition_is_fenced_before_lost_and_loses_no
         assert state("p1") == NodeState.READY  # fenced before the control side gives up on it
         wait_for(lambda: state("p1") == NodeState.LOST, LOST_S + 20, every=0.1, what="p1 LOST")
         lost_s, lost_at = time.monotonic() - t0, time.time()
+        # A copy may be refused once or twice by p2 (its job's checkpoint directory still held while p1
+        # lets go of its fenced attempt: safe, re-queued without a strike); the one that runs is later.
         wait_for(
             lambda: (
-                Attempt.objects.filter(number=2, nodes__name="p2", state=AttemptState.RUNNING).count() == 2
+                Attempt.objects.filter(number__gte=2, nodes__name="p2", state=AttemptState.RUNNING)
+                .values("job")
+                .distinct()
+                .count()
+                == 2
             ),
             30,
             every=0.25,
             what="the copies running on p2",
+            jobs=jobs,
         )
         wait_for(lambda: outbox_size(cluster, "p1") >= 2, 10, what="p1's stopped reports in its outbox")
         held = outbox_size(cluster, "p1")
@@ -164,11 +173,18 @@ def test_an_agent_cut_off_by_a_real_partition_is_fenced_before_lost_and_loses_no
 
     ledger.release()
     wait_settled(60)
+    refused = 0
     for job in jobs:
         job.refresh_from_db()
-        assert job.state == JobState.SUCCEEDED and job.attempt_count == 2
-        assert Attempt.objects.get(job=job, number=1).outcome == Outcome.NODE_LOST
-        first, second = ledger.attempts(job.pk)
+        assert job.state == JobState.SUCCEEDED and job.attempt_count >= 2
+        outcomes = list(
+            Attempt.objects.filter(job=job).order_by("number").values_list("outcome", "started_at")
+        )
+        assert outcomes[0][0] == Outcome.NODE_LOST and outcomes[-1][0] == Outcome.SUCCEEDED
+        between = outcomes[1:-1]
+        assert all(o == Outcome.REFUSED and started is None for o, started in between), outcomes
+        refused += len(between)
+        first, second = ledger.attempts(job.pk)  # a refused copy never ran: no span
         assert first.ended and first.end - cut_at <= FENCE_S + GRACE_S + 2  # SIGTERM: its end written
         assert second.start > first.end and second.start >= lost_at - 1  # only once LOST
     checked = ledger.assert_no_overlap()
@@ -176,5 +192,5 @@ def test_an_agent_cut_off_by_a_real_partition_is_fenced_before_lost_and_loses_no
         f"\npartition {CUT_S:.0f} s (veth down, {ns.addr} -> {ns.host_addr}): jobs fenced after "
         f"{fenced_s:.1f} s (FENCE_AFTER_S={FENCE_S}), node LOST after {lost_s:.1f} s "
         f"(NODE_LOST_AFTER_S={LOST_S}); after healing READY in {ready_s:.1f} s, its {held} held reports "
-        f"acknowledged in {acked_s:.1f} s; {checked} attempts, none overlapping"
+        f"acknowledged in {acked_s:.1f} s; {checked} attempts, none overlapping ({refused} copies refused by p2)"
     )

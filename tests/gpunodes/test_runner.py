@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from gpunodes.agent import identity
 from gpunodes.agent.runner import FINISHED, LOG, STARTED, Runner
 
 TRAIN = str(Path(__file__).resolve().parents[2] / "examples" / "train.py")
@@ -229,3 +230,39 @@ def test_a_start_refused_for_the_nodes_state_is_reported_as_refused_and_stays_re
     assert (end["attempt_id"], end["how"], end["detail"]) == (5, "refused", "refused: n1 is CORDONED")
     start(runner, ["true"], attempt_id=5)
     assert not runner.running()
+
+
+def test_ended_attempts_let_go_of_their_checkpoint_directories_before_any_report_is_sent(tmp_path):
+    """A host cut off from the broker: each send waits for it (here it only records what it saw). Two
+    attempts end at once; the second's checkpoint directory must not stay held while the first's end
+    is being sent, else a copy of its job started elsewhere (its host declared LOST) is refused."""
+    seen = []
+    holds = identity.CheckpointHolds(tmp_path / "ckpt")
+
+    class Cut(Reports):
+        def __call__(self, name, kwargs):
+            if name in (LOG, FINISHED):
+                seen.append((name, kwargs["attempt_id"], holds.held(7) + holds.held(8)))
+            super().__call__(name, kwargs)
+
+    reports = Cut()
+    runner = make_runner(tmp_path, reports)
+    go = tmp_path / "go"
+    command = ["sh", "-c", f"echo up; while [ ! -e {go} ]; do sleep 0.05; done"]
+    try:
+        for attempt_id, job_id in ((1, 7), (2, 8)):
+            assert (
+                runner.start(attempt_id=attempt_id, number=1, job_id=job_id, command=command, gpus=[0])
+                == "started"
+            )
+        assert sorted(holds.held(7) + holds.held(8)) == ["1-1.n1", "2-1.n1"]
+        go.touch()
+        deadline = time.monotonic() + 10
+        while any(p.popen.poll() is None for p in runner._procs.values()):
+            assert time.monotonic() < deadline, "the attempts did not end"
+            time.sleep(0.05)
+        runner.poll()  # both ended: one poll reaps them
+        assert sorted(k["attempt_id"] for k in reports.of(FINISHED)) == [1, 2]
+        assert seen and all(held == [] for _, _, held in seen), seen
+    finally:
+        runner.shutdown(grace_s=1)
