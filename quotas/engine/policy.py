@@ -48,6 +48,7 @@ Where SEMANTICS leaves room, this module decides:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 
 # The package's layout: views.py (what the policy sees and decides, and the accounting read from a
@@ -161,6 +162,9 @@ class Engine:
         self._sh: ShareIndex | None = None
         self._bases: dict[str, TypeState] = {}
         self._cluster: dict[str, int] | None = None  # schedulable GPUs per type
+        # Checkpoints told with checkpoint_later, not applied yet: attempt id -> its latest. Applied when
+        # a pass first reads a victim order, or when the views are read whole (snapshot, a rebuild).
+        self._due: dict[Hashable, float] = {}
 
     @classmethod
     def from_snapshot(cls, snapshot: Snapshot) -> Engine:
@@ -177,6 +181,7 @@ class Engine:
         )
 
     def snapshot(self, now: float, *, queued: bool = True) -> Snapshot:
+        self._apply_checkpoints()
         return Snapshot(
             now=now,
             nodes=self.nodes,
@@ -192,9 +197,12 @@ class Engine:
 
     def _state(self) -> tuple[ShareIndex, dict[str, TypeState]]:
         if self._sh is None:
+            self._apply_checkpoints()
             self._sh = ShareIndex(self.shares, self.running.values(), self.queued.values(), self.groups)
             self._bases = type_states(self._sh, self.nodes, self.running.values(), self.queued.values())
             self._cluster = None
+            for base in self._bases.values():
+                base.before_victims = self._apply_checkpoints
         return self._sh, self._bases
 
     def plan(self, now: float) -> Plan:
@@ -345,7 +353,26 @@ class Engine:
             base.checkpoint(run)
         return run
 
+    def checkpoint_later(self, attempt_id: Hashable, at: float) -> None:
+        """checkpoint(), applied only when something reads what it changes: a pass's victim order (rules
+        3, 4 and 11, which most passes never read), a snapshot, current(). The same decisions as
+        checkpoint() at once; the simulator tells one at every checkpoint_every_s of every attempt."""
+        if at > self._due.get(attempt_id, -math.inf):
+            self._due[attempt_id] = at
+
+    def current(self, attempt_id: Hashable) -> RunningView:
+        """A running attempt's view, with a checkpoint told for later applied."""
+        at = self._due.pop(attempt_id, None)
+        return self.running[attempt_id] if at is None else self.checkpoint(attempt_id, at)
+
+    def _apply_checkpoints(self) -> None:
+        if self._due:
+            due, self._due = self._due, {}
+            for attempt_id, at in due.items():
+                self.checkpoint(attempt_id, at)
+
     def remove_running(self, attempt_id: Hashable) -> RunningView:
+        self._due.pop(attempt_id, None)
         run = self.running.pop(attempt_id)
         base = self._base(run.gpu_type, run.share)
         if base is not None:

@@ -754,7 +754,7 @@ class _Simulator:
         return job.fair_reclaims
 
     def set_view(self, run: _Run, **changes: Any) -> None:
-        run.view = dataclasses.replace(run.view, **changes)
+        run.view = dataclasses.replace(self.engine.current(run.record.attempt_id), **changes)
         self.engine.add_running(run.view)
 
     # -- event handlers -----------------------------------------------------------------------------
@@ -867,7 +867,7 @@ class _Simulator:
                 continue  # it stopped before this checkpoint
             every = run.job.spec.checkpoint_every_s
             at += (now - at) // every * every  # the latest one up to now
-            run.view = self.engine.checkpoint(attempt_id, at)
+            self.engine.checkpoint_later(attempt_id, at)  # (run.view lags: set_view asks current())
             if at + every < run.end_at:
                 heapq.heappush(due, (at + every, attempt_id))
 

@@ -371,6 +371,9 @@ class TypeState:
 
         # -- victim orders, refreshed for the shares in `dirty` when a pass first needs them
         self.dirty: set[int] = set(range(n))
+        # Called before the victim orders are read (the Engine's checkpoints told for later): the safe
+        # points they depend on are brought up to date only by a pass that needs them.
+        self.before_victims: Callable[[], None] | None = None
         self.vlist: list[list[PassAttempt]] = [[] for _ in range(n)]
         self.vshares: list[int] = []
         self.rec = [0] * n_nodes
@@ -594,6 +597,8 @@ class TypeState:
     def victim_orders(self) -> None:
         """Rule 8's borrowed part and rule 3's victim order, for the shares whose attempts changed
         since they were last ordered (rule 4's order is `vatts` read from the end)."""
+        if self.before_victims is not None:
+            self.before_victims()
         if not self.dirty:
             return
         rec = self.rec

@@ -122,6 +122,25 @@ def test_a_reported_checkpoint_moves_the_attempt_in_the_engines_kept_order():
     assert victims(engine.plan(5)) == [("a-2", RECLAIM)]
 
 
+def test_a_checkpoint_told_for_later_moves_the_attempt_before_the_pass_chooses_a_victim():
+    # The simulator's way (Engine.checkpoint_later): nothing is applied until a pass reads a victim
+    # order, and then all of it; a view asked of current() has it; an attempt that ends drops it.
+    engine = Engine.from_snapshot(_reclaim())
+    assert victims(engine.plan(5)) == [("a-2", RECLAIM)]  # (its kept state built: no rebuild applies them)
+    engine.checkpoint_later("a-1", 3)
+    engine.checkpoint_later("a-1", 4)
+    engine.checkpoint_later("a-1", 2)  # older than the one told: changes nothing
+    assert engine.running["a-1"].last_checkpoint_at is None  # not applied yet
+    assert victims(engine.plan(5)) == [("a-1", RECLAIM)]
+    assert engine.running["a-1"].last_checkpoint_at == 4
+    engine.checkpoint_later("a-2", 4.5)
+    assert engine.current("a-2").safe_point == 4.5
+    assert victims(engine.plan(5)) == [("a-2", RECLAIM)]
+    engine.checkpoint_later("b-1", 5)
+    engine.remove_running("b-1")
+    assert "b-1" not in {r.attempt_id for r in engine.snapshot(5).running}
+
+
 def _old_victim_key(run: RunningView) -> tuple:
     # The order before safe points (issue 26): lowest priority, most recently started, rule 8.
     return (-run.priority, run.started_at, run.submitted_at, run.job_id, run.attempt_id)
