@@ -252,7 +252,9 @@ def test_ended_attempts_let_go_of_their_checkpoint_directories_before_any_report
     try:
         for attempt_id, job_id in ((1, 7), (2, 8)):
             assert (
-                runner.start(attempt_id=attempt_id, number=1, job_id=job_id, command=command, gpus=[0])
+                runner.start(
+                    attempt_id=attempt_id, number=1, job_id=job_id, command=command, gpus=[attempt_id]
+                )
                 == "started"
             )
         assert sorted(holds.held(7) + holds.held(8)) == ["1-1.n1", "2-1.n1"]
