@@ -96,6 +96,28 @@ def run_pass(
         reserved=out.reserved,
         protected=out.protected,
         recheck_at=out.recheck_at,
+        settled=_settled(out),
+    )
+
+
+def _settled(out: PassOutput) -> bool:
+    """Plan.settled: a pass right after this one's admissions decides nothing. It holds when this one
+    admitted and did nothing else: no pre-emption, nothing earmarked or held for a job (rules 6, 7, 9),
+    no job waiting for protection (rule 10), no beneficiary started (rule 7 puts it ahead of the
+    owners, so it may be reclaimed next, and the GPUs its victims free are then held for nobody), no
+    share with in-share pre-emption left with a waiting job of higher priority than one of its
+    attempts (rule 4's candidates grow with what starts, and a job that skipped rule 4 because it
+    could borrow then may have lost those GPUs since), and no order by fair-share values (rule 5
+    with groups, weights or history; rule 11). Then the next pass starts from this one's numbers at
+    its end, and every job it looks at was looked at here, in the same order or later, with as many
+    free GPUs or more, as much own room or more and a cover as slack or slacker; what this pass
+    started adds victims only as GPUs it took from the same nodes. A starving head that the next pass
+    finds is held for (rule 6), not started: it was looked at here after the head before it started.
+    What holds the claim: the next pass at every settled plan of random states and histories decides
+    nothing (tests/quotas/test_policy_settled.py, where each condition above has the case that needs
+    it), and replays with `simulate(check_skipped=True)`."""
+    return bool(out.admissions) and not (
+        out.unsettled or out.preemptions or out.reserved or out.protected or out.recheck_at is not None
     )
 
 
@@ -231,6 +253,8 @@ class TypePass(
             return
         is_ben = self.is_ben
         later: list[tuple[tuple, int, int]] = []  # (queue key, share, index): first in line to borrow
+        if self.fair or self.fair_reclaim:
+            self.out.unsettled = True  # (the values move as jobs start: no claim made for the next pass)
 
         # A. Rule 7: beneficiaries of earlier pre-emptions, ahead of everything else.
         # Rule 6: a starving head goes next, before backfill and other shares can take its node.
@@ -353,6 +377,34 @@ class TypePass(
         # D. Rule 11: fair reclaim, when the cluster turns it on.
         if self.fair_reclaim:
             self._fair_reclaim_phase()
+        elif not self.out.unsettled and self.out.admissions and self._rule_4_open(shares):
+            self.out.unsettled = True
+
+    def _rule_4_open(self, shares: list[int]) -> bool:
+        """Could rule 4 pre-empt in a pass made right after this one (Plan.settled)? Its candidates are
+        not monotone in what this pass starts: a job it started may be of lower priority than one left
+        waiting in its share (a beneficiary goes first, rule 7), and a job that skipped rule 4 because
+        it could borrow then may have lost those GPUs to later borrowers. So: yes where a share with
+        in-share pre-emption keeps waiting a job of higher priority than some attempt it will run."""
+        q, status, pgpus, in_share = self.q, self.status, self.base.pgpus, self.in_share
+        for s in shares:
+            if not in_share[s]:
+                continue
+            st, qs = status[s], q[s]
+            low = min(pgpus[s]) if pgpus[s] else None
+            for k, v in st.items():
+                if v == ADMITTED and (low is None or qs[k].priority < low):
+                    low = qs[k].priority
+            if low is None:
+                continue
+            for k, job in enumerate(qs):  # beneficiaries first, then by priority: the first waiting
+                if st.get(k) == ADMITTED:  # job that is none has the highest priority of the rest
+                    continue
+                if job.priority > low:
+                    return True
+                if not job.beneficiary:
+                    break
+        return False
 
     def _admit(
         self,
@@ -364,6 +416,11 @@ class TypePass(
     ) -> int:
         """Admit q[s][k], whose GPUs are already in `pend[s]` (moved to `held` here)."""
         job = self.q[s][k]
+        if job.job_id in self.is_ben:
+            # A beneficiary goes ahead of everything (rule 7), borrowing included, so jobs looked at
+            # after it may reclaim it in the next pass; and the GPUs its victims are freeing are held
+            # for nobody once it runs (Plan.settled).
+            self.out.unsettled = True
         self._chg(s, dh=job.gpus, dp=-job.gpus)
         where = []
         for i, c in placement:
@@ -398,6 +455,7 @@ class TypePass(
         """q[s][k] (already in `pend[s]`) waits for the GPUs being freed on `placement` (and holds the
         free ones there too, unless not `hold_free`)."""
         job = self.q[s][k]
+        self.out.unsettled = True
         added = self._commit_victims(victims, job) if victims else 0
         held, from_pend = self._hold(placement, hold_free)
         if held:

@@ -300,6 +300,7 @@ def simulate(
     profile: Profile | None = None,
     on_pass: Callable[[int], None] | None = None,
     report_checkpoints: bool = True,
+    check_skipped: bool = False,
 ) -> SimResult:
     """Replay a scenario (a `Scenario` or its decoded JSON) and return the result.
 
@@ -309,8 +310,11 @@ def simulate(
     reported (SCENARIO.md `--forecast`). `on_pass` hears the virtual time before each pass (progress,
     a deadline: what it raises ends the run). With `report_checkpoints=False` the policy is not told
     the periodic checkpoints (every safe point is its attempt's start: victims in the order before
-    safe points, for comparisons); the work lost is counted from the checkpoints either way. Raises
-    `ScenarioError` for an invalid scenario and `PolicyError` for a decision that cannot be applied.
+    safe points, for comparisons); the work lost is counted from the checkpoints either way. A pass
+    whose plan is settled (Plan.settled) is not followed by the pass that would find nothing more to
+    decide at that instant (it is counted all the same); with `check_skipped` that pass is made, and a
+    PolicyError raised if it decides anything (the tests' check of the claim). Raises `ScenarioError`
+    for an invalid scenario and `PolicyError` for a decision that cannot be applied.
     """
     if not isinstance(scenario, sc.Scenario):
         scenario = sc.parse(scenario)
@@ -319,6 +323,7 @@ def simulate(
         "profile": profile,
         "on_pass": on_pass,
         "report_checkpoints": report_checkpoints,
+        "check_skipped": check_skipped,
     }
     if profile is None or not profile.detail:
         return _Simulator(scenario, planner, **options).run()
@@ -487,6 +492,7 @@ class _Simulator:
         profile: Profile | None = None,
         on_pass: Callable[[int], None] | None = None,
         report_checkpoints: bool = True,
+        check_skipped: bool = False,
     ) -> None:
         self.scenario = scenario
         self.on_pass = on_pass
@@ -532,6 +538,12 @@ class _Simulator:
         self.decide = profile.timed("passes", decide) if profile is not None else decide
 
         self.passes = 0
+        # A settled plan's next pass at its instant is not made (Plan.settled) where every change is
+        # followed by a pass at once (tick_s 1): the reasons it would have given are asked of the
+        # engine at the end, if it was the last pass (`waiting_due`, its instant), from the same state.
+        self.check_skipped = check_skipped
+        self.skip_settled = scenario.settings.tick_s == 1 and not check_skipped
+        self.waiting_due: int | None = None
         self.busy_gpu_s = 0
         self.lost_gpu_s = 0
         # share -> cause -> GPU-seconds lost (SCENARIO.md result: shares[].lost_gpu_seconds)
@@ -641,11 +653,20 @@ class _Simulator:
         self.changed = False
         if not self.qviews:
             return  # nothing to admit, so nothing to pre-empt for
+        settled = False
         for _ in range(MAX_PASSES_PER_INSTANT):
             self.changed = False
             decided = self.decide()
             self.passes += 1
             self.last_waiting = decided.waiting
+            self.waiting_due = None
+            if settled and (
+                decided.admissions
+                or decided.preemptions
+                or decided.protected
+                or decided.recheck_at is not None
+            ):
+                raise PolicyError(f"t={t}: a pass after a settled plan decided something new")
             if decided.protected or self.protect_waiting:
                 self.note_protection(decided.protected)
             if not decided.admissions and not decided.preemptions:
@@ -653,6 +674,14 @@ class _Simulator:
                     self.recheck(decided.recheck_at)
                 return
             self.apply(decided)
+            settled = decided.settled and self.check_skipped
+            if decided.settled and self.skip_settled:
+                # The pass it stands for would decide nothing and leave nothing to note (no job waits
+                # for protection, none did in this one).
+                self.changed = False
+                self.passes += 1
+                self.waiting_due = t
+                return
         raise PolicyError(f"t={t}: more than {MAX_PASSES_PER_INSTANT} passes still decided something new")
 
     def recheck(self, at: float) -> None:
@@ -1231,6 +1260,12 @@ class _Simulator:
     def result(self, end: int, cut: bool) -> SimResult:
         self.timeline.end = end
         jobs = {job_id: job.record for job_id, job in self.jobs.items()}
+        if self.waiting_due is not None and self.qviews:
+            # The last pass was one not made after a settled plan: nothing changed since, so a pass at
+            # its instant over the state now gives the reasons it would have given.
+            now, self.now = self.now, self.waiting_due
+            self.last_waiting = self.decide().waiting
+            self.now = now
         if cut:
             self.busy_gpu_s += sum(r.record.gpus * (end - r.record.start) for r in self.running.values())
         capacity_gpu_s = 0

@@ -156,7 +156,16 @@ class PassAttempt:
 
 
 class PassOutput:
-    __slots__ = ("admissions", "preemptions", "waiting", "reserved", "later", "protected", "recheck_at")
+    __slots__ = (
+        "admissions",
+        "preemptions",
+        "waiting",
+        "reserved",
+        "later",
+        "protected",
+        "recheck_at",
+        "unsettled",
+    )
 
     def __init__(self) -> None:
         self.admissions: list[Admission] = []
@@ -167,6 +176,9 @@ class PassOutput:
         self.recheck_at: float | None = None
         # Reasons not written during the pass: (function, share, queue indexes) run on first read.
         self.later: list[tuple[Callable[[int, int], int], int, Iterable[int]]] = []
+        # Something this pass did keeps a pass made right after its admissions from being known to
+        # decide nothing (Plan.settled): a job earmarked GPUs, or the pass ranked by fair-share values.
+        self.unsettled = False
 
 
 class LazyWaiting(Mapping):
