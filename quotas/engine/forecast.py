@@ -537,8 +537,8 @@ def _replay(
         for job_id in beneficiaries:
             if job_id in queued:
                 put_queued(replace(queued[job_id], beneficiary=True))
-        if changed:
-            continue  # passes repeat at one instant until one decides nothing new
+        if changed and not decided.settled:
+            continue  # passes repeat at one instant until one decides nothing new (Plan.settled: known)
 
         while end_heap and ends.get(end_heap[0][2]) != end_heap[0][0]:
             heapq.heappop(end_heap)  # stale

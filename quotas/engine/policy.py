@@ -165,6 +165,18 @@ class Engine:
         # Checkpoints told with checkpoint_later, not applied yet: attempt id -> its latest. Applied when
         # a pass first reads a victim order, or when the views are read whole (snapshot, a rebuild).
         self._due: dict[Hashable, float] = {}
+        # Whether a pass now would decide nothing (quiet()): so after a settled pass (Plan.settled)
+        # that decided nothing, or once exactly the admissions of a settled plan have started and left
+        # the queue (`_starting`, `_leaving`); it
+        # stays so while the only changes are checkpoints and jobs queued that no pass could start or
+        # pre-empt for (TypeState.cannot_start); anything else ends it. Flat layouts only: fair-share
+        # values move with time and the history. And only until a share's head starts to starve
+        # (`_quiet_until`): a node held for it takes room, and a job of its share that had own room
+        # may then pre-empt by rule 4 instead.
+        self._quiet = False
+        self._quiet_at = self._quiet_until = -math.inf
+        self._starting: dict[Hashable, tuple[Admission, QueuedView]] = {}
+        self._leaving: set[Hashable] = set()
 
     @classmethod
     def from_snapshot(cls, snapshot: Snapshot) -> Engine:
@@ -206,7 +218,70 @@ class Engine:
         return self._sh, self._bases
 
     def plan(self, now: float) -> Plan:
-        return run_pass(self._state()[1], now, self.starvation_s, self.history, self.fair_reclaim)
+        decided = run_pass(self._state()[1], now, self.starvation_s, self.history, self.fair_reclaim)
+        self._unquiet()
+        if not (self.groups or self.history or self.fair_share_half_life_s or self.fair_reclaim):
+            self._quiet_at = now
+            if decided.settled and decided.admissions:
+                self._starting = {a.job_id: (a, self.queued[a.job_id]) for a in decided.admissions}
+                self._leaving = set(self._starting)
+            elif decided.settled:
+                self._become_quiet()
+        return decided
+
+    def quiet(self, now: float) -> bool:
+        """A pass at `now` would decide nothing: no admission, no pre-emption, no job waiting for
+        protection (and so no recheck). Its waiting reasons are not known without it. Callers that
+        pass after every change may count such a pass without making it (the simulator); the claim is
+        checked against the pass made (tests/quotas/test_policy_settled.py,
+        `simulate(check_skipped=True)`)."""
+        return self._quiet and self._quiet_at <= now <= self._quiet_until
+
+    def _become_quiet(self) -> None:
+        self._quiet = True
+        until = math.inf
+        after, wait = self._quiet_at, self.starvation_s
+        named = set()  # (as run_pass: the jobs pre-empting attempts name are beneficiaries too)
+        for base in self._bases.values():
+            named.update(base.ben_count)
+        for base in self._bases.values():
+            bens = base.bens | named if named else base.bens
+            for qs in base.q:
+                if qs:  # the head rule 6 asks about, and the first that is no beneficiary (phase A's)
+                    for job in (qs[0], next((j for j in qs if j.job_id not in bens), None)):
+                        if job is not None and after <= job.submitted_at + wait < until:
+                            until = job.submitted_at + wait
+        self._quiet_until = until
+
+    def _unquiet(self) -> None:
+        self._quiet = False
+        if self._starting or self._leaving:
+            self._starting, self._leaving = {}, set()
+
+    def _settling(self, job_id: Hashable, *, started: RunningView | None = None) -> bool:
+        """One of a settled plan's admitted jobs left the queue, or started (`started`, its attempt):
+        True when that is what the plan said (the engine is quiet once all have)."""
+        if started is None:
+            if job_id not in self._leaving:
+                return False
+            self._leaving.discard(job_id)
+        else:
+            admitted = self._starting.get(job_id)
+            if admitted is None:
+                return False
+            a, job = admitted
+            if (started.share, started.gpu_type, started.priority, started.placement, started.borrowed) != (
+                a.share,
+                job.gpu_type,
+                job.priority,
+                a.placement,
+                a.borrowed,
+            ) or started.preempting:
+                return False
+            del self._starting[job_id]
+        if not self._starting and not self._leaving:
+            self._become_quiet()
+        return True
 
     def usage(self) -> dict[str, dict[str, ShareUsage]]:
         """usage(self.snapshot(now)) from the kept state, without a walk over the attempts."""
@@ -251,13 +326,16 @@ class Engine:
     def set_nodes(self, nodes: Iterable[NodeView]) -> None:
         self.nodes = tuple(nodes)
         self._sh = None
+        self._unquiet()
 
     def set_shares(self, shares: Iterable[ShareView]) -> None:
         self.shares = tuple(shares)
         self._sh = None
+        self._unquiet()
 
     def set_starvation(self, starvation_s: float) -> None:
         self.starvation_s = starvation_s
+        self._unquiet()
 
     def set_tree(
         self, groups: Iterable[GroupSpec], *, fair_share_half_life_s: float = 0, fair_reclaim: bool = False
@@ -268,10 +346,12 @@ class Engine:
         self.fair_share_half_life_s = fair_share_half_life_s
         self.fair_reclaim = fair_reclaim
         self._sh = None
+        self._unquiet()
 
     def set_history(self, history: Mapping[tuple[str, str], float]) -> None:
         """The decayed borrowing history (tree.FairShareHistory.values) to rank borrowers by."""
         self.history = dict(history)
+        self._unquiet()
 
     def add_queued(self, job: QueuedView) -> None:
         """A job joins the queue, or a queued job's view changes (priority, beneficiary): it keeps its
@@ -285,12 +365,21 @@ class Engine:
         base = self._base(job.gpu_type, job.share)
         if base is not None:
             base.add_job(job)
+        if self._starting or self._leaving:
+            self._unquiet()  # (a settled plan's admissions not all applied yet)
+        elif self._quiet:
+            if old is None and base is not None and self._sh is not None and base.cannot_start(job):
+                self._quiet_until = min(self._quiet_until, job.submitted_at + self.starvation_s)
+            else:
+                self._unquiet()
 
     def remove_queued(self, job_id: Hashable) -> QueuedView:
         job = self.queued.pop(job_id)
         base = self._base(job.gpu_type, job.share)
         if base is not None:
             base.remove_job(job)
+        if not self._settling(job_id):
+            self._unquiet()
         return job
 
     def remove_queued_many(self, job_ids: Iterable[Hashable]) -> None:
@@ -299,6 +388,8 @@ class Engine:
         for job_id in job_ids:
             job = self.queued.pop(job_id)
             jobs.setdefault(job.gpu_type, []).append(job)
+            if not self._settling(job_id):
+                self._unquiet()
         for gpu_type, of_type in jobs.items():
             if self._sh is None:
                 return  # the next pass rebuilds from the views
@@ -322,6 +413,8 @@ class Engine:
             base.add_run(run)
             if not base.regular:
                 self._sh = None
+        if not (old is None and self._starting and self._settling(run.job_id, started=run)):
+            self._unquiet()
 
     def checkpoint(self, attempt_id: Hashable, at: float) -> RunningView:
         """A running attempt reported a checkpoint at `at`: its safe point moves (SEMANTICS "Checkpoints
@@ -373,6 +466,7 @@ class Engine:
 
     def remove_running(self, attempt_id: Hashable) -> RunningView:
         self._due.pop(attempt_id, None)
+        self._unquiet()
         run = self.running.pop(attempt_id)
         base = self._base(run.gpu_type, run.share)
         if base is not None:

@@ -101,24 +101,27 @@ def run_pass(
 
 
 def _settled(out: PassOutput) -> bool:
-    """Plan.settled: a pass right after this one's admissions decides nothing. It holds when this one
-    admitted and did nothing else: no pre-emption, nothing earmarked or held for a job (rules 6, 7, 9),
-    no job waiting for protection (rule 10), no beneficiary started (rule 7 puts it ahead of the
-    owners, so it may be reclaimed next, and the GPUs its victims free are then held for nobody), no
-    share with in-share pre-emption left with a waiting job of higher priority than one of its
-    attempts (rule 4's candidates grow with what starts, and a job that skipped rule 4 because it
-    could borrow then may have lost those GPUs since), and no order by fair-share values (rule 5
-    with groups, weights or history; rule 11). Then the next pass starts from this one's numbers at
-    its end, and every job it looks at was looked at here, in the same order or later, with as many
-    free GPUs or more, as much own room or more and a cover as slack or slacker; what this pass
-    started adds victims only as GPUs it took from the same nodes. A starving head that the next pass
-    finds is held for (rule 6), not started: it was looked at here after the head before it started.
-    What holds the claim: the next pass at every settled plan of random states and histories decides
-    nothing (tests/quotas/test_policy_settled.py, where each condition above has the case that needs
-    it), and replays with `simulate(check_skipped=True)`."""
-    return bool(out.admissions) and not (
-        out.unsettled or out.preemptions or out.reserved or out.protected or out.recheck_at is not None
-    )
+    """Plan.settled: the pass reached a fixpoint. With admissions, a pass right after they start
+    decides nothing: this one admitted and did nothing else, no pre-emption, nothing earmarked or held
+    for a job (rules 6, 7, 9), no job waiting for protection (rule 10), no beneficiary started (rule 7
+    puts it ahead of the owners, so it may be reclaimed next, and the GPUs its victims free are then
+    held for nobody), no share with in-share pre-emption left with a waiting job of higher priority
+    than one of its attempts (rule 4's candidates grow with what starts, and a job that skipped rule 4
+    because it could borrow then may have lost those GPUs since), and no order by fair-share values
+    (rule 5 with groups, weights or history; rule 11). Then the next pass starts from this one's
+    numbers at its end, and every job it looks at was looked at here, in the same order or later, with
+    as many free GPUs or more, as much own room or more and a cover as slack or slacker; what this
+    pass started adds victims only as GPUs it took from the same nodes. A starving head that the next
+    pass finds is held for (rule 6), not started: it was looked at here after the head before it
+    started. Without admissions: it decided nothing and earmarked nothing (so each share's head, for
+    rule 6, is its first job, or its first that is no beneficiary), waits for no protection, and was
+    not ranked by fair-share values; a node held for a starving head is allowed. What holds the claims:
+    the next pass at every settled plan of random states and histories decides nothing
+    (tests/quotas/test_policy_settled.py, where each condition above has the case that needs it), and
+    replays with `simulate(check_skipped=True)`."""
+    if out.unsettled or out.preemptions or out.protected or out.recheck_at is not None:
+        return False
+    return not (out.admissions and out.reserved)
 
 
 class TypePass(

@@ -312,8 +312,9 @@ def simulate(
     the periodic checkpoints (every safe point is its attempt's start: victims in the order before
     safe points, for comparisons); the work lost is counted from the checkpoints either way. A pass
     whose plan is settled (Plan.settled) is not followed by the pass that would find nothing more to
-    decide at that instant (it is counted all the same); with `check_skipped` that pass is made, and a
-    PolicyError raised if it decides anything (the tests' check of the claim). Raises `ScenarioError`
+    decide at that instant, and no pass is made where the engine knows it would decide nothing
+    (Engine.quiet); such passes are counted all the same. With `check_skipped` they are made, and a
+    PolicyError raised if one decides anything (the tests' check of both claims). Raises `ScenarioError`
     for an invalid scenario and `PolicyError` for a decision that cannot be applied.
     """
     if not isinstance(scenario, sc.Scenario):
@@ -538,11 +539,13 @@ class _Simulator:
         self.decide = profile.timed("passes", decide) if profile is not None else decide
 
         self.passes = 0
-        # A settled plan's next pass at its instant is not made (Plan.settled) where every change is
-        # followed by a pass at once (tick_s 1): the reasons it would have given are asked of the
+        # A settled plan's next pass at its instant (Plan.settled), and a pass the engine knows would
+        # decide nothing (Engine.quiet, with the engine as planner), are not made where every change is
+        # followed by a pass at once (tick_s 1): the reasons one would have given are asked of the
         # engine at the end, if it was the last pass (`waiting_due`, its instant), from the same state.
         self.check_skipped = check_skipped
         self.skip_settled = scenario.settings.tick_s == 1 and not check_skipped
+        self.skip_quiet = self.skip_settled and planner is None
         self.waiting_due: int | None = None
         self.busy_gpu_s = 0
         self.lost_gpu_s = 0
@@ -653,7 +656,15 @@ class _Simulator:
         self.changed = False
         if not self.qviews:
             return  # nothing to admit, so nothing to pre-empt for
-        settled = False
+        # The engine knows a pass now would decide nothing (Engine.quiet: nothing changed since its last
+        # pass that decided nothing, or since a settled plan was applied, but jobs queued that no pass
+        # could start or pre-empt for): counted, not made.
+        settled = self.check_skipped and self.engine.quiet(t)
+        if self.skip_quiet and self.engine.quiet(t):
+            self.changed = False
+            self.passes += 1
+            self.waiting_due = t
+            return
         for _ in range(MAX_PASSES_PER_INSTANT):
             self.changed = False
             decided = self.decide()
@@ -666,7 +677,7 @@ class _Simulator:
                 or decided.protected
                 or decided.recheck_at is not None
             ):
-                raise PolicyError(f"t={t}: a pass after a settled plan decided something new")
+                raise PolicyError(f"t={t}: a pass the simulator would not make decided something new")
             if decided.protected or self.protect_waiting:
                 self.note_protection(decided.protected)
             if not decided.admissions and not decided.preemptions:
@@ -1261,8 +1272,8 @@ class _Simulator:
         self.timeline.end = end
         jobs = {job_id: job.record for job_id, job in self.jobs.items()}
         if self.waiting_due is not None and self.qviews:
-            # The last pass was one not made after a settled plan: nothing changed since, so a pass at
-            # its instant over the state now gives the reasons it would have given.
+            # The last pass was one not made (after a settled plan, or the engine quiet): nothing changed
+            # since, so a pass at its instant over the state now gives the reasons it would have given.
             now, self.now = self.now, self.waiting_due
             self.last_waiting = self.decide().waiting
             self.now = now

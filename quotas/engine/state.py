@@ -723,6 +723,36 @@ class TypeState:
             suf[k] = g
             k -= 1
 
+    def cannot_start(self, job: QueuedView) -> bool:
+        """A job just queued (add_job) that no pass could start, or pre-empt for, as things are, and
+        whose place in the queue changes nothing for the jobs queued before it (Engine.quiet): it can
+        never run here (`waiting`); or it is no beneficiary, has no own room in its share (rules 2-3:
+        even with nothing else of the share queued), no attempt of its in-share-pre-empting share is
+        of lower priority (rule 4), it is last in its share's queue (a job ahead of the head could
+        take a starving head's node hold away, rule 6), and it may not borrow or no free GPUs of the
+        type would hold it (rule 5 starts borrowers on free GPUs only)."""
+        if job.job_id in self.waiting:
+            return True
+        if job.beneficiary:
+            return False
+        s, key = self.qinfo[job.job_id]
+        g = job.gpus
+        if self.held[s] + g <= self.capacity[s]:
+            return False
+        pg = self.pgpus[s]
+        if self.in_share[s] and pg and job.priority > min(pg):
+            return False
+        if self.keys[s][-1] != key:
+            return False
+        return not (self.may_borrow[s] and self.could_place(g))
+
+    def could_place(self, g: int) -> bool:
+        """Whether free GPUs of the type could hold g GPUs now: a node with g free (the buckets' stale
+        entries skipped), or for a gang any wholly free node."""
+        if g > self.largest_node:
+            return self.whole > 0
+        return any(self.fresh_bucket(v) for v in range(g, len(self.bk)))
+
     def remove_job(self, job: QueuedView) -> None:
         if self.waiting.pop(job.job_id, None) is not None:
             return

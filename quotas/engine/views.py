@@ -177,11 +177,13 @@ class Plan:
     # The earliest instant at which a protection window that matters to a waiting job ends: the walk
     # is to be made again then (a pass at that instant), even if nothing else changes. None: none.
     recheck_at: float | None = None
-    # A pass over the state with exactly these admissions started (and nothing else changed), at the
-    # same instant, decides nothing: no admission, no pre-emption, no job waiting for protection
-    # (SEMANTICS is silent on how often passes run; see run_pass for when it is set). Callers that
-    # pass again until nothing new is decided may skip that pass.
-    settled: bool = False
+    # The pass reached a fixpoint (rules._settled says when): a pass over the state with exactly these
+    # admissions started (and nothing else changed), at the same instant, decides nothing: no
+    # admission, no pre-emption, no job waiting for protection. Callers that pass again until nothing
+    # new is decided may skip that pass (SEMANTICS is silent on how often passes run). Without
+    # admissions it also says nothing was earmarked (Engine.quiet builds on it). Not compared: it says
+    # what the decisions lead to, not what they are.
+    settled: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,7 @@ def test_the_pass_after_a_settled_plan_decides_nothing(snapshot, fresh_only):
         )
     p = plan(snapshot)
     if p.settled:
-        assert p.admissions and not p.preemptions and not p.reserved
+        assert not p.preemptions and not (p.admissions and p.reserved)
         assert _decides_nothing(plan(after(snapshot, p)))
 
 
@@ -53,7 +53,10 @@ def test_along_random_histories_every_settled_plan_is_followed_by_a_pass_that_de
     engine = Engine.from_snapshot(snapshot)
     now = snapshot.now
     for serial in range(40):
+        quiet = engine.quiet(now)
         p = engine.plan(now)
+        if quiet:
+            assert _decides_nothing(p), f"event {serial}: the engine said it was quiet"
         if p.admissions or p.preemptions:
             _apply(engine, p, now, rng)
             if p.settled:
@@ -242,5 +245,132 @@ def test_check_skipped_raises_when_the_pass_after_a_settled_plan_decides_somethi
         "settings": {"preemption_grace_s": 0},
     }
     simulate(data)  # without the check the wrong claim goes unnoticed here
-    with pytest.raises(PolicyError, match="after a settled plan"):
+    with pytest.raises(PolicyError, match="a pass the simulator would not make"):
         simulate(data, check_skipped=True)
+
+
+# -- Engine.quiet: a pass would decide nothing -------------------------------------------------------
+
+
+@SETTINGS
+@given(snapshots(queued=(0, 12)), st.integers(0, 2**32 - 1))
+def test_along_histories_of_submissions_a_quiet_engine_plans_nothing(snapshot, seed):
+    """Mostly jobs joining the queue (what keeps an engine quiet), now and then any other event."""
+    rng = random.Random(seed)
+    engine = Engine.from_snapshot(snapshot)
+    now = snapshot.now
+    types = sorted({n.gpu_type for n in engine.nodes}) or ["a10g"]
+    shares = [s.name for s in engine.shares]
+    for serial in range(40):
+        quiet = engine.quiet(now)
+        p = engine.plan(now)
+        if quiet:
+            assert _decides_nothing(p), f"event {serial}: the engine said it was quiet"
+        if p.admissions or p.preemptions:
+            _apply(engine, p, now, rng)
+            continue
+        now += rng.choice((0, 0, 1, 30, 600, 4000))
+        if rng.random() < 0.7:
+            for i in range(rng.randint(1, 3)):
+                engine.add_queued(
+                    QueuedView(
+                        job_id=f"s{serial}-{i}",
+                        share=rng.choice(shares),
+                        gpu_type=rng.choice(types),
+                        gpus=rng.choice((1, 1, 2, 4, 8, 16)),
+                        priority=rng.randint(0, 3),
+                        submitted_at=now - rng.choice((0, 0, 100, 5000)),
+                        beneficiary=rng.random() < 0.05,
+                    )
+                )
+        else:
+            _event(engine, now, rng, serial)
+
+
+def _quiet_engine(shares, running, queued, nodes=None):
+    engine = Engine(nodes=nodes or [_node("n1"), _node("n2")], shares=shares, running=running, queued=queued)
+    assert _decides_nothing(engine.plan(NOW)) and engine.quiet(NOW)
+    return engine
+
+
+# Two 8-GPU nodes; `full` holds n1 and 6 GPUs of n2 (its own capacity); `lender` lends 2, idle.
+SHARES = [
+    ShareView("full", {"a100": 14}, LEND_AND_BORROW, in_share_preemption=True),
+    ShareView("lender", {"a100": 2}, LEND),
+]
+RUNNING = [
+    _run("f1", "full", "n1", tuple(range(8)), priority=1),
+    _run("f2", "full", "n2", tuple(range(6)), priority=1),
+]
+
+
+def test_a_job_that_can_neither_start_nor_pre_empt_keeps_the_engine_quiet():
+    engine = _quiet_engine(SHARES, RUNNING, [_job("w", "full", 4)])
+    engine.add_queued(_job("x", "full", 4, submitted_at=NOW))  # no own room, 2 free GPUs: too few
+    assert engine.quiet(NOW + 60) and _decides_nothing(engine.plan(NOW + 60))
+
+
+@pytest.mark.parametrize(
+    "job, why",
+    [
+        (_job("x", "lender", 2, submitted_at=NOW), "its share has room for it"),
+        (_job("x", "full", 2, submitted_at=NOW), "free GPUs hold it as a borrower"),
+        (
+            _job("x", "full", 4, submitted_at=NOW, priority=2),
+            "rule 4: an attempt of its share has lower priority",
+        ),
+        (_job("x", "full", 4, submitted_at=NOW - 20), "it goes ahead of the head of its share"),
+        (dataclasses.replace(_job("x", "full", 4, submitted_at=NOW), beneficiary=True), "a beneficiary"),
+    ],
+)
+def test_a_job_that_might_start_or_pre_empt_ends_the_quiet(job, why):
+    engine = _quiet_engine(SHARES, RUNNING, [_job("w", "full", 4)])
+    engine.add_queued(job)
+    assert not engine.quiet(NOW), why
+
+
+def test_any_other_change_ends_the_quiet():
+    engine = _quiet_engine(SHARES, RUNNING, [_job("w", "full", 4)])
+    engine.remove_running("f2")
+    assert not engine.quiet(NOW)
+    assert [a.job_id for a in engine.plan(NOW).admissions] == ["w"]
+
+
+def test_a_head_that_starts_to_starve_ends_the_quiet():
+    # s2's head waits for a node, another job of s2 fits its own room behind it; once the head has
+    # waited past starvation_s its node hold counts in s2's accounting, the job behind no longer fits
+    # its own room and rule 4 pre-empts for it (the random histories' case).
+    nodes = [_node("n1", 2), _node("n2", 8), _node("n3", 1)]
+    shares = [
+        ShareView("s2", {"a100": 4}, LEND_AND_BORROW, in_share_preemption=True),
+        ShareView("other", {"a100": 7}, RESERVE),
+    ]
+    running = [
+        _run("low", "s2", "n1", (0, 1), priority=1),
+        _run("o", "other", "n2", (0, 1, 2, 3, 4, 5, 6)),
+    ]
+    queued = [
+        _job("head", "s2", 2, submitted_at=NOW - 10, priority=3),
+        _job("next", "s2", 2, submitted_at=NOW, priority=3),
+    ]
+    engine = _quiet_engine(shares, running, queued, nodes=nodes)
+    later = NOW - 10 + 3600 + 1
+    assert engine.quiet(later - 1) and not engine.quiet(later)
+    assert [x.attempt_id for x in engine.plan(later).preemptions] == ["low"]
+
+
+def test_a_pass_that_earmarks_gpus_being_freed_leaves_the_engine_not_quiet():
+    # The job waiting for its victims' GPUs is passed over by rule 6's head pointer; a job behind it
+    # may become the head that starves, later, without anything else changing.
+    victim = dataclasses.replace(
+        _run("v", "other", "n1", (0, 1, 2, 3), borrowed=True), preempting=True, beneficiary_job_id="o1"
+    )
+    engine = Engine(
+        nodes=[_node("n1", 4)],
+        shares=[ShareView("owner", {"a100": 4}, RESERVE), ShareView("other", {}, LEND_AND_BORROW)],
+        running=[victim],
+        queued=[dataclasses.replace(_job("o1", "owner", 4), beneficiary=True)],
+    )
+    p = engine.plan(NOW)
+    assert _decides_nothing(p) and p.waiting["o1"] == "waiting for pre-empted jobs to stop"
+    assert not p.settled and not engine.quiet(NOW)
