@@ -175,6 +175,7 @@ class Engine:
         # may then pre-empt by rule 4 instead.
         self._quiet = False
         self._quiet_at = self._quiet_until = -math.inf
+        self._heads_until: float | None = None  # the heads' part of `_quiet_until`, when first asked
         self._starting: dict[Hashable, tuple[Admission, QueuedView]] = {}
         self._leaving: set[Hashable] = set()
 
@@ -235,10 +236,22 @@ class Engine:
         pass after every change may count such a pass without making it (the simulator); the claim is
         checked against the pass made (tests/quotas/test_policy_settled.py,
         `simulate(check_skipped=True)`)."""
-        return self._quiet and self._quiet_at <= now <= self._quiet_until
+        if not self._quiet or now < self._quiet_at:
+            return False
+        if now > self._quiet_until:
+            return False
+        if self._heads_until is None:  # (at the first question: most quiet spells end before one)
+            self._heads_until = self._starving_from()
+            self._quiet_until = min(self._quiet_until, self._heads_until)
+        return now <= self._quiet_until
 
     def _become_quiet(self) -> None:
         self._quiet = True
+        self._quiet_until = math.inf  # the jobs queued since may lower it; the heads' part when asked
+        self._heads_until = None
+
+    def _starving_from(self) -> float:
+        """The first instant from the quiet pass on at which a share's head starts to starve."""
         until = math.inf
         after, wait = self._quiet_at, self.starvation_s
         named = set()  # (as run_pass: the jobs pre-empting attempts name are beneficiaries too)
@@ -251,7 +264,7 @@ class Engine:
                     for job in (qs[0], next((j for j in qs if j.job_id not in bens), None)):
                         if job is not None and after <= job.submitted_at + wait < until:
                             until = job.submitted_at + wait
-        self._quiet_until = until
+        return until
 
     def _unquiet(self) -> None:
         self._quiet = False
