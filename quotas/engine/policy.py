@@ -167,12 +167,11 @@ class Engine:
         self._due: dict[Hashable, float] = {}
         # Whether a pass now would decide nothing (quiet()): so after a settled pass (Plan.settled)
         # that decided nothing, or once exactly the admissions of a settled plan have started and left
-        # the queue (`_starting`, `_leaving`); it
-        # stays so while the only changes are checkpoints and jobs queued that no pass could start or
-        # pre-empt for (TypeState.cannot_start); anything else ends it. Flat layouts only: fair-share
-        # values move with time and the history. And only until a share's head starts to starve
-        # (`_quiet_until`): a node held for it takes room, and a job of its share that had own room
-        # may then pre-empt by rule 4 instead.
+        # the queue (`_starting`, `_leaving`); it stays so while the only changes are checkpoints and
+        # jobs queued that no pass could start or pre-empt for (TypeState.cannot_start); anything else
+        # ends it. Flat layouts only: fair-share values move with time and the history. And only until
+        # a share's head starts to starve (`_quiet_until`): a node held for it takes room, and a job of
+        # its share that had own room may then pre-empt by rule 4 instead.
         self._quiet = False
         self._quiet_at = self._quiet_until = -math.inf
         self._heads_until: float | None = None  # the heads' part of `_quiet_until`, when first asked

@@ -400,8 +400,8 @@ class TypePass(
                     low = qs[k].priority
             if low is None:
                 continue
-            for k, job in enumerate(qs):  # beneficiaries first, then by priority: the first waiting
-                if st.get(k) == ADMITTED:  # job that is none has the highest priority of the rest
+            for k, job in enumerate(qs):  # by priority: the first left waiting has the highest of the
+                if st.get(k) == ADMITTED:  # rest (a beneficiary, which goes first, and those after it)
                     continue
                 if job.priority > low:
                     return True

@@ -659,7 +659,7 @@ class _Simulator:
         # The engine knows a pass now would decide nothing (Engine.quiet: nothing changed since its last
         # pass that decided nothing, or since a settled plan was applied, but jobs queued that no pass
         # could start or pre-empt for): counted, not made.
-        settled = self.check_skipped and self.engine.quiet(t)
+        expect_nothing = self.check_skipped and self.engine.quiet(t)
         if self.skip_quiet and self.engine.quiet(t):
             self.changed = False
             self.passes += 1
@@ -671,7 +671,7 @@ class _Simulator:
             self.passes += 1
             self.last_waiting = decided.waiting
             self.waiting_due = None
-            if settled and (
+            if expect_nothing and (
                 decided.admissions
                 or decided.preemptions
                 or decided.protected
@@ -685,7 +685,7 @@ class _Simulator:
                     self.recheck(decided.recheck_at)
                 return
             self.apply(decided)
-            settled = decided.settled and self.check_skipped
+            expect_nothing = decided.settled and self.check_skipped
             if decided.settled and self.skip_settled:
                 # The pass it stands for would decide nothing and leave nothing to note (no job waits
                 # for protection, none did in this one).

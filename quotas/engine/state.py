@@ -177,7 +177,8 @@ class PassOutput:
         # Reasons not written during the pass: (function, share, queue indexes) run on first read.
         self.later: list[tuple[Callable[[int, int], int], int, Iterable[int]]] = []
         # Something this pass did keeps a pass made right after its admissions from being known to
-        # decide nothing (Plan.settled): a job earmarked GPUs, or the pass ranked by fair-share values.
+        # decide nothing (Plan.settled, rules._settled): a job earmarked GPUs, a beneficiary started,
+        # rule 4 may find candidates it did not, or the pass ranked by fair-share values.
         self.unsettled = False
 
 
