@@ -46,12 +46,16 @@ def test_the_pass_after_a_settled_plan_decides_nothing(snapshot, fresh_only):
         assert _decides_nothing(plan(after(snapshot, p)))
 
 
-@SETTINGS
-@given(snapshots(queued=(0, 12)), st.integers(0, 2**32 - 1))
-def test_along_random_histories_every_settled_plan_is_followed_by_a_pass_that_decides_nothing(snapshot, seed):
+def _history(snapshot, seed: int, submissions: float) -> None:
+    """40 events from the snapshot, a pass after each (and the passes at one instant until one decides
+    nothing): after every settled plan the next pass, and every pass the engine calls quiet, must
+    decide nothing. `submissions`: how often the event is one to three jobs joining the queue (what
+    keeps an engine quiet) rather than any event of the incremental engine's test."""
     rng = random.Random(seed)
     engine = Engine.from_snapshot(snapshot)
     now = snapshot.now
+    types = sorted({n.gpu_type for n in engine.nodes}) or ["a10g"]
+    shares = [s.name for s in engine.shares]
     for serial in range(40):
         quiet = engine.quiet(now)
         p = engine.plan(now)
@@ -60,9 +64,32 @@ def test_along_random_histories_every_settled_plan_is_followed_by_a_pass_that_de
         if p.admissions or p.preemptions:
             _apply(engine, p, now, rng)
             if p.settled:
-                assert _decides_nothing(engine.plan(now)), f"event {serial}"
-        now += rng.choice((0, 0, 1, 30, 600))
-        _event(engine, now, rng, serial)
+                assert _decides_nothing(engine.plan(now)), f"event {serial}: after a settled plan"
+                continue
+            if rng.random() < submissions:
+                continue  # the passes at this instant go on
+        now += rng.choice((0, 0, 1, 30, 600, 4000))
+        if rng.random() < submissions:
+            for i in range(rng.randint(1, 3)):
+                engine.add_queued(
+                    QueuedView(
+                        job_id=f"s{serial}-{i}",
+                        share=rng.choice(shares),
+                        gpu_type=rng.choice(types),
+                        gpus=rng.choice((1, 1, 2, 4, 8, 16)),
+                        priority=rng.randint(0, 3),
+                        submitted_at=now - rng.choice((0, 0, 100, 5000)),
+                        beneficiary=rng.random() < 0.05,
+                    )
+                )
+        else:
+            _event(engine, now, rng, serial)
+
+
+@SETTINGS
+@given(snapshots(queued=(0, 12)), st.integers(0, 2**32 - 1))
+def test_along_random_histories_every_settled_plan_is_followed_by_a_pass_that_decides_nothing(snapshot, seed):
+    _history(snapshot, seed, submissions=0.0)
 
 
 # -- table: the plans that are not settled, each for the reason run_pass gives ---------------------
@@ -255,36 +282,7 @@ def test_check_skipped_raises_when_the_pass_after_a_settled_plan_decides_somethi
 @SETTINGS
 @given(snapshots(queued=(0, 12)), st.integers(0, 2**32 - 1))
 def test_along_histories_of_submissions_a_quiet_engine_plans_nothing(snapshot, seed):
-    """Mostly jobs joining the queue (what keeps an engine quiet), now and then any other event."""
-    rng = random.Random(seed)
-    engine = Engine.from_snapshot(snapshot)
-    now = snapshot.now
-    types = sorted({n.gpu_type for n in engine.nodes}) or ["a10g"]
-    shares = [s.name for s in engine.shares]
-    for serial in range(40):
-        quiet = engine.quiet(now)
-        p = engine.plan(now)
-        if quiet:
-            assert _decides_nothing(p), f"event {serial}: the engine said it was quiet"
-        if p.admissions or p.preemptions:
-            _apply(engine, p, now, rng)
-            continue
-        now += rng.choice((0, 0, 1, 30, 600, 4000))
-        if rng.random() < 0.7:
-            for i in range(rng.randint(1, 3)):
-                engine.add_queued(
-                    QueuedView(
-                        job_id=f"s{serial}-{i}",
-                        share=rng.choice(shares),
-                        gpu_type=rng.choice(types),
-                        gpus=rng.choice((1, 1, 2, 4, 8, 16)),
-                        priority=rng.randint(0, 3),
-                        submitted_at=now - rng.choice((0, 0, 100, 5000)),
-                        beneficiary=rng.random() < 0.05,
-                    )
-                )
-        else:
-            _event(engine, now, rng, serial)
+    _history(snapshot, seed, submissions=0.7)
 
 
 def _quiet_engine(shares, running, queued, nodes=None):
