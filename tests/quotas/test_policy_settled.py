@@ -1,8 +1,11 @@
-"""Plan.settled: a pass made right after a settled plan's admissions started, at the same instant, decides
-nothing (no admission, no pre-emption, no job waiting for protection). The simulator, which passes again
-until nothing new is decided, does not make that pass (issue 38.4: 43k of the ITP replay's 165k passes);
-so the claim is checked here on random states, along random histories, on the plans that are not
-settled for the reasons run_pass gives, and on whole replays made with and without the pass."""
+"""Passes not made (issue 38.4). Plan.settled: a pass made right after a settled plan's admissions started,
+at the same instant, decides nothing (no admission, no pre-emption, no job waiting for protection); the
+simulator, which passes again until nothing new is decided, does not make that pass (42k of the ITP
+replay's 165k passes). Engine.quiet(now): while only jobs that can neither start nor pre-empt joined
+the queue since a settled pass, and no head started to starve, a pass decides nothing; the simulator
+does not make it (11k more). Both claims are checked here on random states, along random histories,
+on a table of the cases that are not settled or not quiet (each needed one of the conditions), and on
+whole replays made with and without the passes."""
 
 from __future__ import annotations
 
