@@ -56,7 +56,7 @@ from collections.abc import Hashable, Iterable, Iterator, Mapping
 # GPU type's pass state, kept by Engine), rules.py (one pass: rules 1-11, with one module per concern:
 # cover, placement, victims, reclaim, borrowing, fairshare, reasons). The names below are this module's
 # public interface.
-from quotas.engine.rules import NodeFit, TypePass, run_pass  # noqa: F401
+from quotas.engine.rules import NodeFit, TypePass, named_beneficiaries, run_pass  # noqa: F401
 from quotas.engine.state import (  # noqa: F401
     MASKS,
     NODE_TABLES,
@@ -174,7 +174,7 @@ class Engine:
         # its share that had own room may then pre-empt by rule 4 instead.
         self._quiet = False
         self._quiet_at = self._quiet_until = -math.inf
-        self._heads_until: float | None = None  # the heads' part of `_quiet_until`, when first asked
+        self._heads_known = False  # whether `_quiet_until` has the heads' part (asked when first needed)
         self._starting: dict[Hashable, tuple[Admission, QueuedView]] = {}
         self._leaving: set[Hashable] = set()
 
@@ -235,27 +235,23 @@ class Engine:
         pass after every change may count such a pass without making it (the simulator); the claim is
         checked against the pass made (tests/quotas/test_policy_settled.py,
         `simulate(check_skipped=True)`)."""
-        if not self._quiet or now < self._quiet_at:
+        if not (self._quiet and self._quiet_at <= now <= self._quiet_until):
             return False
-        if now > self._quiet_until:
-            return False
-        if self._heads_until is None:  # (at the first question: most quiet spells end before one)
-            self._heads_until = self._starving_from()
-            self._quiet_until = min(self._quiet_until, self._heads_until)
+        if not self._heads_known:  # (at the first question: most quiet spells end before one)
+            self._heads_known = True
+            self._quiet_until = min(self._quiet_until, self._starving_from())
         return now <= self._quiet_until
 
     def _become_quiet(self) -> None:
         self._quiet = True
         self._quiet_until = math.inf  # the jobs queued since may lower it; the heads' part when asked
-        self._heads_until = None
+        self._heads_known = False
 
     def _starving_from(self) -> float:
         """The first instant from the quiet pass on at which a share's head starts to starve."""
         until = math.inf
         after, wait = self._quiet_at, self.starvation_s
-        named = set()  # (as run_pass: the jobs pre-empting attempts name are beneficiaries too)
-        for base in self._bases.values():
-            named.update(base.ben_count)
+        named = named_beneficiaries(self._bases)  # (phase A skips them as it skips the flagged ones)
         for base in self._bases.values():
             bens = base.bens | named if named else base.bens
             for qs in base.q:
@@ -380,7 +376,7 @@ class Engine:
         if self._starting or self._leaving:
             self._unquiet()  # (a settled plan's admissions not all applied yet)
         elif self._quiet:
-            if old is None and base is not None and self._sh is not None and base.cannot_start(job):
+            if old is None and base is not None and base.cannot_start(job):
                 self._quiet_until = min(self._quiet_until, job.submitted_at + self.starvation_s)
             else:
                 self._unquiet()

@@ -50,7 +50,17 @@ from quotas.engine.views import (
     Plan,
 )
 
-__all__ = ["NodeFit", "ProtectionClaim", "TypePass", "run_pass"]
+__all__ = ["NodeFit", "ProtectionClaim", "TypePass", "named_beneficiaries", "run_pass"]
+
+
+def named_beneficiaries(bases: Mapping[str, TypeState]) -> set[Hashable]:
+    """The jobs pre-empting attempts of any type name: beneficiaries (rule 7) as much as the jobs flagged
+    so in their queues (TypeState.bens)."""
+    named: set[Hashable] = set()
+    for base in bases.values():
+        if base.ben_count:
+            named.update(base.ben_count)
+    return named
 
 
 def run_pass(
@@ -61,10 +71,7 @@ def run_pass(
     fair_reclaim: bool = False,
 ) -> Plan:
     out = PassOutput()
-    beneficiaries: set[Hashable] = set()
-    for base in bases.values():
-        if base.ben_count:
-            beneficiaries.update(base.ben_count)
+    beneficiaries = named_beneficiaries(bases)
     readers = []
     for gpu_type in sorted(bases):
         base = bases[gpu_type]
