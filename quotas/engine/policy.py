@@ -28,8 +28,11 @@ Where SEMANTICS leaves room, this module decides:
   GPUs are all free or being freed; each group by node name.
 - In-share pre-emption is skipped when the job can borrow right now (rule 4 says so; its victim
   would only borrow the same GPUs back).
-- Beneficiaries of earlier pre-emptions go first, and may borrow ahead of everyone; while a job
-  waits for GPUs held for it, jobs behind it in its share do not borrow in that pass.
+- Beneficiaries of earlier pre-emptions go first, and may borrow ahead of everyone; among them, own
+  capacity first (rule 2): each tries its own capacity in queue order, then those left try to
+  borrow (one that borrowed what another needed for its own capacity was reclaimed by it in the next
+  pass and borrowed it back in the one after, without end at one instant with zero grace); while a
+  job waits for GPUs held for it, jobs behind it in its share do not borrow in that pass.
 - Rule 10: a job "could run with protected candidates" when rule 9's walk, made again with the
   protected attempts in their places in the list, finds a set; the windows "that matter" are those of
   the protected attempts in that set (Plan.protected: the first of them ends at Plan.recheck_at, when

@@ -277,9 +277,15 @@ class TypePass(
                 if now - job.submitted_at > starvation_s:  # (_starving, inline: the same formula)
                     heads.append((qkey[s][k], s, k))
                 break
+        # Ahead of everything else, borrowing included: their victims have made room for them. Own
+        # capacity first among them too (rule 2): a beneficiary that borrowed the GPUs another one needs
+        # for its own capacity would be reclaimed by it in the next pass, and borrow them back in the
+        # one after while it stays a beneficiary (a loop at one instant, with zero grace).
         for _, s, k in self.bens:
-            # Ahead of everything else, borrowing included: its victims have made room for it.
-            if status[s].get(k, TODO) == TODO and self._own_phase(s, k) == DEFERRED:
+            if status[s].get(k, TODO) == TODO:
+                self._own_phase(s, k)
+        for _, s, k in self.bens:
+            if status[s].get(k, TODO) == DEFERRED:
                 self._borrow(s, k)
         for key, s, k in sorted(heads):
             if status[s].get(k, TODO) == TODO and self._own_phase(s, k) == DEFERRED:

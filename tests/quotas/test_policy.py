@@ -677,6 +677,22 @@ def test_beneficiary_goes_ahead_of_everything_once_the_gpus_are_free():
     assert list(admitted(p)) == ["b1"]
 
 
+def test_a_beneficiary_that_fits_its_own_capacity_goes_before_one_that_borrows():
+    """Rule 7 puts beneficiaries ahead of everything, and rule 2 own capacity first among them too. b8
+    (share b, no capacity: it borrows) waits for a 1-GPU victim in grace; o3 (share o owns 3) needs 3
+    GPUs on one node: o3 reclaims b8 after b8 borrowed n1, and then, both beneficiaries, o3 takes n1
+    as own and b8 waits, where b8 used to borrow n1 back and be reclaimed again, pass after pass at
+    one instant (zero grace). Found by the fixed-point property below."""
+    nodes = [node("n1", 8), node("n2", 1)]
+    shares = [share("b", 0, "LEND_AND_BORROW"), share("o", 3, "LEND")]
+    runs = [running("v", "b", on("n2", 0), started=10, preempting=True, beneficiary="b8", borrowed=True)]
+    queued = [job("b8", "b", 8, submitted=0, beneficiary=True), job("o3", "o", 3, submitted=50)]
+    settled, plans = settle(snap(nodes, shares, runs, queued, now=100))
+    assert [list(admitted(p)) for p in plans] == [["b8"], [], ["o3"], []]
+    assert list(preempted(plans[1])) == ["b8#100#1"]
+    assert {q.job_id for q in settled.queued} == {"b8"}
+
+
 # --------------------------------------------------------------------------------------------------
 # placement: gangs, best fit, indexes, unschedulable nodes, backfill, starvation
 
