@@ -7,6 +7,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_right
 from collections.abc import Iterator
+from functools import partial
 from operator import add
 
 from quotas.engine import reasons
@@ -27,6 +28,14 @@ from quotas.engine.views import (
     RECLAIM,
     QueuedView,
 )
+
+
+def _write_held_reason(numbers: tuple, s: int, k: int) -> None:
+    """_reserve_starving's writer: a starving head's reason, with the numbers of the moment it was held
+    for."""
+    out, reason, job_id, key, placement, names, starvation_s = numbers
+    nodes = names[placement[0][0]] if len(placement) == 1 else ", ".join(names[i] for i, _ in placement)
+    out[job_id] = f"{reason(key)}; holding {nodes} for it (waited over {starvation_s:g}s)"
 
 
 class OwnCapacityRules:
@@ -348,18 +357,25 @@ class OwnCapacityRules:
                 placement = [(fit[avail.index(max(avail))], g)]
         if self._covered_if(s, g, tol):  # (asked before the change: no change and its undoing)
             self._chg(s, dp=g)
-        hold = []
-        for i, c in placement:
-            hold.append((i, min(c, fu[i] + pu[i])))
-        self.out.reserved[job.job_id] = self._hold([(i, c) for i, c in hold if c])[0]
-        nodes = (
-            self.node_names[placement[0][0]]
-            if len(placement) == 1
-            else ", ".join(self.node_names[i] for i, _ in placement)
+        # (a: the GPUs free or being freed on node i; the condition runs before the pair is made)
+        self.out.reserved[job.job_id] = self._hold(
+            [(i, c if c < a else a) for i, c in placement if (a := fu[i] + pu[i])]
+        )[0]
+        # Its reason, with the free counts of now: written when read (no later decision of this pass
+        # writes one for a job held for).
+        numbers = (
+            self.out.waiting,
+            self._reason,
+            job.job_id,
+            self._place_key(g),
+            placement,
+            self.node_names,
+            self.starvation_s,
         )
-        self.out.waiting[job.job_id] = (
-            f"{self._reason(self._place_key(g))}; holding {nodes} for it (waited over {self.starvation_s:g}s)"
-        )
+        if reasons.LAZY_REASONS:
+            self.out.later.append((partial(_write_held_reason, numbers), s, (k,)))
+        else:
+            _write_held_reason(numbers, s, k)
         self.status[s][k] = RESERVED
         self.held_for[s] = min(self.held_for[s], self.qkey[s][k])
         return RESERVED

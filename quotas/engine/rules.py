@@ -377,6 +377,14 @@ class TypePass(
                     lazy.append((self._borrow, s, ks.part(k)))
                     k = n
                     break
+                if lazy is not None and self._borrow_breaks(s, suf[k]):
+                    # Not even the smallest job left keeps the cover (a bigger one breaks it at least as
+                    # much), and nothing changes while each is told why it waits: their reasons, with
+                    # the numbers of now, are left for later (_borrow's checks in its order).
+                    use = self.held[s] + max(self.grace[s], self.pend[s])
+                    lazy.append((self._skipped_why(s, suf[k], False, use, limit), s, ks.part(k)))
+                    k = n
+                    break
                 if self._borrow(s, k) == ADMITTED:
                     k += 1
                     if heap:

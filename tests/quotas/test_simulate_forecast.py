@@ -190,7 +190,10 @@ def test_tracegen_can_give_jobs_a_max_runtime_as_users_do():
 
 def test_profile_says_where_the_time_goes_and_keeps_the_result(tmp_path, capsys):
     path = tmp_path / "s.json"
-    path.write_text(json.dumps(scenario([{"id": "a", "duration_s": 80}, {"id": "b", "duration_s": 50}])))
+    # b fits its share's own room (2 on a 1-GPU node) but no node: a reason written in a pass
+    shares = [{"name": "p", "capacity": {"a10g": 2}}]
+    jobs = [{"id": "a", "duration_s": 80}, {"id": "b", "duration_s": 50}]
+    path.write_text(json.dumps(scenario(jobs, shares=shares)))
     plain, profiled = tmp_path / "plain.json", tmp_path / "profiled.json"
     assert main([str(path), "--out", str(plain)]) == 0
     capsys.readouterr()
