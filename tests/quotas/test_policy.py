@@ -682,7 +682,7 @@ def test_a_beneficiary_that_fits_its_own_capacity_goes_before_one_that_borrows()
     (share b, no capacity: it borrows) waits for a 1-GPU victim in grace; o3 (share o owns 3) needs 3
     GPUs on one node: o3 reclaims b8 after b8 borrowed n1, and then, both beneficiaries, o3 takes n1
     as own and b8 waits, where b8 used to borrow n1 back and be reclaimed again, pass after pass at
-    one instant (zero grace). Found by the fixed-point property below."""
+    one instant (zero grace). Found by the fixed-point property (test_policy_properties)."""
     nodes = [node("n1", 8), node("n2", 1)]
     shares = [share("b", 0, "LEND_AND_BORROW"), share("o", 3, "LEND")]
     runs = [running("v", "b", on("n2", 0), started=10, preempting=True, beneficiary="b8", borrowed=True)]
