@@ -9,24 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from quotas.engine import reasons, rules
+from quotas.engine import rules
 from quotas.engine.policy import ShareView, plan
 from quotas.engine.views import LEND, LEND_AND_BORROW
 
+from .test_policy_properties import plan_lazy_and_eager
 from .test_policy_settled import _job, _node, _run, _snap
-
-
-def _both(snapshot):
-    """The plan with reasons left for later, read; and with every reason written at once."""
-    lazy = plan(snapshot)
-    reasons.LAZY_REASONS = False
-    try:
-        eager = plan(snapshot)
-    finally:
-        reasons.LAZY_REASONS = True
-    assert (lazy.admissions, lazy.reserved) == (eager.admissions, eager.reserved)
-    assert dict(lazy.waiting) == dict(eager.waiting)
-    return lazy
 
 
 def _cluster(gpus: int):
@@ -42,12 +30,12 @@ def _cluster(gpus: int):
 
 @pytest.mark.parametrize("gpus", [1, 6])
 def test_a_job_that_takes_at_most_the_idle_lendable_gpus_still_borrows(gpus):
-    p = _both(_cluster(gpus))
+    p = plan_lazy_and_eager(_cluster(gpus))
     assert [(a.job_id, a.borrowed) for a in p.admissions] == [("a1", True)]
 
 
 def test_a_job_bigger_than_the_idle_lendable_gpus_waits_and_is_told_how_many_there_are():
-    p = _both(_cluster(7))
+    p = plan_lazy_and_eager(_cluster(7))
     assert not p.admissions
     assert (
         p.waiting["a1"]
@@ -79,4 +67,4 @@ def test_jobs_that_cannot_keep_the_cover_are_not_tried_one_by_one(monkeypatch):
         "a2": "needs 1 a100: share at its own capacity (4 of 4); nothing idle to borrow",
     }
     assert not calls
-    _both(snapshot)
+    plan_lazy_and_eager(snapshot)

@@ -205,11 +205,9 @@ def test_plan_never_raises_and_accounts_for_every_queued_job(snapshot):
     assert all(isinstance(why, str) and why for why in p.waiting.values())
 
 
-@SETTINGS
-@given(snapshots())
-def test_reasons_read_after_the_pass_are_the_ones_written_during_it(snapshot):
-    """Plan.waiting is lazy (reasons.LAZY_REASONS): the reasons it computes when read must be the
-    sentences the pass would have written at once, job for job."""
+def plan_lazy_and_eager(snapshot: Snapshot) -> Plan:
+    """The plan with its reasons left for later, checked against the same plan with every reason
+    written at once: the same decisions and, read, the same sentences job for job."""
     from quotas.engine import reasons
 
     lazy = plan(snapshot)
@@ -224,6 +222,15 @@ def test_reasons_read_after_the_pass_are_the_ones_written_during_it(snapshot):
         eager.reserved,
     )
     assert dict(lazy.waiting) == dict(eager.waiting)
+    return lazy
+
+
+@SETTINGS
+@given(snapshots())
+def test_reasons_read_after_the_pass_are_the_ones_written_during_it(snapshot):
+    """Plan.waiting is lazy (reasons.LAZY_REASONS): the reasons it computes when read must be the
+    sentences the pass would have written at once, job for job."""
+    plan_lazy_and_eager(snapshot)
 
 
 @SETTINGS
