@@ -188,9 +188,10 @@ def test_two_agents_of_one_host_run_both_ranks_on_one_directory_and_keep_other_a
         state_path=root_dir / "state-n2" / "running.json",
         uids=UidPool(pool.first, pool.last),
     )
+    # (-s, not -e: the other rank's file exists from its open on, before `mine` is in it)
     both = (
         'cd "$GPUQUOTA_CHECKPOINT_DIR" && echo mine > "rank-$GPUQUOTA_NODE_RANK" && '
-        "while [ ! -e rank-0 ] || [ ! -e rank-1 ]; do sleep 0.05; done; cat rank-0 rank-1 && id -u"
+        "while [ ! -s rank-0 ] || [ ! -s rank-1 ]; do sleep 0.05; done; cat rank-0 rank-1 && id -u"
     )
     try:
         for rank, runner in enumerate((rank0, rank1)):
