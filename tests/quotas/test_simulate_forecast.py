@@ -6,7 +6,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quotas.engine.simulate import main, simulate
+from quotas.engine.simulate import Profile, main, simulate
 from tests.quotas.test_simulate import scenario
 
 
@@ -202,3 +202,18 @@ def test_profile_says_where_the_time_goes_and_keeps_the_result(tmp_path, capsys)
     for part in ("passes", "reasons (in passes)", "events: submit", "accounting", "total (wall)"):
         assert part in table
     assert plain.read_text() == profiled.read_text()
+
+
+def test_profile_tells_passes_that_decided_from_those_that_decided_nothing():
+    # a starts at 0; b waits for a's GPU (no node fits two): the pass at its submit decides nothing,
+    # the one at a's end starts it; the settled pass after each start is counted, not made
+    shares = [{"name": "p", "capacity": {"a10g": 2}}]
+    jobs = [{"id": "a", "duration_s": 80}, {"id": "b", "submit_at": 10, "duration_s": 50}]
+    profile = Profile()
+    simulate(scenario(jobs, shares=shares), profile=profile)
+    parts = {p.strip(): n for p, n in profile.calls.items() if p.startswith(" ")}
+    assert parts == {"first at instant, decided": 2, "first at instant, nothing": 1}
+    assert sum(parts.values()) == profile.calls["passes"]
+    table = profile.table(1.0).splitlines()
+    at = next(i for i, line in enumerate(table) if line.startswith("passes "))
+    assert all(table[at + 1 + i].startswith("  ") for i in range(len(parts)))
