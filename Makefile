@@ -28,8 +28,19 @@ run: setup
 	GPUQUOTA_MAKE_RUN=1 PORT=$(PORT) PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m config.procman Procfile.dev $(if $(filter 0,$(DEMO)),--without demo)
 
 # The tests keep their files (broker, logs, agent state) apart from a `make run` in the same checkout.
+# The in-process tests run on two workers (each its own files, databases: config/settings.py), then the
+# `serial` ones (real processes, networks, a browser, time limits: tests/conftest.py) one at a time.
+# One part, one file or a -k: `make test PYTEST_ARGS="tests/quotas -k victims"` (then in one process).
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	GPUQUOTA_VAR_DIR=$(CURDIR)/var/test $(BIN)/python -m pytest
+ifeq ($(strip $(PYTEST_ARGS)),)
+	export GPUQUOTA_VAR_DIR=$(CURDIR)/var/test; failed=0; \
+	$(BIN)/python -m pytest -m "not serial" -n $(TEST_WORKERS) || failed=1; \
+	$(BIN)/python -m pytest -m serial || failed=1; \
+	exit $$failed
+else
+	GPUQUOTA_VAR_DIR=$(CURDIR)/var/test $(BIN)/python -m pytest $(PYTEST_ARGS)
+endif
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -18,6 +18,12 @@ import dj_database_url
 os.umask(0o077)
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("GPUQUOTA_VAR_DIR", BASE_DIR / "var"))
+# `make test` runs the in-process tests on pytest-xdist workers (tests/conftest.py): each worker keeps its
+# own files (broker, cache, keys, the SQLite test database) and, below, its own Redis database; the
+# PostgreSQL test database is its own already (pytest-django names it after the worker).
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if XDIST_WORKER:
+    VAR_DIR = VAR_DIR / XDIST_WORKER
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 if VAR_DIR.stat().st_uid == os.geteuid():
     VAR_DIR.chmod(0o700)
@@ -44,6 +50,17 @@ def env_float(name: str, default: float) -> float:
 
 def env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+def xdist_redis_url(url: str, worker: str) -> str:
+    """The Redis database of a test worker: gw0 keeps REDIS_URL's, gwN takes the one N below it (mod 16):
+    a worker's `cache.clear()` or broker purge must not empty another's."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    db = int(parts.path.strip("/") or 0)
+    n = int(worker.removeprefix("gw") or 0)
+    return urlunsplit(parts._replace(path=f"/{(db - n) % 16}"))
 
 
 def _secret_key() -> str:
@@ -183,6 +200,8 @@ LOGOUT_REDIRECT_URL = "login"
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BYTES", 256 * 1024)
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
+if REDIS_URL and XDIST_WORKER:
+    REDIS_URL = xdist_redis_url(REDIS_URL, XDIST_WORKER)
 if REDIS_URL:
     CACHES = {"default": {"BACKEND": "config.cache.ReusingRedisCache", "LOCATION": REDIS_URL}}
 else:

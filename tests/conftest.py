@@ -1,12 +1,42 @@
 """Shared fixtures: alice (admin), bob (member of team vision), charlie (member of another team),
 a small cluster of fake a10g nodes, and a share per strategy."""
 
+from pathlib import Path
+
 import pytest
 from django.core.cache import cache
 
 from gpunodes.services import fake_inventory, node_register
 from quotas.choices import Role, Strategy
 from quotas.models import Membership, Share, ShareCapacity, Team
+
+# `make test` runs the tests in two parts: the in-process ones on two pytest-xdist workers (`-m "not
+# serial"`), then, one at a time, those marked `serial` here: they start real agents, workers, brokers or
+# a browser, cut networks, hold real time or time themselves against a limit, and must not share the
+# machine's two cores with another test. Every test is in exactly one part.
+SERIAL_DIRS = {"browser", "containers", "faults", "gpunodes", "live", "security"}
+SERIAL_FILES = {
+    "test_filebroker.py",
+    "test_procman.py",
+    "test_readme.py",
+    "test_redisbroker.py",
+    "test_redisbroker_outage.py",
+}
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)  # (before -m deselects by marker)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = Path(str(item.fspath)).resolve()
+        parts = path.relative_to(TESTS).parts if path.is_relative_to(TESTS) else ()
+        if (
+            (len(parts) > 1 and parts[0] in SERIAL_DIRS)
+            or path.name in SERIAL_FILES
+            or item.get_closest_marker("live")
+            or item.get_closest_marker("browser")
+        ):
+            item.add_marker(pytest.mark.serial)
 
 
 @pytest.fixture(autouse=True)

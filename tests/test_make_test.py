@@ -1,0 +1,61 @@
+"""`make test` runs the in-process tests on two workers, then the `serial` ones one at a time (README,
+"Tests"): every test in exactly one part, each worker with its own Redis database."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from config.settings import xdist_redis_url
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_test_runs_the_in_process_part_on_workers_then_the_serial_part():
+    dry = subprocess.run(
+        ["make", "-n", "-o", ".venv/.installed", "test"], cwd=ROOT, capture_output=True, text=True
+    ).stdout
+    assert '-m "not serial" -n 2' in dry and "-m serial" in dry
+    assert dry.index("not serial") < dry.index("-m serial ")
+    one = subprocess.run(
+        ["make", "-n", "-o", ".venv/.installed", "test", "PYTEST_ARGS=tests/quotas -k victims"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert "pytest tests/quotas -k victims" in one and "serial" not in one
+
+
+def test_real_processes_and_the_browser_are_serial_and_the_policy_is_not():
+    files = ["tests/live/test_cluster.py", "tests/browser/test_dashboard.py", "tests/quotas/test_policy.py"]
+    parts = {}
+    for mark in ("serial", "not serial"):
+        listed = subprocess.run(
+            [sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", "-m", mark, *files],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout
+        parts[mark] = {line.split("::")[0] for line in listed.splitlines() if "::" in line}
+    assert parts["serial"] == {"tests/live/test_cluster.py", "tests/browser/test_dashboard.py"}
+    assert parts["not serial"] == {"tests/quotas/test_policy.py"}
+
+
+@pytest.mark.parametrize(
+    ("url", "worker", "expected"),
+    [
+        ("redis://127.0.0.1:6379/15", "gw0", "redis://127.0.0.1:6379/15"),
+        ("redis://127.0.0.1:6379/15", "gw1", "redis://127.0.0.1:6379/14"),
+        (
+            "redis://:secret@redis.example:6380/0?ssl_cert_reqs=none",
+            "gw1",
+            "redis://:secret@redis.example:6380/15?ssl_cert_reqs=none",
+        ),
+        ("redis://127.0.0.1:6379", "gw2", "redis://127.0.0.1:6379/14"),
+    ],
+)
+def test_each_worker_has_its_own_redis_database(url, worker, expected):
+    assert xdist_redis_url(url, worker) == expected
