@@ -22,6 +22,32 @@ SERIAL_FILES = {
     "test_redisbroker.py",
     "test_redisbroker_outage.py",
 }
+# Of those directories, the files that run in-process all the same (request and page matrices, the
+# agent's pure parts): in the first part. A new file of a serial directory is serial until listed here.
+IN_PROCESS_FILES = {
+    "gpunodes/test_fake_gpu_fault_resume.py",
+    "gpunodes/test_gpu_health.py",
+    "gpunodes/test_heartbeat.py",
+    "gpunodes/test_host_log_bounds.py",
+    "gpunodes/test_inventory.py",
+    "gpunodes/test_private_tmp_paths.py",
+    "gpunodes/test_unconfirmed_stops.py",
+    "security/test_audit_log.py",
+    "security/test_bounded_answers.py",
+    "security/test_checkpoint_links.py",
+    "security/test_grace_cap_and_cancel.py",
+    "security/test_heartbeat_order.py",
+    "security/test_isolation.py",
+    "security/test_job_input.py",
+    "security/test_join_requests.py",
+    "security/test_login_lockout.py",
+    "security/test_logins.py",
+    "security/test_message_signing.py",
+    "security/test_node_messages_bound.py",
+    "security/test_nodes_page_privacy.py",
+    "security/test_page_matrix.py",
+    "security/test_permission_matrix.py",
+}
 TESTS = Path(__file__).resolve().parent
 
 
@@ -31,7 +57,7 @@ def pytest_collection_modifyitems(config, items):
         path = Path(str(item.fspath)).resolve()
         parts = path.relative_to(TESTS).parts if path.is_relative_to(TESTS) else ()
         if (
-            (len(parts) > 1 and parts[0] in SERIAL_DIRS)
+            (len(parts) > 1 and parts[0] in SERIAL_DIRS and "/".join(parts) not in IN_PROCESS_FILES)
             or path.name in SERIAL_FILES
             or item.get_closest_marker("live")
             or item.get_closest_marker("browser")

@@ -30,7 +30,13 @@ def test_make_test_runs_the_in_process_part_on_workers_then_the_serial_part():
 
 
 def test_real_processes_and_the_browser_are_serial_and_the_policy_is_not():
-    files = ["tests/live/test_cluster.py", "tests/browser/test_dashboard.py", "tests/quotas/test_policy.py"]
+    files = [
+        "tests/live/test_cluster.py",
+        "tests/browser/test_dashboard.py",
+        "tests/security/test_attempt_limits.py",
+        "tests/quotas/test_policy.py",
+        "tests/security/test_permission_matrix.py",
+    ]
     parts = {}
     for mark in ("serial", "not serial"):
         listed = subprocess.run(
@@ -40,8 +46,20 @@ def test_real_processes_and_the_browser_are_serial_and_the_policy_is_not():
             text=True,
         ).stdout
         parts[mark] = {line.split("::")[0] for line in listed.splitlines() if "::" in line}
-    assert parts["serial"] == {"tests/live/test_cluster.py", "tests/browser/test_dashboard.py"}
-    assert parts["not serial"] == {"tests/quotas/test_policy.py"}
+    assert parts["serial"] == {
+        "tests/live/test_cluster.py",
+        "tests/browser/test_dashboard.py",
+        "tests/security/test_attempt_limits.py",
+    }
+    assert parts["not serial"] == {"tests/quotas/test_policy.py", "tests/security/test_permission_matrix.py"}
+
+
+def test_every_in_process_file_of_a_serial_directory_exists():
+    from tests.conftest import IN_PROCESS_FILES, SERIAL_DIRS, TESTS
+
+    for name in IN_PROCESS_FILES:
+        assert (TESTS / name).is_file(), name
+        assert name.split("/")[0] in SERIAL_DIRS, name
 
 
 @pytest.mark.parametrize(
