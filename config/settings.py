@@ -21,9 +21,14 @@ VAR_DIR = Path(os.environ.get("GPUQUOTA_VAR_DIR", BASE_DIR / "var"))
 # `make test` runs the in-process tests on pytest-xdist workers (tests/conftest.py): each worker keeps its
 # own files (broker, cache, keys, the SQLite test database) and, below, its own Redis database; the
 # PostgreSQL test database is its own already (pytest-django names it after the worker).
+# The worker's values go back into the environment, marked as applied: a process a test starts (with
+# os.environ, or with the values of these settings) gets the same ones, not the worker's applied twice.
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if os.environ.get("GPUQUOTA_XDIST_APPLIED") == XDIST_WORKER:
+    XDIST_WORKER = ""
 if XDIST_WORKER:
     VAR_DIR = VAR_DIR / XDIST_WORKER
+    os.environ["GPUQUOTA_VAR_DIR"] = str(VAR_DIR)
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 if VAR_DIR.stat().st_uid == os.geteuid():
     VAR_DIR.chmod(0o700)
@@ -201,7 +206,9 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BYTES", 256 * 1024)
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
 if REDIS_URL and XDIST_WORKER:
-    REDIS_URL = xdist_redis_url(REDIS_URL, XDIST_WORKER)
+    REDIS_URL = os.environ["REDIS_URL"] = xdist_redis_url(REDIS_URL, XDIST_WORKER)
+if XDIST_WORKER:
+    os.environ["GPUQUOTA_XDIST_APPLIED"] = XDIST_WORKER
 if REDIS_URL:
     CACHES = {"default": {"BACKEND": "config.cache.ReusingRedisCache", "LOCATION": REDIS_URL}}
 else:

@@ -1,6 +1,7 @@
 """`make test` runs the in-process tests on two workers, then the `serial` ones one at a time (README,
 "Tests"): every test in exactly one part, each worker with its own Redis database."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -77,3 +78,21 @@ def test_every_in_process_file_of_a_serial_directory_exists():
 )
 def test_each_worker_has_its_own_redis_database(url, worker, expected):
     assert xdist_redis_url(url, worker) == expected
+
+
+def test_a_process_a_worker_starts_gets_the_workers_files_and_redis_database_not_them_applied_twice(tmp_path):
+    show = "import config.settings as s; print(s.VAR_DIR, s.REDIS_URL)"
+    child = f"{show}; import subprocess, sys; print(subprocess.run([sys.executable, '-c', {show!r}], capture_output=True, text=True).stdout, end='')"
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "GPUQUOTA_XDIST_APPLIED"},
+        "PYTEST_XDIST_WORKER": "gw1",
+        "GPUQUOTA_VAR_DIR": str(tmp_path),
+        "REDIS_URL": "redis://127.0.0.1:6379/15",
+    }
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    out = subprocess.run(
+        [sys.executable, "-c", child], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    worker, grandchild = out.stdout.splitlines()
+    assert worker == f"{tmp_path / 'gw1'} redis://127.0.0.1:6379/14", out.stderr
+    assert grandchild == worker
