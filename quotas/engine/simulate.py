@@ -543,7 +543,6 @@ class _Simulator:
         self.qviews: Mapping[str, QueuedView] = self.engine.queued
         decide = self._engine_plan if planner is None else self._snapshot_plan
         self.decide = decide if profile is None else self._timed_passes(profile, decide)
-        self.last_pass_at: int | None = None  # (the profile's: a pass again at the same instant)
 
         self.passes = 0
         # A settled plan's next pass at its instant (Plan.settled), and a pass the engine knows would
@@ -605,18 +604,20 @@ class _Simulator:
         """The planner's passes, timed; with `detail`, also told apart by whether each was the first
         at its instant or a pass again after one that decided something, and whether it decided
         anything (admissions or pre-emptions): where a pass that decides nothing could be saved."""
-        timed = profile.timed("passes", decide)
         if not profile.detail:
-            return timed
+            return profile.timed("passes", decide)
         clock = time.perf_counter
+        last_at: int | None = None  # the instant of the pass before
 
         def classified() -> Plan:
+            nonlocal last_at
             t0 = clock()
-            plan = timed()
-            again = self.last_pass_at == self.now
-            self.last_pass_at = self.now
+            plan = decide()
+            seconds = clock() - t0
+            again, last_at = last_at == self.now, self.now
             did = "decided" if plan.admissions or plan.preemptions else "nothing"
-            profile.add(f"  {'again' if again else 'first'} at instant, {did}", clock() - t0)
+            profile.add("passes", seconds)
+            profile.add(f"  {'again' if again else 'first'} at instant, {did}", seconds)
             return plan
 
         return classified
