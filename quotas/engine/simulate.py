@@ -1258,9 +1258,11 @@ class _Simulator:
         if specs is None:  # the type's shares as views.type_usage reads them, kept until shares change
             specs = self.type_specs[gpu_type] = type_specs(shares, gpu_type, sorted(shares))
         used = self.used.get(gpu_type, {})
-        if any(share not in shares for share, _ in used):  # borrowers without capacity of the type
-            everyone = {**shares, **{share: self.share_views[share] for share, _ in used}}
-            specs = type_specs(everyone, gpu_type, sorted(everyone))
+        for share, _ in used:  # (a loop, not any() over a generator: this runs after most instants)
+            if share not in shares:  # borrowers without capacity of the type
+                everyone = {**shares, **{share: self.share_views[share] for share, _ in used}}
+                specs = type_specs(everyone, gpu_type, sorted(everyone))
+                break
         values: dict[tuple[str, str, str], float] = {}
         rows, factor, pool = type_usage(gpu_type, specs, used, self.cluster_gpus.get(gpu_type, 0))
         # Each share's series keys, made once (four tuples per share at every instant were a good part
@@ -1280,9 +1282,12 @@ class _Simulator:
                 values[keys[0]] = own
             if use - own:
                 values[keys[1]] = use - own
-            lent = round(lend * factor, 3)
-            if lent:
-                values[keys[2]] = lent
+            if lend and factor:
+                # round() to 3 places is slow (a decimal conversion), and a whole number is its own
+                # rounding: most lenders lend all they have idle (factor 1) or nothing is borrowed.
+                lent = lend * factor if factor == 1.0 else round(lend * factor, 3)
+                if lent:
+                    values[keys[2]] = lent
             if capacity:
                 values[keys[3]] = capacity
         if pool:

@@ -637,3 +637,27 @@ def test_random_runs_keep_the_invariants(data):
             assert most == 0
         elif share["borrow_limit"] != -1:
             assert most <= cap * share["borrow_limit"] // 100
+
+
+@given(
+    steps=st.lists(
+        st.tuples(st.integers(0, 50), st.floats(0, 64, allow_nan=False, width=32)), min_size=0, max_size=30
+    ),
+    until=st.one_of(st.none(), st.integers(0, 2000)),
+)
+def test_timeline_integral_is_each_value_times_how_long_it_held(steps, until):
+    from quotas.engine.timeline import Timeline
+
+    timeline, t = Timeline(), 0
+    for gap, value in steps:
+        t += gap
+        timeline.set_value(("a", "x", "own"), t, value)
+    timeline.end = t + 7
+    times, values = timeline.series.get(("a", "x", "own"), ([], []))
+    end = timeline.end if until is None else until
+    expected = 0.0  # summed in time order, as the result's figures have always been
+    for i, (at, v) in enumerate(zip(times, values)):
+        if at >= end:
+            break
+        expected += v * (min(times[i + 1] if i + 1 < len(times) else end, end) - at)
+    assert timeline.integral(("a", "x", "own"), until=until) == expected
