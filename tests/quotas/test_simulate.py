@@ -656,7 +656,7 @@ def test_timeline_integral_is_each_value_times_how_long_it_held(steps, until):
     times, values = timeline.series.get(("a", "x", "own"), ([], []))
     end = timeline.end if until is None else until
     expected = 0.0  # summed in time order, as the result's figures have always been
-    for i, (at, v) in enumerate(zip(times, values)):
+    for i, (at, v) in enumerate(zip(times, values, strict=True)):
         if at >= end:
             break
         expected += v * (min(times[i + 1] if i + 1 < len(times) else end, end) - at)
