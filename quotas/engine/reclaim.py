@@ -358,6 +358,8 @@ class OwnCapacityRules:
         if self._covered_if(s, g, tol):  # (asked before the change: no change and its undoing)
             self._chg(s, dp=g)
         # (a: the GPUs free or being freed on node i; the condition runs before the pair is made)
+        if self.out.admitted_at_hold < 0:
+            self.out.admitted_at_hold = len(self.out.admissions)
         self.out.reserved[job.job_id] = self._hold(
             [(i, c if c < a else a) for i, c in placement if (a := fu[i] + pu[i])]
         )[0]

@@ -109,26 +109,30 @@ def run_pass(
 
 def _settled(out: PassOutput) -> bool:
     """Plan.settled: the pass reached a fixpoint. With admissions, a pass right after they start
-    decides nothing: this one admitted and did nothing else, no pre-emption, nothing earmarked or held
-    for a job (rules 6, 7, 9), no job waiting for protection (rule 10), no beneficiary started (rule 7
-    puts it ahead of the owners, so it may be reclaimed next, and the GPUs its victims free are then
-    held for nobody), no share with in-share pre-emption left with a waiting job of higher priority
-    than one of its attempts (rule 4's candidates grow with what starts, and a job that skipped rule 4
-    because it could borrow then may have lost those GPUs since), and no order by fair-share values
-    (rule 5 with groups, weights or history; rule 11). Then the next pass starts from this one's
-    numbers at its end, and every job it looks at was looked at here, in the same order or later, with
-    as many free GPUs or more, as much own room or more and a cover as slack or slacker; what this
-    pass started adds victims only as GPUs it took from the same nodes. A starving head that the next
-    pass finds is held for (rule 6), not started: it was looked at here after the head before it
-    started. Without admissions: it decided nothing and earmarked nothing (so each share's head, for
-    rule 6, is its first job, or its first that is no beneficiary), waits for no protection, and was
-    not ranked by fair-share values; a node held for a starving head is allowed. What holds the claims:
-    the next pass at every settled plan of random states and histories decides nothing
-    (tests/quotas/test_policy_settled.py, where each condition above has the case that needs it), and
-    replays with `simulate(check_skipped=True)`."""
+    decides nothing: this one admitted and did nothing else, no pre-emption, nothing earmarked for a
+    job (rules 7, 9), no job waiting for protection (rule 10), no beneficiary started (rule 7 puts it
+    ahead of the owners, so it may be reclaimed next, and the GPUs its victims free are then held for
+    nobody), no share with in-share pre-emption left with a waiting job of higher priority than one of
+    its attempts (rule 4's candidates grow with what starts, and a job that skipped rule 4 because it
+    could borrow then may have lost those GPUs since), and no order by fair-share values (rule 5 with
+    groups, weights or history; rule 11). Then the next pass starts from this one's numbers at its end,
+    and every job it looks at was looked at here, in the same order or later, with as many free GPUs
+    or more, as much own room or more and a cover as slack or slacker; what this pass started adds
+    victims only as GPUs it took from the same nodes. A starving head that the next pass finds is held
+    for (rule 6), not started: it was looked at here after the head before it started. A node held
+    for a starving head (rule 6) is allowed when every admission came before the first hold
+    (`admitted_at_hold`: a job started after it took GPUs beside the node chosen, so the next pass may
+    choose another and free this one) and no share that started a job has a starving head left
+    (`_new_starving_head`: that head goes first in the next pass, ahead of where it was looked at
+    here, and may take a node held here for another). Without admissions: it decided nothing and
+    earmarked nothing (so each share's head, for rule 6, is its first job, or its first that is no
+    beneficiary), waits for no protection, and was not ranked by fair-share values; a node held for a
+    starving head is allowed. What holds the claims: the next pass at every settled plan of random
+    states and histories decides nothing (tests/quotas/test_policy_settled.py, where each condition
+    above has the case that needs it), and replays with `simulate(check_skipped=True)`."""
     if out.unsettled or out.preemptions or out.protected or out.recheck_at is not None:
         return False
-    return not (out.admissions and out.reserved)
+    return not (out.admissions and out.reserved) or out.admitted_at_hold == len(out.admissions)
 
 
 class TypePass(
@@ -403,6 +407,25 @@ class TypePass(
             self._fair_reclaim_phase()
         elif not self.out.unsettled and self.out.admissions and self._rule_4_open(shares):
             self.out.unsettled = True
+        if self.out.admitted_at_hold >= 0 and not self.out.unsettled and self._new_starving_head(shares):
+            self.out.unsettled = True
+
+    def _new_starving_head(self, shares: list[int]) -> bool:
+        """With a node held for a starving head (Plan.settled): does a share that started a job here
+        have a starving head in a pass made right after it? That head goes first there (rule 6,
+        phase A), ahead of where this pass looked at it, and may take the node held here for another."""
+        q, status, is_ben, now, wait = self.q, self.status, self.is_ben, self.now, self.starvation_s
+        for s in shares:
+            st = status[s]
+            if ADMITTED not in st.values():
+                continue
+            for k, job in enumerate(q[s]):
+                if st.get(k) == ADMITTED or job.job_id in is_ben:
+                    continue
+                if now - job.submitted_at > wait:
+                    return True
+                break
+        return False
 
     def _rule_4_open(self, shares: list[int]) -> bool:
         """Could rule 4 pre-empt in a pass made right after this one (Plan.settled)? Its candidates are

@@ -165,6 +165,7 @@ class PassOutput:
         "protected",
         "recheck_at",
         "unsettled",
+        "admitted_at_hold",
     )
 
     def __init__(self) -> None:
@@ -180,6 +181,9 @@ class PassOutput:
         # decide nothing (Plan.settled, rules._settled): a job earmarked GPUs, a beneficiary started,
         # rule 4 may find candidates it did not, or the pass ranked by fair-share values.
         self.unsettled = False
+        # How many admissions the pass had made when it first held a node for a starving head (rule 6):
+        # -1 until it does (Plan.settled).
+        self.admitted_at_hold = -1
 
 
 class LazyWaiting(Mapping):

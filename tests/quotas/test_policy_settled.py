@@ -45,7 +45,7 @@ def test_the_pass_after_a_settled_plan_decides_nothing(snapshot, fresh_only):
         )
     p = plan(snapshot)
     if p.settled:
-        assert not p.preemptions and not (p.admissions and p.reserved)
+        assert not p.preemptions
         assert _decides_nothing(plan(after(snapshot, p)))
 
 
@@ -160,6 +160,46 @@ def test_a_starving_head_held_for_while_another_job_starts_does_not_settle_the_p
     )
     p = plan(snapshot)
     assert [a.job_id for a in p.admissions] == ["b1"] and "a1" in p.reserved and not p.settled
+
+
+def test_jobs_started_before_a_starving_head_is_held_for_settle_the_plan():
+    # b1 starts on its own capacity (rules 2-4) before the starving a1, which must borrow, holds the node
+    # closest to fitting it (rule 6, phase C): the next pass looks at a1 at the same point, with the
+    # same GPUs free, and holds the same node.
+    snapshot = _snap(
+        [_node("n1"), _node("n2")],
+        [ShareView("a", {"a100": 2}, LEND_AND_BORROW), ShareView("b", {"a100": 12}, LEND_AND_BORROW)],
+        running=[_run("r1", "b", "n1", (0, 1, 2, 3, 4)), _run("r2", "b", "n2", (0, 1, 2, 3, 4))],
+        queued=[_job("a1", "a", 4, submitted_at=0.0), _job("b1", "b", 2)],
+    )
+    p = plan(snapshot)
+    assert [a.job_id for a in p.admissions] == ["b1"] and "a1" in p.reserved and p.settled
+    nxt = plan(after(snapshot, p))
+    assert _decides_nothing(nxt) and nxt.reserved == p.reserved
+
+
+def test_a_share_that_started_its_head_and_has_another_starving_one_does_not_settle_the_plan():
+    # c1 (starving) borrows n1; d1 (starving, two whole nodes) then holds n2, the only node wholly free,
+    # and its GPUs count as d's; c2 comes after both in rule 5's order and the cover stops it. In the
+    # next pass c2 is its share's starving head, ahead of d1 (queue order), and borrows n2 (the ITP
+    # replay's case, where a gang's held node went to the next head of a share that had just started one).
+    snapshot = _snap(
+        [_node("n1"), _node("n2"), _node("n3"), _node("n4")],
+        [
+            ShareView("c", {"a100": 1}, LEND_AND_BORROW),
+            ShareView("d", {"a100": 1}, LEND_AND_BORROW),
+            ShareView("e", {"a100": 8}, LEND),
+        ],
+        running=[_run("e1", "e", "n3", (0, 1, 2, 3)), _run("e2", "e", "n4", (0, 1, 2, 3))],
+        queued=[
+            _job("c1", "c", 8, submitted_at=0.0),
+            _job("c2", "c", 8, submitted_at=1.0),
+            _job("d1", "d", 16, submitted_at=2.0),
+        ],
+    )
+    p = plan(snapshot)
+    assert [a.job_id for a in p.admissions] == ["c1"] and "d1" in p.reserved and not p.settled
+    assert [a.job_id for a in plan(after(snapshot, p)).admissions] == ["c2"]
 
 
 def test_a_job_earmarking_gpus_being_freed_does_not_settle_the_plan():
