@@ -575,7 +575,10 @@ class _Simulator:
         self.type_shares: dict[str, dict[str, ShareView]] | None = None  # type -> shares with capacity in it
         self.type_specs: dict[str, list[tuple[str, int, bool]]] = {}  # type -> views.type_specs(its shares)
         self.series_keys: dict[str, dict[str, tuple]] = {}  # type -> share -> its timeline series' keys
-        self.type_values: dict[str, dict[tuple[str, str, str], float]] = {}  # as last recorded
+        # type -> share -> (own, borrowed, lent, capacity) as last recorded; type -> the unassigned pool's lent
+        # and capacity and the READY cluster's GPUs, as last recorded
+        self.type_values: dict[str, dict[str, tuple]] = {}
+        self.type_pool: dict[str, tuple] = {}
         self.cluster_gpus: dict[str, int] = {}  # READY schedulable GPUs per type (usage's pool)
         self.cluster_caps: dict[tuple[str, str, str], float] | None = None
         self.tick_pending: set[int] = set()
@@ -1223,35 +1226,21 @@ class _Simulator:
         self.dirty_all = False
         self.dirty_types = set()
         timeline = self.timeline
-        set_value = timeline.set_value
         org: dict[str, tuple[dict[str, int], int]] | None = None if self.org is None else {}
         for gpu_type in sorted(types):
             used: dict[str, int] | None = None if org is None else {}
-            values = self._type_values(gpu_type, used)
+            pool = self._account_type(gpu_type, t, used)
             if org is not None:
-                org[gpu_type] = (used, int(values.get((policy.UNASSIGNED, gpu_type, "capacity"), 0)))
-            last = self.type_values.get(gpu_type)
-            if last:
-                for key in last:
-                    if key not in values:
-                        set_value(key, t, 0)
-                for key, value in values.items():
-                    if last.get(key) != value:
-                        set_value(key, t, value)
-            else:
-                for key, value in values.items():
-                    set_value(key, t, value)
-            self.type_values[gpu_type] = values
+                org[gpu_type] = (used, pool)
         timeline.end = max(timeline.end, t)
         if self.org is not None:
             self.org.account(t, org)
 
-    def _type_values(
-        self, gpu_type: str, used_out: dict[str, int] | None = None
-    ) -> dict[tuple[str, str, str], float]:
-        """usage()'s own, borrowed, lent and capacity of one GPU type, as the timeline keeps them (only
-        what is not 0), and the READY cluster's GPUs of the type; `used_out` gets the GPUs each share
-        uses (own and borrowed: the organisation's accounting)."""
+    def _account_type(self, gpu_type: str, t: int, used_out: dict[str, int] | None = None) -> int:
+        """usage()'s own, borrowed, lent and capacity of one GPU type into the timeline at `t`, each share's
+        four numbers (and the unassigned pool's, and the READY cluster's GPUs of the type) against those
+        it last recorded, a series changed only where one of them did; `used_out` gets the GPUs each
+        share uses (own and borrowed: the organisation's accounting). Returns the unassigned pool."""
         assert self.type_shares is not None and self.cluster_caps is not None
         shares = self.type_shares.get(gpu_type, {})
         specs = self.type_specs.get(gpu_type)
@@ -1263,43 +1252,78 @@ class _Simulator:
                 everyone = {**shares, **{share: self.share_views[share] for share, _ in used}}
                 specs = type_specs(everyone, gpu_type, sorted(everyone))
                 break
-        values: dict[tuple[str, str, str], float] = {}
         rows, factor, pool = type_usage(gpu_type, specs, used, self.cluster_gpus.get(gpu_type, 0))
-        # Each share's series keys, made once (four tuples per share at every instant were a good part
-        # of the accounting's cost).
+        # Per share: its series' keys (made once) and its four numbers as last recorded (comparing one
+        # tuple per share, not a dict of every series of the type, after most instants).
         series = self.series_keys.get(gpu_type)
         if series is None:
             series = self.series_keys[gpu_type] = {}
+        last = self.type_values.get(gpu_type)
+        if last is None:
+            last = self.type_values[gpu_type] = {}
+        set_value = self.timeline.set_value
+        seen = 0
         for share, capacity, use, own, lend in rows:
-            keys = series.get(share)
-            if keys is None:
-                keys = series[share] = tuple(
-                    (share, gpu_type, part) for part in ("own", "borrowed", "lent", "capacity")
-                )
             if use and used_out is not None:
                 used_out[share] = use
-            if own:
-                values[keys[0]] = own
-            if use - own:
-                values[keys[1]] = use - own
+            lent = 0
             if lend and factor:
                 # round() to 3 places is slow (a decimal conversion), and a whole number is its own
                 # rounding: most lenders lend all they have idle (factor 1) or nothing is borrowed.
                 lent = lend * factor if factor == 1.0 else round(lend * factor, 3)
-                if lent:
-                    values[keys[2]] = lent
-            if capacity:
-                values[keys[3]] = capacity
-        if pool:
-            lent = round(pool * factor, 3)
-            if lent:
-                values[(UNASSIGNED, gpu_type, "lent")] = lent
-            values[(UNASSIGNED, gpu_type, "capacity")] = pool
-        key = (Timeline.CLUSTER, gpu_type, "capacity")
-        gpus = self.cluster_caps.get(key)
-        if gpus is not None:
-            values[key] = values.get(key, 0) + gpus
-        return values
+            now = (own, use - own, lent, capacity)
+            before = last.get(share)
+            if before is not None:
+                seen += 1
+                if before == now:
+                    continue
+            self._record_parts(series, share, gpu_type, t, before, now)
+            last[share] = now
+        if seen < len(last):  # a share with neither capacity nor use of the type now: its series go to 0
+            named = {row[0] for row in rows}
+            for share in [x for x in last if x not in named]:
+                self._record_parts(series, share, gpu_type, t, last.pop(share), (0, 0, 0, 0))
+        # The unassigned pool's lent and capacity, and the READY cluster's GPUs of the type.
+        lent = round(pool * factor, 3) if pool else 0
+        gpus = self.cluster_caps.get((Timeline.CLUSTER, gpu_type, "capacity"), 0)
+        now = (lent, pool, gpus)
+        before = self.type_pool.get(gpu_type, (0, 0, 0))
+        if before != now:
+            for key, old, new in zip(
+                (
+                    (UNASSIGNED, gpu_type, "lent"),
+                    (UNASSIGNED, gpu_type, "capacity"),
+                    (Timeline.CLUSTER, gpu_type, "capacity"),
+                ),
+                before,
+                now,
+                strict=True,
+            ):
+                if old != new:
+                    set_value(key, t, new)
+            self.type_pool[gpu_type] = now
+        return pool
+
+    def _record_parts(
+        self,
+        series: dict[str, tuple],
+        share: str,
+        gpu_type: str,
+        t: int,
+        before: tuple | None,
+        now: tuple,
+    ) -> None:
+        keys = series.get(share)
+        if keys is None:
+            keys = series[share] = tuple(
+                (share, gpu_type, part) for part in ("own", "borrowed", "lent", "capacity")
+            )
+        set_value = self.timeline.set_value
+        if before is None:
+            before = (0, 0, 0, 0)
+        for key, old, new in zip(keys, before, now, strict=True):
+            if old != new:
+                set_value(key, t, new)
 
     def result(self, end: int, cut: bool) -> SimResult:
         self.timeline.end = end
