@@ -1271,13 +1271,31 @@ class _Simulator:
                 # round() to 3 places is slow (a decimal conversion), and a whole number is its own
                 # rounding: most lenders lend all they have idle (factor 1) or nothing is borrowed.
                 lent = lend * factor if factor == 1.0 else round(lend * factor, 3)
-            now = (own, use - own, lent, capacity)
+            borrowed = use - own
+            now = (own, borrowed, lent, capacity)
             before = last.get(share)
             if before is not None:
                 seen += 1
                 if before == now:
                     continue
-            self._record_parts(series, share, gpu_type, t, before, now)
+                own0, borrowed0, lent0, capacity0 = before
+            else:
+                own0 = borrowed0 = lent0 = capacity0 = 0
+            # (inline, not a call per share: a lender's lent GPUs move with every change of what is
+            # borrowed, so most shares record something after most instants)
+            keys = series.get(share)
+            if keys is None:
+                keys = series[share] = tuple(
+                    (share, gpu_type, part) for part in ("own", "borrowed", "lent", "capacity")
+                )
+            if own != own0:
+                set_value(keys[0], t, own)
+            if borrowed != borrowed0:
+                set_value(keys[1], t, borrowed)
+            if lent != lent0:
+                set_value(keys[2], t, lent)
+            if capacity != capacity0:
+                set_value(keys[3], t, capacity)
             last[share] = now
         if seen < len(last):  # a share with neither capacity nor use of the type now: its series go to 0
             named = {row[0] for row in rows}
