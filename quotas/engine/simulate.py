@@ -1283,11 +1283,7 @@ class _Simulator:
                 own0 = borrowed0 = lent0 = capacity0 = 0
             # (inline, not a call per share: a lender's lent GPUs move with every change of what is
             # borrowed, so most shares record something after most instants)
-            keys = series.get(share)
-            if keys is None:
-                keys = series[share] = tuple(
-                    (share, gpu_type, part) for part in ("own", "borrowed", "lent", "capacity")
-                )
+            keys = series.get(share) or self._series_of(series, share, gpu_type)
             if own != own0:
                 set_value(keys[0], t, own)
             if borrowed != borrowed0:
@@ -1300,7 +1296,10 @@ class _Simulator:
         if seen < len(last):  # a share with neither capacity nor use of the type now: its series go to 0
             named = {row[0] for row in rows}
             for share in [x for x in last if x not in named]:
-                self._record_parts(series, share, gpu_type, t, last.pop(share), (0, 0, 0, 0))
+                keys = series.get(share) or self._series_of(series, share, gpu_type)
+                for key, old in zip(keys, last.pop(share), strict=True):
+                    if old:
+                        set_value(key, t, 0)
         # The unassigned pool's lent and capacity, and the READY cluster's GPUs of the type.
         lent = round(pool * factor, 3) if pool else 0
         gpus = self.cluster_caps.get((Timeline.CLUSTER, gpu_type, "capacity"), 0)
@@ -1322,26 +1321,13 @@ class _Simulator:
             self.type_pool[gpu_type] = now
         return pool
 
-    def _record_parts(
-        self,
-        series: dict[str, tuple],
-        share: str,
-        gpu_type: str,
-        t: int,
-        before: tuple | None,
-        now: tuple,
-    ) -> None:
-        keys = series.get(share)
-        if keys is None:
-            keys = series[share] = tuple(
-                (share, gpu_type, part) for part in ("own", "borrowed", "lent", "capacity")
-            )
-        set_value = self.timeline.set_value
-        if before is None:
-            before = (0, 0, 0, 0)
-        for key, old, new in zip(keys, before, now, strict=True):
-            if old != new:
-                set_value(key, t, new)
+    @staticmethod
+    def _series_of(series: dict[str, tuple], share: str, gpu_type: str) -> tuple:
+        """A share's four series keys of a type, made once."""
+        keys = series[share] = tuple(
+            (share, gpu_type, part) for part in ("own", "borrowed", "lent", "capacity")
+        )
+        return keys
 
     def result(self, end: int, cut: bool) -> SimResult:
         self.timeline.end = end
