@@ -407,8 +407,13 @@ class TypePass(
             self._fair_reclaim_phase()
         elif not self.out.unsettled and self.out.admissions and self._rule_4_open(shares):
             self.out.unsettled = True
-        if self.out.admitted_at_hold >= 0 and not self.out.unsettled and self._new_starving_head(shares):
-            self.out.unsettled = True
+        out = self.out
+        if (
+            0 <= out.admitted_at_hold == len(out.admissions) > 0  # else _settled decides without it
+            and not out.unsettled
+            and self._new_starving_head(shares)
+        ):
+            out.unsettled = True
 
     def _new_starving_head(self, shares: list[int]) -> bool:
         """With a node held for a starving head (Plan.settled): does a share that started a job here
