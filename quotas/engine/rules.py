@@ -407,19 +407,17 @@ class TypePass(
             self._fair_reclaim_phase()
         elif not self.out.unsettled and self.out.admissions and self._rule_4_open(shares):
             self.out.unsettled = True
+        # With admissions all made before the first hold, _settled needs to know of a new starving head.
         out = self.out
-        if (
-            0 <= out.admitted_at_hold == len(out.admissions) > 0  # else _settled decides without it
-            and not out.unsettled
-            and self._new_starving_head(shares)
-        ):
+        held_after_all = out.admissions and out.admitted_at_hold == len(out.admissions)
+        if held_after_all and not out.unsettled and self._new_starving_head(shares):
             out.unsettled = True
 
     def _new_starving_head(self, shares: list[int]) -> bool:
         """With a node held for a starving head (Plan.settled): does a share that started a job here
         have a starving head in a pass made right after it? That head goes first there (rule 6,
         phase A), ahead of where this pass looked at it, and may take the node held here for another."""
-        q, status, is_ben, now, wait = self.q, self.status, self.is_ben, self.now, self.starvation_s
+        q, status, is_ben = self.q, self.status, self.is_ben
         for s in shares:
             st = status[s]
             if ADMITTED not in st.values():
@@ -427,7 +425,7 @@ class TypePass(
             for k, job in enumerate(q[s]):
                 if st.get(k) == ADMITTED or job.job_id in is_ben:
                     continue
-                if now - job.submitted_at > wait:
+                if self._starving(job):
                     return True
                 break
         return False
