@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from gpunodes.choices import NodeState
 from gpunodes.models import Gpu, Node
-from gpunodes.services import fake_inventory, node_register
+from gpunodes.services import fake_inventory, node_register, tell_agent
 from jobs.choices import AttemptState, EventKind, JobState, Outcome
 from jobs.models import Attempt, GpuClaim, Job
 from jobs.services import job_submit, record_event
@@ -254,6 +254,9 @@ def test_a_control_worker_killed_mid_pass_leaves_no_half_applied_plan(cluster, d
     ready_at = timezone.now()
     with transaction.atomic():
         Node.objects.filter(name="k1").update(state=NodeState.READY)
+        # As an admin's un-cordon does (services._set_node_state): k1's agent hears it is READY. A
+        # heartbeat while k1 was cordoned told it CORDONED, and it would refuse every start after.
+        tell_agent("k1", NodeState.READY)
         Node.objects.filter(name="ghost").update(last_heartbeat=timezone.now() - timedelta(minutes=5))
     wait_for(lambda: _blocked_on_job_locks() >= 1, 20, what="a pass blocked mid-apply")
     cluster.kill("control")
