@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run setup test test-fast lint format bench migrate clean
+.PHONY: run setup engine test test-fast lint format bench migrate clean
 
 $(STAMP): requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -12,7 +12,13 @@ $(STAMP): requirements.txt
 	$(BIN)/pip install --quiet -r requirements.txt
 	touch $(STAMP)
 
-setup: $(STAMP)
+# The engine compiled (quotas/engine/native.py): the same sources, ~1.6x faster replays. Where no C
+# compiler is at hand it says so and the engine runs as Python (the same decisions). Built again only
+# when its sources change; GPUQUOTA_ENGINE=python turns it off for a process.
+engine: $(STAMP)
+	$(BIN)/python -m quotas.engine.build_native build --optional
+
+setup: $(STAMP) engine
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py seed_demo
 	$(BIN)/python manage.py ensure_admin
@@ -31,11 +37,14 @@ run: setup
 # The in-process tests run on two workers (each its own files, databases: config/settings.py), then the
 # `serial` ones (real processes, networks, a browser, time limits: tests/conftest.py) one at a time.
 # One part, one file or a -k: `make test PYTEST_ARGS="tests/quotas -k victims"` (then in one process).
+# With the engine compiled, the few tests that patch its insides (`engine_as_python`) run apart, as Python.
 TEST_WORKERS ?= 2
-test: $(STAMP)
+test: $(STAMP) engine
 ifeq ($(strip $(PYTEST_ARGS)),)
 	export GPUQUOTA_VAR_DIR=$(CURDIR)/var/test; failed=0; \
 	$(BIN)/python -m pytest -m "not serial" -n $(TEST_WORKERS) || failed=1; \
+	if $(BIN)/python -c "import sys, quotas.engine as e; sys.exit(not e.COMPILED)"; then \
+	  GPUQUOTA_ENGINE=python $(BIN)/python -m pytest -m "engine_as_python and not serial" || failed=1; fi; \
 	$(BIN)/python -m pytest -m serial || failed=1; \
 	exit $$failed
 else
@@ -54,4 +63,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf var/broker var/cache var/test.sqlite3
+	rm -rf var/broker var/cache var/test.sqlite3 build/engine.*

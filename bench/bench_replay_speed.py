@@ -22,6 +22,9 @@ JSON with its two summaries): both checkouts must give the same.
 
     python bench/bench_replay_speed.py --base /work/h2a-base [--only itp,tracegen,whatif] [--repeats 2]
     python bench/bench_replay_speed.py --one whatif      # this checkout only, one run (no --base)
+    python bench/bench_replay_speed.py --base . --base-as-python   # compiled against itself as Python
+
+Each run says which engine it ran ("engine": compiled or python; quotas/engine/native.py).
 """
 
 from __future__ import annotations
@@ -133,12 +136,15 @@ if which != "whatif":  # the result JSON (what `python -m quotas.simulate --out`
     out["json_cpu_s"] = round(time.process_time() - c0, 2)
 out["digest"] = digest(text)
 out["jobs"] = len(scenario.jobs)
+out["engine"] = "compiled" if getattr(sys.modules["quotas.engine"], "COMPILED", False) else "python"
 print("RESULT " + json.dumps(out))
 """
 
 
-def run_one(checkout: Path, which: str) -> dict:
+def run_one(checkout: Path, which: str, as_python: bool = False) -> dict:
     env = {**os.environ, "PYTHONHASHSEED": "0"}
+    if as_python:  # the engine's sources as Python, even where a compiled build is there (native.py)
+        env["GPUQUOTA_ENGINE"] = "python"
     env.setdefault("GPUQUOTA_VAR_DIR", str(HERE / "var" / "bench-replay"))
     proc = subprocess.run(
         [sys.executable, "-c", WORKER, which],
@@ -168,9 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--one", help="one run of one target in this checkout only")
     parser.add_argument("--json", help="write the runs here")
+    parser.add_argument(
+        "--base-as-python",
+        action="store_true",
+        help="run the base with GPUQUOTA_ENGINE=python (with --base . : this checkout compiled against itself as Python)",
+    )
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(run_one(HERE, args.one)))
+        print(json.dumps(run_one(HERE, args.one, args.base_as_python)))
         return 0
     if not args.base:
         parser.error("--base is required (or --one TARGET)")
@@ -182,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         for repeat in range(args.repeats):
             for side, checkout in sides.items():
                 row = {"target": which, "side": side, "repeat": repeat, "load_before": load_average()}
-                row.update(run_one(checkout, which))
+                row.update(run_one(checkout, which, args.base_as_python and side == "base"))
                 row["load_after"] = load_average()
                 runs.append(row)
                 print(json.dumps(row), flush=True)

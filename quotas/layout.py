@@ -15,6 +15,7 @@ plans of one share's change, applied at once.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -308,7 +309,7 @@ def _check_against_database(errors: layoutdoc.Errors, live: Live, target: Layout
 
 
 def _share_view(name: str, spec: ShareSpec) -> policy.ShareView:
-    known = set(policy.ShareView.__slots__)
+    known = {f.name for f in dataclasses.fields(policy.ShareView)}
     extra = {f: spec.values[f] for f in layoutdoc.VALUE_FIELDS if f in known and f != "state"}
     tree = {f: spec.values.get(f, d) for f, d in layoutdoc.TREE_DEFAULTS.items() if f in known}
     return policy.ShareView(name=name, capacity=spec.capacity, **extra, **tree)

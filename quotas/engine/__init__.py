@@ -13,3 +13,8 @@
 Django-side modules read the database into `policy.Snapshot`s (quotas.scheduler.load_snapshot) and
 call in here; nothing in this package imports Django (tests/quotas/test_engine_pure.py checks it).
 """
+
+from quotas.engine import native as _native
+
+# The compiled build of these very sources, where there is one (native.py); else the sources run as Python.
+COMPILED = _native.activate(__path__)

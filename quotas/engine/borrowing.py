@@ -8,7 +8,9 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
+from quotas.engine.fairshare import FairReclaim
 from quotas.engine.state import (
     OpenIndexes,
 )
@@ -33,7 +35,7 @@ def _write_skipped_reason(numbers: tuple, s: int, k: int) -> None:
 HELD, LIMIT, PAUSED, COVER, UNPLACED = range(5)
 
 
-class BorrowingRules:
+class BorrowingRules(FairReclaim):
     """Phase C of the pass: rule 5."""
 
     def _borrows_upto(self, s: int) -> int:
@@ -122,8 +124,8 @@ class BorrowingRules:
             below = g
         nxt = self._next_below(s, k, below)
         if nxt > k + 1:
-            why = self._skipped_why(s, g, unplaced, use, limit)
-            self.out.later.append((why, s, ks.part(k + 1, nxt)))
+            write = self._skipped_why(s, g, unplaced, use, limit)
+            self.out.later.append((write, s, ks.part(k + 1, nxt)))
         return nxt
 
     def _skipped_why(
@@ -193,7 +195,7 @@ class BorrowingRules:
     def _borrow_ratio(self, s: int) -> float:
         return self._borrowed(s) / max(1, self.capacity[s])
 
-    def _borrow_order(self, s: int) -> tuple:
+    def _borrow_order(self, s: int) -> tuple[Any, ...] | float:
         """Rule 5's heap key for share s: flat, fewest borrowed GPUs relative to capacity (ties: name);
         with groups, weights or history, its path's fair-share values from the top down."""
         return self._fair_key(s) if self.fair else self._borrow_ratio(s)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from quotas.engine.placement import NodePlacement
 from quotas.engine.views import (
     UNASSIGNED,
 )
@@ -72,8 +73,19 @@ class CoverAtStart:
         "top_sum",
     )
 
+    held: list[int]
+    grace: list[int]
+    own_total: int
+    borrowed_total: int
+    lendable_idle: int
+    reserve_idle: int
+    own_room: list[int]
+    node_net: list[int] | None
+    node_offer: list[int] | None
+    top_sum: int
 
-class CoverAccounting:
+
+class CoverAccounting(NodePlacement):
     """Per-share numbers and the cover (rule 3), kept incrementally as the pass decides.
 
     Flat (no groups): the cover is one number, `_deficit()`: borrowed in all minus idle lendable in all
@@ -117,7 +129,7 @@ class CoverAccounting:
         """The base's CoverAtStart: brought up to date for the shares whose held or grace GPUs changed
         since it was made (TypeState.cover_changed), made from scratch only for a base's first pass."""
         base = self.base
-        kept = base.cover_at_start
+        kept: CoverAtStart | None = base.cover_at_start
         changed = base.cover_changed
         if kept is not None and not changed:
             return kept

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from quotas.engine.placement import NodeFit
 from quotas.engine.state import ADMITTED, EARMARKED, RESERVED, PassAttempt
+from quotas.engine.victims import VictimWalk
 from quotas.engine.views import FAIR_SHARE
 
 # The most unsaved work (seconds since its safe point) an attempt may lose to a fair reclaim: a deviation
@@ -47,7 +48,7 @@ FAIR_RECLAIM_MAX_UNSAVED_S = 1800
 FAIR_RECLAIM_MAX_PER_JOB = 5
 
 
-class FairReclaim:
+class FairReclaim(VictimWalk):
     """Phase D of the pass: rule 11, when the cluster turns it on."""
 
     def _fair_reclaim_phase(self) -> None:

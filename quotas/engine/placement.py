@@ -5,7 +5,9 @@ victims are taken and given back. A part of rules.TypePass."""
 from __future__ import annotations
 
 import heapq
+from collections.abc import Collection
 
+from quotas.engine.reasons import WaitingReasons
 from quotas.engine.state import (
     PassAttempt,
 )
@@ -72,7 +74,7 @@ class NodeFit:
         return bool(self.base or self.hits)
 
 
-class NodePlacement:
+class NodePlacement(WaitingReasons):
     """The pass's nodes: free GPUs per node in buckets by free count, best fit, gangs, held GPUs."""
 
     def _set_free(self, i: int, v: int) -> None:
@@ -167,7 +169,7 @@ class NodePlacement:
         g: int,
         extra: dict[int, int] | None = None,
         use_pend: bool = False,
-        prefer: set[int] | None = None,
+        prefer: Collection[int] | None = None,
         wait: bool = False,
     ) -> list[tuple[int, int]] | None:
         """Where g GPUs would go (rule 9's last sentence): on free GPUs, and if asked on GPUs being

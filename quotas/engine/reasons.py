@@ -3,6 +3,7 @@ written at once or left for when Plan.waiting is read. A part of rules.TypePass.
 
 from __future__ import annotations
 
+from quotas.engine.passfields import PassFields
 from quotas.engine.state import (
     BLOCKED,
 )
@@ -17,7 +18,7 @@ LAZY_REASONS = True
 REASON_MEMO = 4096  # sentences kept per GPU type between passes
 
 
-class WaitingReasons:
+class WaitingReasons(PassFields):
     """The waiting reasons of one pass."""
 
     def _reason(self, key: tuple) -> str:

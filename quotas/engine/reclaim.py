@@ -8,9 +8,11 @@ import heapq
 from bisect import bisect_right
 from collections.abc import Iterator
 from functools import partial
+from itertools import repeat
 from operator import add
 
 from quotas.engine import reasons
+from quotas.engine.borrowing import BorrowingRules
 from quotas.engine.state import (
     ADMITTED,
     BLOCKED,
@@ -38,7 +40,7 @@ def _write_held_reason(numbers: tuple, s: int, k: int) -> None:
     out[job_id] = f"{reason(key)}; holding {nodes} for it (waited over {starvation_s:g}s)"
 
 
-class OwnCapacityRules:
+class OwnCapacityRules(BorrowingRules):
     """Phases A and B of the pass: own capacity, reclaim and in-share pre-emption."""
 
     def _own_phase(self, s: int, k: int) -> int:
@@ -82,7 +84,7 @@ class OwnCapacityRules:
                 return self._start_or_wait(s, k, placement, [], can_now, None)
             fits = False if g <= self.largest_node else None  # (a gang's node test counts its nodes itself)
         found = self._walk(
-            s, g, tol, lambda: (((a, RECLAIM) for a in self._reclaim_candidates(s)), None), False, fits
+            s, g, tol, lambda: (zip(self._reclaim_candidates(s), repeat(RECLAIM)), None), False, fits
         )
         if isinstance(found, ProtectionClaim):
             return self._protect_wait(s, k, found)
@@ -104,7 +106,7 @@ class OwnCapacityRules:
         self,
         s: int,
         k: int,
-        placement: list[tuple[int, int]],
+        placement: list[tuple[int, int]] | None,
         victims: list[tuple[PassAttempt, str]],
         can_now: bool,
         extra: dict[int, int] | None,

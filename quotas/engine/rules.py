@@ -17,13 +17,10 @@ import heapq
 import weakref
 from bisect import bisect_left
 from collections.abc import Hashable, Mapping
+from typing import Any
 
 from quotas.engine import reasons
-from quotas.engine.borrowing import BorrowingRules
-from quotas.engine.cover import CoverAccounting
-from quotas.engine.fairshare import FairReclaim
-from quotas.engine.placement import NodeFit, NodePlacement
-from quotas.engine.reasons import WaitingReasons
+from quotas.engine.placement import NodeFit
 from quotas.engine.reclaim import OwnCapacityRules
 from quotas.engine.state import (
     ADMITTED,
@@ -39,7 +36,7 @@ from quotas.engine.state import (
     PassStatus,
     TypeState,
 )
-from quotas.engine.victims import ProtectionClaim, VictimWalk
+from quotas.engine.victims import ProtectionClaim
 from quotas.engine.views import (
     ADMITTED_BORROWED,
     ADMITTED_OWN,
@@ -135,9 +132,7 @@ def _settled(out: PassOutput) -> bool:
     return not (out.admissions and out.reserved) or out.admitted_at_hold == len(out.admissions)
 
 
-class TypePass(
-    OwnCapacityRules, BorrowingRules, FairReclaim, VictimWalk, CoverAccounting, NodePlacement, WaitingReasons
-):
+class TypePass(OwnCapacityRules):
     """The pass for one GPU type.
 
     Accounting per share uses three numbers: `held` (non-pre-empting attempts and admissions of this
@@ -291,13 +286,13 @@ class TypePass(
         for _, s, k in self.bens:
             if status[s].get(k, TODO) == DEFERRED:
                 self._borrow(s, k)
-        for key, s, k in sorted(heads):
+        for hkey, s, k in sorted(heads):
             if status[s].get(k, TODO) == TODO and self._own_phase(s, k) == DEFERRED:
-                later.append((key, s, k))
+                later.append((hkey, s, k))
 
         # B. Rules 2-4, shares by lowest own-use ratio (ties: name), recomputed as they admit.
         held, pend, capacity = self.held, self.pend, self.capacity
-        heap = []
+        heap: list[tuple[Any, int]] = []  # (a share's key, the share): a ratio here, rule 5's order in C
         for s in shares:
             c = capacity[s]
             if c:  # (_own_ratio, inline)
@@ -357,14 +352,14 @@ class TypePass(
         # not stale.
         keyed_at = dict.fromkeys(pending, keys_version) if fair else {}
         while heap:
-            key, s = heapq.heappop(heap)
+            bkey, s = heapq.heappop(heap)
             if fair and heap and keyed_at[s] != self.version:
                 # A sibling's borrowing raised the values of their common groups: this share's key in
                 # the heap may be stale (values only grow in phase C), so it goes back if it is now
                 # behind the next one.
                 now_key = self._borrow_order(s)
                 keyed_at[s] = self.version
-                if now_key != key and (now_key, s) > heap[0]:
+                if now_key != bkey and (now_key, s) > heap[0]:
                     heapq.heappush(heap, (now_key, s))
                     continue
             ks = pending[s]
@@ -392,9 +387,9 @@ class TypePass(
                 if self._borrow(s, k) == ADMITTED:
                     k += 1
                     if heap:
-                        key = (self._borrow_order(s), s)
-                        if key > heap[0]:
-                            heapq.heappush(heap, key)
+                        entry = (self._borrow_order(s), s)
+                        if entry > heap[0]:
+                            heapq.heappush(heap, entry)
                             if fair:
                                 keyed_at[s] = self.version
                             break

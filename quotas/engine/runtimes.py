@@ -105,8 +105,8 @@ class Guess:
         return f"runtimes seen in {self.source}"
 
 
-def duration(seconds: float) -> str:
-    seconds = int(round(seconds))
+def duration(seconds_f: float) -> str:
+    seconds = int(round(seconds_f))
     if seconds < 120:
         return f"{seconds} s"
     if seconds < 2 * 3600:

@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quotas.engine import collector, policy
+from quotas.engine import collector, native, policy
 from quotas.engine import runtimes as rt
 from quotas.engine import scenario as sc
 from quotas.engine.policy import (
@@ -81,6 +81,7 @@ from quotas.engine.policy import (
     ShareView,
     Snapshot,
 )
+from quotas.engine.pyclasses import PolicyError  # noqa: F401 (read from here too)
 from quotas.engine.reasons import WaitingReasons
 from quotas.engine.timeline import Timeline, percentile
 from quotas.engine.tree import FairShareHistory, Tree
@@ -107,10 +108,6 @@ MAX_PASSES_PER_INSTANT = 1000
 MAX_WARNINGS = 100
 
 Planner = Callable[[Snapshot], Plan]
-
-
-class PolicyError(RuntimeError):
-    """The planner returned a decision that cannot be applied (a policy bug)."""
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -335,7 +332,10 @@ def simulate(
     if profile is None or not profile.detail:
         return _Simulator(scenario, planner, **options).run()
     # Time the planner, the event handlers, the accounting and the forecast; "reasons" times the
-    # policy's own waiting-reason writer (patched for the run only: the policy has no hooks).
+    # policy's own waiting-reason writer (patched for the run only: the policy has no hooks), which only
+    # the engine as Python allows (a compiled one calls its own methods directly: native.py).
+    if native.compiled():
+        return _Simulator(scenario, planner, **options).run()
     wait = WaitingReasons._wait
     WaitingReasons._wait = profile.timed("reasons (in passes)", wait)
     try:
@@ -580,7 +580,7 @@ class _Simulator:
         self.type_values: dict[str, dict[str, tuple]] = {}
         self.type_pool: dict[str, tuple] = {}
         self.cluster_gpus: dict[str, int] = {}  # READY schedulable GPUs per type (usage's pool)
-        self.cluster_caps: dict[tuple[str, str, str], float] | None = None
+        self.cluster_caps: dict[tuple[str, str, str], int] | None = None
         self.tick_pending: set[int] = set()
         self.rechecks: set[int] = set()  # instants at which a protection window that matters ends
         self.protect_waiting: dict[Hashable, int] = {}  # job waiting for protection -> since when
@@ -643,6 +643,8 @@ class _Simulator:
             _RECHECK: self.on_recheck,
             _TICK: lambda ref: None,
         }
+        account: Callable[[int], None] = self.account
+        forecast_submits: Callable[[], None] = self.forecast_submits
         if self.profile is not None and self.profile.detail:
             names = {
                 _END: "events: end",
@@ -654,8 +656,9 @@ class _Simulator:
             }
             for kind, name in names.items():
                 handlers[kind] = self.profile.timed(name, handlers[kind])
-            self.account = self.profile.timed("accounting", self.account)  # type: ignore[method-assign]
-            self.forecast_submits = self.profile.timed("forecast", self.forecast_submits)  # type: ignore[method-assign]
+            # (wrapped here, not set on self: a compiled class's methods are not attributes to replace)
+            account = self.profile.timed("accounting", account)
+            forecast_submits = self.profile.timed("forecast", forecast_submits)
         heap, subs = self.heap, self.subs
         while heap and (until is None or heap[0][0] <= until):
             t = heap[0][0]
@@ -666,7 +669,7 @@ class _Simulator:
                     heapq.heappush(heap, subs.pop())
                 handlers[kind](ref)
             if self.to_forecast:
-                self.forecast_submits()
+                forecast_submits()
             if self.changed:
                 tick = self.settings.tick_s
                 if t % tick == 0:
@@ -674,12 +677,12 @@ class _Simulator:
                 elif (nxt := t - t % tick + tick) not in self.tick_pending:
                     self.tick_pending.add(nxt)
                     self.push(nxt, _TICK, None)
-            self.account(t)
+            account(t)
         cut = until is not None and any(j.record.final in (QUEUED, RUNNING) for j in self.jobs.values())
         end = until if cut else self.last_stop
         if cut:
             self.now = until
-            self.account(until)
+            account(until)
         return self.result(end, cut)
 
     def passes_at(self, t: int) -> None:
@@ -1035,15 +1038,15 @@ class _Simulator:
             )
         gpus = 0
         for node, idx in admission.placement:
-            view = self.ready.get(node)
-            if view is None or view.gpu_type != spec.gpu_type:
+            node_view = self.ready.get(node)
+            if node_view is None or node_view.gpu_type != spec.gpu_type:
                 raise PolicyError(
                     f"t={t}: job {job_id!r} placed on {node!r}: not a READY {spec.gpu_type} node"
                 )
             holders = self.holders[node]
             for i in idx:
-                if not 0 <= i < view.gpus or holders[i] is not None:
-                    held = f"held by {holders[i]}" if 0 <= i < view.gpus else "no such GPU"
+                if not 0 <= i < node_view.gpus or holders[i] is not None:
+                    held = f"held by {holders[i]}" if 0 <= i < node_view.gpus else "no such GPU"
                     raise PolicyError(f"t={t}: job {job_id!r} placed on {node}:{i} ({held})")
             gpus += len(idx)
         if gpus != spec.gpus or len({(n, i) for n, idx in admission.placement for i in idx}) != gpus:
@@ -1160,8 +1163,8 @@ class _Simulator:
         if outcome == SUCCEEDED and self.forecasting:
             self.runtimes.setdefault(spec.share, deque(maxlen=rt.RECENT_SAMPLE)).append(elapsed)
             if spec.name:
-                key = (spec.share, None, spec.name)
-                self.group_runtimes.setdefault(key, deque(maxlen=rt.RECENT_SAMPLE)).append(elapsed)
+                group_key = (spec.share, None, spec.name)
+                self.group_runtimes.setdefault(group_key, deque(maxlen=rt.RECENT_SAMPLE)).append(elapsed)
         if outcome in (PREEMPTED, NODE_LOST):
             progress = run.base_progress + elapsed
             if outcome == PREEMPTED and spec.checkpoint_on_stop:
@@ -1203,14 +1206,14 @@ class _Simulator:
         if not self.dirty_all and not self.dirty_types:
             return
         if self.cluster_caps is None:  # READY GPUs per type, recounted only when nodes come or go
-            caps: dict[tuple[str, str, str], float] = {}
-            pool: dict[str, int] = {}
+            caps: dict[tuple[str, str, str], int] = {}
+            schedulable: dict[str, int] = {}
             for node in self.engine.nodes:
                 key = (Timeline.CLUSTER, node.gpu_type, "capacity")
                 caps[key] = caps.get(key, 0) + node.gpus
                 if node.schedulable:
-                    pool[node.gpu_type] = pool.get(node.gpu_type, 0) + max(0, node.gpus)
-            self.cluster_caps, self.cluster_gpus = caps, pool
+                    schedulable[node.gpu_type] = schedulable.get(node.gpu_type, 0) + max(0, node.gpus)
+            self.cluster_caps, self.cluster_gpus = caps, schedulable
         if self.type_shares is None:
             self.type_shares = {}
             for view in self.share_views.values():
@@ -1266,7 +1269,7 @@ class _Simulator:
         for share, capacity, use, own, lend in rows:
             if use and used_out is not None:
                 used_out[share] = use
-            lent = 0
+            lent: Any = 0  # an int, or a float of the factor's (the output keeps which)
             if lend and factor:
                 # round() to 3 places is slow (a decimal conversion), and a whole number is its own
                 # rounding: most lenders lend all they have idle (factor 1) or nothing is borrowed.
@@ -1303,22 +1306,22 @@ class _Simulator:
         # The unassigned pool's lent and capacity, and the READY cluster's GPUs of the type.
         lent = round(pool * factor, 3) if pool else 0
         gpus = self.cluster_caps.get((Timeline.CLUSTER, gpu_type, "capacity"), 0)
-        now = (lent, pool, gpus)
-        before = self.type_pool.get(gpu_type, (0, 0, 0))
-        if before != now:
+        pool_now = (lent, pool, gpus)
+        pool_before = self.type_pool.get(gpu_type, (0, 0, 0))
+        if pool_before != pool_now:
             for key, old, new in zip(
                 (
                     (UNASSIGNED, gpu_type, "lent"),
                     (UNASSIGNED, gpu_type, "capacity"),
                     (Timeline.CLUSTER, gpu_type, "capacity"),
                 ),
-                before,
-                now,
+                pool_before,
+                pool_now,
                 strict=True,
             ):
                 if old != new:
                     set_value(key, t, new)
-            self.type_pool[gpu_type] = now
+            self.type_pool[gpu_type] = pool_now
         return pool
 
     @staticmethod

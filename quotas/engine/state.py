@@ -8,10 +8,21 @@ import heapq
 import math
 import weakref
 from bisect import bisect_left
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
+from typing import Any
 
+from quotas.engine.pyclasses import (  # noqa: F401 (read from here by the rest of the engine)
+    ADMITTED,
+    BLOCKED,
+    DEFERRED,
+    EARMARKED,
+    RESERVED,
+    TODO,
+    LazyWaiting,
+    PassStatus,
+)
 from quotas.engine.tree import GroupSpec, TreeIndex, limit_gpus
 from quotas.engine.views import (
     LEND_AND_BORROW,
@@ -31,18 +42,6 @@ from quotas.engine.views import (
     take_over,
     victim_key,
 )
-
-# A queued job's status within one pass.
-TODO, ADMITTED, EARMARKED, BLOCKED, DEFERRED, RESERVED = range(6)
-
-
-class PassStatus(dict):
-    """One share's statuses in a pass, by queue index: only the jobs the pass looked at are stored."""
-
-    __slots__ = ()
-
-    def __missing__(self, k: int) -> int:
-        return TODO
 
 
 class OpenIndexes:
@@ -71,7 +70,7 @@ NO_LIMIT = 1 << 62
 MASKS: dict[tuple[int, ...], int] = {}  # GPU index tuple -> bit mask; a memo of _mask()
 
 
-def _mask(idxs: tuple[int, ...]) -> int:
+def _mask(idxs: Sequence[int]) -> int:  # a tuple, or a list (decoded JSON: not memoised)
     m = 0
     for x in idxs:
         if x >= 0:
@@ -176,7 +175,7 @@ class PassOutput:
         self.protected: dict[Hashable, ProtectionWait] = {}
         self.recheck_at: float | None = None
         # Reasons not written during the pass: (function, share, queue indexes) run on first read.
-        self.later: list[tuple[Callable[[int, int], int], int, Iterable[int]]] = []
+        self.later: list[tuple[Callable[[int, int], object], int, Iterable[int]]] = []
         # Something this pass did keeps a pass made right after its admissions from being known to
         # decide nothing (Plan.settled, rules._settled): a job earmarked GPUs, a beneficiary started,
         # rule 4 may find candidates it did not, or the pass ranked by fair-share values.
@@ -184,43 +183,6 @@ class PassOutput:
         # How many admissions the pass had made when it first held a node for a starving head (rule 6):
         # -1 until it does (Plan.settled).
         self.admitted_at_hold = -1
-
-
-class LazyWaiting(Mapping):
-    """Plan.waiting, computed lazily: most plans (the simulator's, the forecast's later passes) are
-    never asked why a job waits, and writing a sentence for every queued job on every pass made the
-    pass cost grow with the queue. A reason left for later is one whose inputs no longer change once
-    the pass has moved past it (see TypePass.run), so reading it after the pass gives the same
-    sentence as writing it at once."""
-
-    __slots__ = ("_done", "_later", "__weakref__")
-
-    def __init__(self, done: dict[Hashable, str], later: list) -> None:
-        self._done = done
-        self._later = later
-
-    def _all(self) -> dict[Hashable, str]:
-        if self._later:
-            later, self._later = self._later, []
-            for fn, s, ks in later:
-                for k in ks:
-                    fn(s, k)
-        return self._done
-
-    def __getitem__(self, key: Hashable) -> str:
-        return self._all()[key]
-
-    def __iter__(self) -> Iterator[Hashable]:
-        return iter(self._all())
-
-    def __len__(self) -> int:
-        return len(self._all())
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._all()
-
-    def __repr__(self) -> str:
-        return repr(self._all())
 
 
 class ShareIndex:
@@ -341,7 +303,7 @@ class TypeState:
         # The cover's numbers at a pass's start (a cover.CoverAtStart, made by the first pass), and the
         # shares whose `held` or `grace` changed since (add_run, remove_run: nowhere else), for the next
         # pass to bring it up to date.
-        self.cover_at_start = None
+        self.cover_at_start: Any = None  # cover.CoverAtStart once a pass made it (cover imports this module)
         self.cover_changed: set[int] = set()
         self.atts: list[dict[Hashable, PassAttempt]] = [{} for _ in range(n)]  # not pre-empting
         self.pre: dict[

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 
 class Timeline:
@@ -17,7 +17,7 @@ class Timeline:
     share ``"(cluster)"`` (metric ``capacity``). A value holds from its time until the next change.
     """
 
-    CLUSTER = "(cluster)"
+    CLUSTER: ClassVar[str] = "(cluster)"
 
     def __init__(self) -> None:
         self.series: dict[tuple[str, str, str], tuple[list[int], list[float]]] = {}

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from itertools import compress
 
+from quotas.engine.cover import CoverAccounting
 from quotas.engine.placement import NodeFit
 from quotas.engine.state import (
     PassAttempt,
@@ -29,7 +30,7 @@ class ProtectionClaim:
         self.victims = victims
 
 
-class VictimWalk:
+class VictimWalk(CoverAccounting):
     """The candidate orders and the minimal-set walk over them."""
 
     def _victims(self) -> None:

@@ -5,9 +5,9 @@ which attempts are borrowed, whether a job can ever fit a share. Pure, like the 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 RESERVE = "RESERVE"
 LEND = "LEND"
@@ -27,6 +27,9 @@ _T = TypeVar("_T")
 
 # placement: ((node name, (gpu index, ...)), ...); one entry for a single-node job, several for a gang.
 Placement = tuple[tuple[str, tuple[int, ...]], ...]
+# A running attempt's, as it is read: the same, or as lists (decoded JSON); never checked for tuples (a
+# compiled engine checks declared types: quotas/engine/native.py).
+PlacementIn = Sequence[Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,11 +48,13 @@ class GroupSpec:
     its subtree competes for idle capacity with its siblings, and its limits in percent of its subtree's
     capacity per type (-1: no limit)."""
 
-    name: str
-    parent: str | None = None
-    weight: float = 1
-    borrow_limit: int = UNLIMITED
-    lend_limit: int = UNLIMITED
+    # As given: a layout document's groups are made into GroupSpecs before validate_tree says what is
+    # wrong with them (a weight as text, a limit out of range), so no type is checked on the way in.
+    name: Any
+    parent: Any = None  # str | None
+    weight: Any = 1  # a number > 0
+    borrow_limit: Any = UNLIMITED  # int
+    lend_limit: Any = UNLIMITED  # int
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +70,7 @@ class ShareView:
     # Its place in the organisation tree (tree.py): its group (None: directly under the cluster) and how
     # strongly it competes for idle capacity with its siblings.
     group: str | None = None
-    weight: float = 1
+    weight: Any = 1  # a number > 0 as given (validate_tree says what is wrong with any other value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +87,7 @@ class RunningView:
     priority: int
     submitted_at: float
     started_at: float
-    placement: Placement
+    placement: PlacementIn
     borrowed: bool  # as admitted (or as last classified); see borrowed_attempts()
     # In its pre-emption grace period: its GPUs count as being freed and it is never chosen again.
     preempting: bool = False

@@ -16,7 +16,8 @@ from quotas.engine.cover import CoverAtStart
 from quotas.engine.simulate import simulate
 
 SCENARIOS = Path(__file__).resolve().parents[3] / "shared" / "scenarios"
-FIELDS = CoverAtStart.__slots__
+# Every test here patches TypePass (tests/conftest.py: with the engine compiled, they run as Python).
+pytestmark = pytest.mark.engine_as_python
 
 
 def _with_limits(data: dict) -> dict:
@@ -37,7 +38,7 @@ def _replay_checking(monkeypatch, scenario: sc.Scenario) -> int:
         setup(self, history, fair_reclaim)
         kept = self.base.cover_at_start
         fresh = self._cover_from_scratch()
-        for field in FIELDS:
+        for field in CoverAtStart.__slots__:
             assert getattr(kept, field) == getattr(fresh, field), field
         checked[0] += 1
 

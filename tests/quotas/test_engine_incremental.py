@@ -346,6 +346,7 @@ def test_a_pass_leaves_no_reference_cycle_so_an_unread_plan_is_freed_at_once():
     assert left.count("_Out") == 0
 
 
+@pytest.mark.engine_as_python  # patches the engine (tests/conftest.py)
 def test_a_starving_gangs_nodes_read_from_the_buckets_are_the_best_ranked_of_all(monkeypatch):
     """_most_available reads the nodes with the most GPUs free or being freed level by level; it must
     pick what ranking every node of the largest size picks (most available, then name)."""

@@ -1,6 +1,7 @@
 """The organisation tree's pure parts (quotas/engine/tree.py): validation, nets and the cover per level,
 the decayed history, and the organisation view (SEMANTICS "Groups: the organisation tree")."""
 
+import dataclasses
 import math
 
 import pytest
@@ -225,7 +226,7 @@ def test_the_view_says_who_borrows_lends_and_waits():
 
 def test_a_department_that_only_lends_is_lending():
     snapshot = example_snapshot()
-    snapshot = Snapshot(**{**{f: getattr(snapshot, f) for f in snapshot.__slots__}, "queued": ()})
+    snapshot = dataclasses.replace(snapshot, queued=())
     rows = {r.name: r for r in organisation_view(snapshot)}
     assert rows["research"].state == LENDING and rows["research"].fair_part is None
     assert rows["web"].state == BORROWING and rows["web"].fair_part == 3  # alone among borrowers
@@ -248,17 +249,11 @@ def borrowed_by_rule_5(borrowers, lender_idle, groups=()):
     running = [on_node(f"{name}-own{i}", name, False) for name, cap, _, _ in borrowers for i in range(cap)]
     queued = [QueuedView(f"{name}-{i}", name, "a10g", 1, 0, i) for name, *_ in borrowers for i in range(12)]
     snap = Snapshot(now=10, nodes=nodes, shares=tuple(shares), running=tuple(running), queued=tuple(queued))
-    snap = Snapshot(**{**{f: getattr(snap, f) for f in snap.__slots__}, "groups": tuple(groups)})
+    snap = dataclasses.replace(snap, groups=tuple(groups))
     admitted = {a.job_id for a in policy.plan(snap).admissions}
     running += [on_node(j.job_id, j.share, True) for j in queued if j.job_id in admitted]
     queued = [j for j in queued if j.job_id not in admitted]
-    return Snapshot(
-        **{
-            **{f: getattr(snap, f) for f in snap.__slots__},
-            "running": tuple(running),
-            "queued": tuple(queued),
-        }
-    )
+    return dataclasses.replace(snap, running=tuple(running), queued=tuple(queued))
 
 
 @pytest.mark.parametrize(
@@ -305,7 +300,7 @@ def test_a_share_waiting_below_its_weight_times_capacity_part_is_starved():
         RunningView(f"b-x{i}#1", f"b-x{i}", "b", "a10g", 0, 0, 0, placement, True)
         for i, placement in enumerate(free)
     ]
-    snap = Snapshot(**{**{f: getattr(snap, f) for f in snap.__slots__}, "running": tuple(running)})
+    snap = dataclasses.replace(snap, running=tuple(running))
     rows = {r.name: r for r in organisation_view(snap)}
     assert (rows["a"].taken_from_outside, rows["b"].taken_from_outside) == (6, 4)
     assert (rows["a"].fair_part, rows["b"].fair_part) == (8, 2)

@@ -43,6 +43,7 @@ def test_a_job_bigger_than_the_idle_lendable_gpus_waits_and_is_told_how_many_the
     )
 
 
+@pytest.mark.engine_as_python  # patches the engine (tests/conftest.py)
 def test_jobs_that_cannot_keep_the_cover_are_not_tried_one_by_one(monkeypatch):
     """b uses all it could lend: a's smallest job left would break the cover, so no _borrow call is made
     for a's queue, and the reasons, read later, are the ones written at once."""

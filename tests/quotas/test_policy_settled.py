@@ -292,6 +292,7 @@ def test_a_replay_cut_after_a_settled_plan_gives_the_reasons_of_the_pass_not_mad
     assert skipped.to_json() == made.to_json()
 
 
+@pytest.mark.engine_as_python  # patches the engine (tests/conftest.py)
 def test_check_skipped_raises_when_the_pass_after_a_settled_plan_decides_something(monkeypatch):
     from quotas.engine import rules
 

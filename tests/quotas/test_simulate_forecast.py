@@ -3,6 +3,7 @@ actual start; a bound ETA is one the simulator confirms."""
 
 import json
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -188,6 +189,7 @@ def test_tracegen_can_give_jobs_a_max_runtime_as_users_do():
     assert "max_runtime_s" not in generate(teams=2, gpus=16, jobs=5, seed=3)["jobs"][0]
 
 
+@pytest.mark.engine_as_python  # its reasons line patches the engine (tests/conftest.py)
 def test_profile_says_where_the_time_goes_and_keeps_the_result(tmp_path, capsys):
     path = tmp_path / "s.json"
     # b fits its share's own room (2 on a 1-GPU node) but no node: a reason written in a pass

@@ -1,0 +1,84 @@
+"""The engine compiled (quotas/engine/native.py) is the same engine: a replay gives the very same result
+JSON compiled and as Python, and a build is used only for the sources it was made from."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from quotas.engine import native, tracegen
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIOS = ROOT.parent / "shared" / "scenarios"
+
+needs_build = pytest.mark.skipif(
+    native.usable() is None and os.environ.get("GPUQUOTA_ENGINE", "") != native.OFF,
+    reason="no compiled build of these sources here (make engine; needs a C compiler)",
+)
+
+
+def _replay(path: Path, engine: str | None) -> tuple[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "GPUQUOTA_ENGINE"}
+    env["PYTHONHASHSEED"] = "0"
+    if engine:
+        env["GPUQUOTA_ENGINE"] = engine
+    code = (
+        "import sys, quotas.engine as e; from quotas.engine.simulate import main; "
+        "print('ENGINE', 'compiled' if e.COMPILED else 'python', file=sys.stderr); "
+        "sys.exit(main([sys.argv[1], '--out', sys.argv[2]]))"
+    )
+    out = path.with_suffix(f".{engine or 'default'}.out.json")
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(path), str(out)], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = next(line for line in done.stderr.splitlines() if line.startswith("ENGINE "))
+    return said.split()[1], out.read_text()
+
+
+def _scenarios(tmp_path: Path) -> list[Path]:
+    paths = sorted(SCENARIOS.glob("*.json"))
+    # A busy tracegen trace: pre-emption, borrowing, gangs, checkpoints and priorities at once.
+    data = tracegen.generate(teams=6, gpus=96, jobs=1500, seed=5)
+    generated = tmp_path / "tracegen.json"
+    generated.write_text(json.dumps(data))
+    return [*paths, generated]
+
+
+@needs_build
+def test_a_replay_gives_the_same_result_json_compiled_and_as_python(tmp_path):
+    for path in _scenarios(tmp_path):
+        copy = tmp_path / path.name
+        copy.write_text(path.read_text())
+        compiled, a = _replay(copy, None)
+        python, b = _replay(copy, native.OFF)
+        assert (compiled, python) == ("compiled", "python")
+        assert a == b, f"{path.name}: the compiled engine decided otherwise than the engine as Python"
+
+
+def test_a_build_of_other_sources_is_not_used(tmp_path, monkeypatch):
+    package = tmp_path / "quotas" / "engine"
+    package.mkdir(parents=True)
+    for name in native.MODULES:
+        (package / f"{name}.py").write_text(f"# {name}\n")
+    monkeypatch.setattr(native, "PACKAGE", package)
+    monkeypatch.setattr(native, "ROOT", tmp_path)
+    monkeypatch.delenv("GPUQUOTA_ENGINE", raising=False)
+    where = native.build_dir()
+    (where / "quotas" / "engine").mkdir(parents=True)
+    (where / "manifest.json").write_text(json.dumps({"digest": native.sources_digest()}))
+    path: list[str] = []
+    assert native.activate(path) and path == [str(where / "quotas" / "engine")]
+
+    (package / "rules.py").write_text("# rules, edited after the build\n")
+    path = []
+    assert native.usable() is None and not native.activate(path) and path == []
+
+    (where / "manifest.json").write_text(json.dumps({"digest": native.sources_digest()}))
+    monkeypatch.setenv("GPUQUOTA_ENGINE", "python")
+    assert native.usable() is None and not native.activate([])
