@@ -45,6 +45,7 @@ MODULES = (
     "reclaim",
     "rules",
     "policy",
+    "simulate",
 )
 OFF = "python"  # GPUQUOTA_ENGINE's value that keeps the engine as Python
 

@@ -449,9 +449,9 @@ class _OrgAccounting:
             for (name, _), gpus in self.taken.items():
                 if name in self.from_outside_s:
                     self.from_outside_s[name] += gpus * dt
-            for (name, _), gpus in self.lent.items():
+            for (name, _), lent_gpus in self.lent.items():  # (not `gpus`: a float here, an int above)
                 if name in self.lent_outside_s:
-                    self.lent_outside_s[name] += gpus * dt
+                    self.lent_outside_s[name] += lent_gpus * dt
         self.at = t
         if changed is None:
             return
@@ -1366,7 +1366,7 @@ class _Simulator:
                 "preempted_jobs": sum(1 for r in records if r.preemptions),
                 "lost_gpu_seconds": dict(self.lost[name]),
             }
-        cluster = {
+        cluster: dict[str, Any] = {
             "makespan_s": end,
             "utilisation": round(self.busy_gpu_s / capacity_gpu_s, 6) if capacity_gpu_s else 0.0,
             "lost_gpu_seconds": self.lost_gpu_s,
