@@ -90,7 +90,7 @@ def activate(package_path: list[str]) -> bool:
     if engine not in package_path:
         package_path.insert(0, engine)
     if str(where) not in sys.path:
-        sys.path.append(str(where))  # mypyc's shared library of the build, a top-level module
+        sys.path.append(str(where))  # (where mypyc puts a build's shared library when it makes one)
     return True
 
 
@@ -115,14 +115,14 @@ setup(name="gpuquota-engine", packages=[], py_modules=[],
 """
 
 
-def build(quiet: bool = False) -> Path:
+def build() -> Path:
     """Compile the modules into a fresh folder and put it in place (a failed build leaves the last one,
     which activate() ignores once the sources differ). Raises RuntimeError with the compiler's words."""
     where = build_dir()
     digest = sources_digest()
     if _manifest(where).get("digest") == digest:
         return where
-    work = where.with_name(where.name + ".work")
+    work = where.with_name(f"{where.name}.work{os.getpid()}")  # (two builds at once do not share it)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     paths = [str((PACKAGE / f"{m}.py").relative_to(ROOT)) for m in MODULES]

@@ -83,6 +83,8 @@ class OwnCapacityRules(BorrowingRules):
             if placement is not None:
                 return self._start_or_wait(s, k, placement, [], can_now, None)
             fits = False if g <= self.largest_node else None  # (a gang's node test counts its nodes itself)
+        # (zip, not a generator expression: compiled, that one is made a list at once, before the walk has
+        # readied the victim orders that _reclaim_candidates reads)
         found = self._walk(
             s, g, tol, lambda: (zip(self._reclaim_candidates(s), repeat(RECLAIM)), None), False, fits
         )
