@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 
-from quotas.engine.native import OFF, ROOT, _manifest, build, build_dir, usable
+from quotas.engine.native import ROOT, _manifest, build, build_dir, turned_off, usable
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     where = usable()
     if where is not None:
         print(f"compiled: {where.relative_to(ROOT)}")
-    elif os.environ.get("GPUQUOTA_ENGINE", "").strip().lower() == OFF:
+    elif turned_off():
         print("python: GPUQUOTA_ENGINE=python")
     elif _manifest(build_dir()):
         print("python: the build is of other sources (make engine)")

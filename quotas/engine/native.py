@@ -70,9 +70,14 @@ def _manifest(where: Path) -> dict:
         return {}
 
 
+def turned_off() -> bool:
+    """GPUQUOTA_ENGINE=python: this process runs the engine's sources as Python, built or not."""
+    return os.environ.get("GPUQUOTA_ENGINE", "").strip().lower() == OFF
+
+
 def usable() -> Path | None:
     """The build folder, when there is a build of exactly today's sources and it is not turned off."""
-    if os.environ.get("GPUQUOTA_ENGINE", "").strip().lower() == OFF:
+    if turned_off():
         return None
     where = build_dir()
     manifest = _manifest(where)
@@ -92,13 +97,6 @@ def activate(package_path: list[str]) -> bool:
     if str(where) not in sys.path:
         sys.path.append(str(where))  # (where mypyc puts a build's shared library when it makes one)
     return True
-
-
-def compiled() -> bool:
-    """Whether this process runs the engine compiled (rules' module is an extension, not a .py file)."""
-    from quotas.engine import rules
-
-    return not (rules.__file__ or "").endswith(".py")
 
 
 # separate=True: a C extension per module, compiled side by side on every core (73 s here, where one

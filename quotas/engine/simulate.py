@@ -67,7 +67,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quotas.engine import collector, native, policy
+from quotas import engine
+from quotas.engine import collector, policy
 from quotas.engine import runtimes as rt
 from quotas.engine import scenario as sc
 from quotas.engine.policy import (
@@ -333,8 +334,8 @@ def simulate(
         return _Simulator(scenario, planner, **options).run()
     # Time the planner, the event handlers, the accounting and the forecast; "reasons" times the
     # policy's own waiting-reason writer (patched for the run only: the policy has no hooks), which only
-    # the engine as Python allows (a compiled one calls its own methods directly: native.py).
-    if native.compiled():
+    # the engine as Python allows (a compiled one calls its own methods directly: quotas/engine/native.py).
+    if engine.COMPILED:
         return _Simulator(scenario, planner, **options).run()
     wait = WaitingReasons._wait
     WaitingReasons._wait = profile.timed("reasons (in passes)", wait)

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT.parent / "shared" / "scenarios"
 
 needs_build = pytest.mark.skipif(
-    native.usable() is None and os.environ.get("GPUQUOTA_ENGINE", "") != native.OFF,
+    native.usable() is None and not native.turned_off(),
     reason="no compiled build of these sources here (make engine; needs a C compiler)",
 )
 
