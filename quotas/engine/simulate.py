@@ -136,6 +136,34 @@ class AttemptRecord:
     # several, for the bound of rule 10.
     protection_wait_s: int = 0
 
+    def __init__(  # (written out: compiled, see views.py "Views made often")
+        self,
+        job_id: str,
+        number: int,
+        start: int,
+        placement: Placement,
+        borrowed: bool,
+        reason: str,
+        end: int | None = None,
+        outcome: str | None = None,
+        preempted_by: str | None = None,
+        preemption_reason: str | None = None,
+        needed_reclaim_at: int | None = None,
+        protection_wait_s: int = 0,
+    ) -> None:
+        self.job_id = job_id
+        self.number = number
+        self.start = start
+        self.placement = placement
+        self.borrowed = borrowed
+        self.reason = reason
+        self.end = end
+        self.outcome = outcome
+        self.preempted_by = preempted_by
+        self.preemption_reason = preemption_reason
+        self.needed_reclaim_at = needed_reclaim_at
+        self.protection_wait_s = protection_wait_s
+
     @property
     def attempt_id(self) -> str:
         return f"{self.job_id}#{self.number}"
@@ -168,6 +196,24 @@ class JobRecord:
     preemptions: int = 0
     attempts: list[AttemptRecord] = field(default_factory=list)
     forecast_at_submit: dict[str, Any] | None = None  # with --forecast: {"eta": t or None, "kind": ...}
+
+    def __init__(  # (written out: compiled, see views.py "Views made often")
+        self,
+        spec: sc.Job,
+        final: str = QUEUED,
+        first_start: int | None = None,
+        end: int | None = None,
+        preemptions: int = 0,
+        attempts: list[AttemptRecord] | None = None,
+        forecast_at_submit: dict[str, Any] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.final = final
+        self.first_start = first_start
+        self.end = end
+        self.preemptions = preemptions
+        self.attempts = [] if attempts is None else attempts
+        self.forecast_at_submit = forecast_at_submit
 
     @property
     def wait_s(self) -> int | None:
@@ -234,6 +280,15 @@ class _Run:
     view: RunningView
     end_at: int  # when it ends if nothing stops it first (it succeeds, or its max_runtime_s runs out)
 
+    def __init__(  # (written out: compiled, see views.py "Views made often")
+        self, record: AttemptRecord, job: _Job, base_progress: int, view: RunningView, end_at: int
+    ) -> None:
+        self.record = record
+        self.job = job
+        self.base_progress = base_progress
+        self.view = view
+        self.end_at = end_at
+
 
 @dataclass(slots=True)
 class _Job:
@@ -247,6 +302,28 @@ class _Job:
     protection_wait_s: int = 0  # see AttemptRecord.protection_wait_s
     fair_reclaims: int = 0  # attempts a fair reclaim pre-empted (counted as they stop: a sum over the
     # attempts at each queueing cost the 100k trace, where a job runs up to 410 attempts, 1.2 s)
+
+    def __init__(  # (written out: compiled, see views.py "Views made often")
+        self,
+        spec: sc.Job,
+        record: JobRecord,
+        priority: int,
+        saved: int = 0,
+        run: _Run | None = None,
+        beneficiary: bool = False,
+        needs_reclaim_since: int | None = None,
+        protection_wait_s: int = 0,
+        fair_reclaims: int = 0,
+    ) -> None:
+        self.spec = spec
+        self.record = record
+        self.priority = priority
+        self.saved = saved
+        self.run = run
+        self.beneficiary = beneficiary
+        self.needs_reclaim_since = needs_reclaim_since
+        self.protection_wait_s = protection_wait_s
+        self.fair_reclaims = fair_reclaims
 
 
 class Profile:

@@ -31,6 +31,15 @@ Placement = tuple[tuple[str, tuple[int, ...]], ...]
 # compiled engine checks declared types: quotas/engine/native.py).
 PlacementIn = Sequence[Any]
 
+# Views made often: those made at every pass, admission, queueing and checkpoint (RunningView, QueuedView,
+# Admission, Preemption, Plan) write their __init__ out and are not `frozen`. A dataclass's generated
+# __init__ is Python that `dataclasses` makes at import, even in a compiled engine (quotas/engine/native.py),
+# and a frozen one sets each field through object.__setattr__: 10 % of a compiled replay. Written out,
+# mypyc compiles it (3-4x faster to make one). Nothing assigns to a view after it is made (a change is a
+# new view, dataclasses.replace); eq and hash are those `frozen` gave (unsafe_hash). The __init__ says the
+# fields again, in order, with their defaults (a field's default_factory is None there):
+# tests/quotas/test_native.py holds them to the fields.
+
 
 @dataclass(frozen=True, slots=True)
 class NodeView:
@@ -73,7 +82,7 @@ class ShareView:
     weight: Any = 1  # a number > 0 as given (validate_tree says what is wrong with any other value)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # (not frozen: "Views made often", above)
 class RunningView:
     """An admitted or running attempt; it holds its GPUs until it is gone from the snapshot.
 
@@ -100,6 +109,36 @@ class RunningView:
     # alone after fairshare.FAIR_RECLAIM_MAX_PER_JOB of them. No other rule reads it.
     fair_reclaims: int = 0
 
+    def __init__(
+        self,
+        attempt_id: Hashable,
+        job_id: Hashable,
+        share: str,
+        gpu_type: str,
+        priority: int,
+        submitted_at: float,
+        started_at: float,
+        placement: PlacementIn,
+        borrowed: bool,
+        preempting: bool = False,
+        beneficiary_job_id: Hashable | None = None,
+        last_checkpoint_at: float | None = None,
+        fair_reclaims: int = 0,
+    ) -> None:
+        self.attempt_id = attempt_id
+        self.job_id = job_id
+        self.share = share
+        self.gpu_type = gpu_type
+        self.priority = priority
+        self.submitted_at = submitted_at
+        self.started_at = started_at
+        self.placement = placement
+        self.borrowed = borrowed
+        self.preempting = preempting
+        self.beneficiary_job_id = beneficiary_job_id
+        self.last_checkpoint_at = last_checkpoint_at
+        self.fair_reclaims = fair_reclaims
+
     @property
     def gpus(self) -> int:
         return sum(len(idx) for _, idx in self.placement)
@@ -112,7 +151,7 @@ class RunningView:
         return self.started_at if at is None or at < self.started_at else at
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # (not frozen: "Views made often", above)
 class QueuedView:
     job_id: Hashable
     share: str
@@ -127,6 +166,26 @@ class QueuedView:
     # it gets next (RunningView.fair_reclaims) by whoever admits it (the forecast's replay). No rule reads
     # it here.
     fair_reclaims: int = 0
+
+    def __init__(
+        self,
+        job_id: Hashable,
+        share: str,
+        gpu_type: str,
+        gpus: int,
+        priority: int,
+        submitted_at: float,
+        beneficiary: bool = False,
+        fair_reclaims: int = 0,
+    ) -> None:
+        self.job_id = job_id
+        self.share = share
+        self.gpu_type = gpu_type
+        self.gpus = gpus
+        self.priority = priority
+        self.submitted_at = submitted_at
+        self.beneficiary = beneficiary
+        self.fair_reclaims = fair_reclaims
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +205,7 @@ class Snapshot:
     history: Mapping[tuple[str, str], float] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # (not frozen: "Views made often", above)
 class Admission:
     job_id: Hashable
     share: str
@@ -155,8 +214,24 @@ class Admission:
     reason: str  # ADMITTED_OWN or ADMITTED_BORROWED
     lenders: tuple[str, ...] = ()  # for a borrowed admission: who it draws from (UNASSIGNED included)
 
+    def __init__(
+        self,
+        job_id: Hashable,
+        share: str,
+        placement: Placement,
+        borrowed: bool,
+        reason: str,
+        lenders: tuple[str, ...] = (),
+    ) -> None:
+        self.job_id = job_id
+        self.share = share
+        self.placement = placement
+        self.borrowed = borrowed
+        self.reason = reason
+        self.lenders = lenders
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(slots=True, unsafe_hash=True)  # (not frozen: "Views made often", above)
 class Preemption:
     attempt_id: Hashable
     job_id: Hashable
@@ -165,8 +240,24 @@ class Preemption:
     beneficiary_job_id: Hashable
     beneficiary_share: str
 
+    def __init__(
+        self,
+        attempt_id: Hashable,
+        job_id: Hashable,
+        share: str,
+        reason: str,
+        beneficiary_job_id: Hashable,
+        beneficiary_share: str,
+    ) -> None:
+        self.attempt_id = attempt_id
+        self.job_id = job_id
+        self.share = share
+        self.reason = reason
+        self.beneficiary_job_id = beneficiary_job_id
+        self.beneficiary_share = beneficiary_share
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(slots=True, unsafe_hash=True)  # (not frozen: "Views made often", above)
 class Plan:
     admissions: tuple[Admission, ...] = ()
     preemptions: tuple[Preemption, ...] = ()
@@ -189,6 +280,24 @@ class Plan:
     # admissions it also says nothing was earmarked (Engine.quiet builds on it). Not compared: it says
     # what the decisions lead to, not what they are.
     settled: bool = field(default=False, compare=False)
+
+    def __init__(
+        self,
+        admissions: tuple[Admission, ...] = (),
+        preemptions: tuple[Preemption, ...] = (),
+        waiting: Mapping[Hashable, str] | None = None,
+        reserved: Mapping[Hashable, tuple[tuple[str, int], ...]] | None = None,
+        protected: Mapping[Hashable, ProtectionWait] | None = None,
+        recheck_at: float | None = None,
+        settled: bool = False,
+    ) -> None:
+        self.admissions = admissions
+        self.preemptions = preemptions
+        self.waiting = {} if waiting is None else waiting
+        self.reserved = {} if reserved is None else reserved
+        self.protected = {} if protected is None else protected
+        self.recheck_at = recheck_at
+        self.settled = settled
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@ JSON compiled and as Python, and a build is used only for the sources it was mad
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -82,3 +83,62 @@ def test_a_build_of_other_sources_is_not_used(tmp_path, monkeypatch):
     (where / "manifest.json").write_text(json.dumps({"digest": native.sources_digest()}))
     monkeypatch.setenv("GPUQUOTA_ENGINE", "python")
     assert native.usable() is None and not native.activate([])
+
+
+def _written_out_inits() -> list[tuple[str, ast.ClassDef]]:
+    found = []
+    for name in native.MODULES:
+        tree = ast.parse((native.PACKAGE / f"{name}.py").read_text())
+        for node in tree.body:
+            if (
+                isinstance(node, ast.ClassDef)
+                and any(
+                    getattr(getattr(d, "func", None), "id", "") == "dataclass" for d in node.decorator_list
+                )
+                and any(isinstance(f, ast.FunctionDef) and f.name == "__init__" for f in node.body)
+            ):
+                found.append((name, node))
+    return found
+
+
+def _as_init_takes(field: ast.AnnAssign) -> tuple[str, str, str | None]:
+    """A field as a dataclass's own __init__ takes it: name, annotation, default (a default_factory's is
+    None there, its annotation `| None`)."""
+    name, annotation, value = field.target.id, ast.unparse(field.annotation), field.value
+    if isinstance(value, ast.Call) and getattr(value.func, "id", "") == "field":
+        for kw in value.keywords:
+            if kw.arg == "default":
+                return name, annotation, ast.unparse(kw.value)
+            if kw.arg == "default_factory":
+                return name, f"{annotation} | None", "None"
+        return name, annotation, None
+    return name, annotation, None if value is None else ast.unparse(value)
+
+
+def test_a_dataclass_with_its_init_written_out_takes_its_fields_in_order_with_their_defaults():
+    """Views made often (quotas/engine/views.py) write their __init__ out, to be compiled: it must say the
+    dataclass's fields again, in order, with the same annotations and defaults (what a dataclass's own
+    __init__ would take), and set each one."""
+    classes = _written_out_inits()
+    names = {node.name for _, node in classes}
+    assert {"RunningView", "QueuedView", "Admission", "Preemption", "Plan", "AttemptRecord"} <= names
+    for module, node in classes:
+        fields = [
+            _as_init_takes(f)
+            for f in node.body
+            if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)
+        ]
+        init = next(f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+        args = init.args.args[1:]
+        defaults = [None] * (len(args) - len(init.args.defaults)) + list(init.args.defaults)
+        params = [
+            (arg.arg, ast.unparse(arg.annotation), None if default is None else ast.unparse(default))
+            for arg, default in zip(args, defaults, strict=True)
+        ]
+        assert params == fields, f"{module}.{node.name}.__init__ differs from its fields"
+        sets = [
+            s.targets[0].attr
+            for s in init.body
+            if isinstance(s, ast.Assign) and isinstance(s.targets[0], ast.Attribute)
+        ]
+        assert sets == [n for n, _, _ in fields], f"{module}.{node.name}.__init__ does not set every field"
