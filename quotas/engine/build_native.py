@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
         help="where it cannot be compiled, say why and exit 0: the engine then runs as Python",
     )
     sub.add_parser("status", help="say whether this checkout's engine runs compiled")
-    sub.add_parser("clean", help="remove the build")
+    sub.add_parser("clean", help="remove this checkout's build (the cache of builds stays: native.cache_dir)")
     args = parser.parse_args(argv)
     if args.command in (None, "build"):
         try:
@@ -30,7 +30,13 @@ def main(argv: list[str] | None = None) -> int:
         except (RuntimeError, OSError) as exc:
             print(f"{exc}\nThe engine runs as Python (the same decisions, slower).", file=sys.stderr)
             return 0 if getattr(args, "optional", False) else 1
-        print(f"engine compiled: {where.relative_to(ROOT)} ({_manifest(where).get('seconds', 0)} s to build)")
+        manifest = _manifest(where)
+        how = (
+            f"taken from the cache of builds, {manifest['from_cache']}"
+            if manifest.get("from_cache")
+            else f"{manifest.get('seconds', 0)} s to build"
+        )
+        print(f"engine compiled: {where.relative_to(ROOT)} ({how})")
         return 0
     if args.command == "clean":
         shutil.rmtree(build_dir(), ignore_errors=True)

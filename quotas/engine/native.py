@@ -7,6 +7,10 @@ when it cannot be made) writes the extensions under build/engine.<python's tag>/
 sources it compiled; `activate()`, called when quotas.engine is imported, puts that folder ahead of the
 sources only while the digest still matches them, so an edited file is never shadowed by an old build.
 GPUQUOTA_ENGINE=python turns the build off for a process (tests that patch the engine's insides do).
+A build is also kept in a cache of builds outside the checkout (`cache_dir()`, by its digest and the
+versions of mypy and its runtime library), so another checkout of the same sources on this machine (a
+second clone, a CI's clean checkout) takes it in a second instead of compiling it again; a build of other
+sources is never taken from it, as it is never used from build/.
 
 Not compiled: this module, the scenario format, the importers, the report, the forecast and tracegen
 (little of a replay's time), and pyclasses (classes built on Python's own dict, Mapping and
@@ -55,11 +59,49 @@ def build_dir() -> Path:
     return ROOT / "build" / f"engine.{tag}"
 
 
+CACHE_KEPT = 3  # builds kept in the cache (about 10 MB each); the least recently made go first
+
+
+def cache_dir() -> Path | None:
+    """The cache of builds: GPUQUOTA_ENGINE_CACHE, else $XDG_CACHE_HOME/gpuquota/engine or
+    ~/.cache/gpuquota/engine; GPUQUOTA_ENGINE_CACHE=off: none."""
+    given = os.environ.get("GPUQUOTA_ENGINE_CACHE", "").strip()
+    if given.lower() == "off":
+        return None
+    if given:
+        return Path(given)
+    base = os.environ.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
+    return Path(base) / "gpuquota" / "engine"
+
+
+def _toolchain() -> str:
+    """What a build was made with besides the sources: mypyc's version and its runtime library's (an
+    extension needs the runtime it was compiled against)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    said = []
+    for name in ("mypy", "librt"):
+        try:
+            said.append(f"{name}=={version(name)}")
+        except PackageNotFoundError:
+            said.append(f"{name} absent")
+    return ", ".join(said)
+
+
+def _cache_entry(digest: str) -> Path | None:
+    cache = cache_dir()
+    if cache is None:
+        return None
+    key = hashlib.sha256(f"{build_dir().name}\0{digest}\0{_toolchain()}".encode()).hexdigest()[:24]
+    return cache / key
+
+
 def sources_digest() -> str:
-    """sha256 over the compiled modules' sources, in order: a build is used only for these very files."""
+    """sha256 over the engine's sources: the compiled modules and those they read types from (every
+    module of the package, by name). A build is used only for these very files."""
     h = hashlib.sha256()
-    for name in MODULES:
-        h.update(name.encode() + b"\0" + (PACKAGE / f"{name}.py").read_bytes() + b"\0")
+    for path in sorted(PACKAGE.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
 
 
@@ -123,6 +165,17 @@ def build() -> Path:
     work = where.with_name(f"{where.name}.work{os.getpid()}")  # (two builds at once do not share it)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    entry = _cache_entry(digest)
+    if entry is not None and _manifest(entry).get("digest") == digest:
+        try:
+            shutil.copytree(entry, work / "lib")
+        except OSError:
+            shutil.rmtree(work / "lib", ignore_errors=True)  # (a cache it cannot read: compiled below)
+        else:
+            manifest = _manifest(work / "lib")
+            manifest["from_cache"] = str(entry)
+            (work / "lib" / "manifest.json").write_text(json.dumps(manifest))
+            return _put_in_place(work, where)
     paths = [str((PACKAGE / f"{m}.py").relative_to(ROOT)) for m in MODULES]
     started = time.monotonic()
     done = subprocess.run(
@@ -141,14 +194,45 @@ def build() -> Path:
     lib = work / "lib"
     (lib / "manifest.json").write_text(
         json.dumps(
-            {"digest": digest, "modules": list(MODULES), "seconds": round(time.monotonic() - started, 1)}
+            {
+                "digest": digest,
+                "modules": list(MODULES),
+                "seconds": round(time.monotonic() - started, 1),
+                "toolchain": _toolchain(),
+            }
         )
     )
+    if entry is not None:
+        _keep(lib, entry)
+    return _put_in_place(work, where)
+
+
+def _put_in_place(work: Path, where: Path) -> Path:
     old = where.with_name(where.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if where.exists():
         where.rename(old)
-    lib.rename(where)
+    (work / "lib").rename(where)
     shutil.rmtree(work, ignore_errors=True)
     shutil.rmtree(old, ignore_errors=True)
     return where
+
+
+def _keep(lib: Path, entry: Path) -> None:
+    """Copy a fresh build into the cache (whole or not at all: it is renamed into place), and let only
+    the CACHE_KEPT most recent builds stay. A cache it cannot write is no error: the build is made."""
+    part = entry.with_name(f"{entry.name}.part{os.getpid()}")
+    try:
+        shutil.rmtree(part, ignore_errors=True)
+        shutil.copytree(lib, part)
+        shutil.rmtree(entry, ignore_errors=True)
+        part.rename(entry)
+        kept = sorted(
+            (p for p in entry.parent.iterdir() if (p / "manifest.json").is_file()),
+            key=lambda p: (p / "manifest.json").stat().st_mtime,
+            reverse=True,
+        )
+        for stale in kept[CACHE_KEPT:]:
+            shutil.rmtree(stale, ignore_errors=True)
+    except OSError:
+        shutil.rmtree(part, ignore_errors=True)

@@ -1342,7 +1342,7 @@ class _Simulator:
         last = self.type_values.get(gpu_type)
         if last is None:
             last = self.type_values[gpu_type] = {}
-        set_value = self.timeline.set_value
+        timeline = self.timeline  # (its method called on it: compiled, a direct call)
         seen = 0
         for share, capacity, use, own, lend in rows:
             if use and used_out is not None:
@@ -1366,13 +1366,13 @@ class _Simulator:
             # borrowed, so most shares record something after most instants)
             keys = series.get(share) or self._series_of(series, share, gpu_type)
             if own != own0:
-                set_value(keys[0], t, own)
+                timeline.set_value(keys[0], t, own)
             if borrowed != borrowed0:
-                set_value(keys[1], t, borrowed)
+                timeline.set_value(keys[1], t, borrowed)
             if lent != lent0:
-                set_value(keys[2], t, lent)
+                timeline.set_value(keys[2], t, lent)
             if capacity != capacity0:
-                set_value(keys[3], t, capacity)
+                timeline.set_value(keys[3], t, capacity)
             last[share] = now
         if seen < len(last):  # a share with neither capacity nor use of the type now: its series go to 0
             named = {row[0] for row in rows}
@@ -1380,7 +1380,7 @@ class _Simulator:
                 keys = series.get(share) or self._series_of(series, share, gpu_type)
                 for key, old in zip(keys, last.pop(share), strict=True):
                     if old:
-                        set_value(key, t, 0)
+                        timeline.set_value(key, t, 0)
         # The unassigned pool's lent and capacity, and the READY cluster's GPUs of the type.
         lent = round(pool * factor, 3) if pool else 0
         gpus = self.cluster_caps.get((Timeline.CLUSTER, gpu_type, "capacity"), 0)
@@ -1398,7 +1398,7 @@ class _Simulator:
                 strict=True,
             ):
                 if old != new:
-                    set_value(key, t, new)
+                    timeline.set_value(key, t, new)
             self.type_pool[gpu_type] = pool_now
         return pool
 

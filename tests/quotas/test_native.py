@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -62,14 +63,32 @@ def test_a_replay_gives_the_same_result_json_compiled_and_as_python(tmp_path):
         assert a == b, f"{path.name}: the compiled engine decided otherwise than the engine as Python"
 
 
-def test_a_build_of_other_sources_is_not_used(tmp_path, monkeypatch):
+def _fake_package(tmp_path: Path, monkeypatch, text: str = "") -> Path:
     package = tmp_path / "quotas" / "engine"
-    package.mkdir(parents=True)
+    package.mkdir(parents=True, exist_ok=True)
     for name in native.MODULES:
-        (package / f"{name}.py").write_text(f"# {name}\n")
+        (package / f"{name}.py").write_text(f"# {name}{text}\n")
     monkeypatch.setattr(native, "PACKAGE", package)
     monkeypatch.setattr(native, "ROOT", tmp_path)
     monkeypatch.delenv("GPUQUOTA_ENGINE", raising=False)
+    monkeypatch.setenv("GPUQUOTA_ENGINE_CACHE", str(tmp_path / "cache"))
+    return package
+
+
+def _compiler(calls: list[str]):
+    """subprocess.run standing in for the compiler: writes an empty build where the real one would."""
+
+    def run(argv, **kwargs):
+        work = Path(argv[3])
+        (work / "lib" / "quotas" / "engine").mkdir(parents=True)
+        calls.append(str(work))
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    return run
+
+
+def test_a_build_of_other_sources_is_not_used(tmp_path, monkeypatch):
+    package = _fake_package(tmp_path, monkeypatch)
     where = native.build_dir()
     (where / "quotas" / "engine").mkdir(parents=True)
     (where / "manifest.json").write_text(json.dumps({"digest": native.sources_digest()}))
@@ -83,6 +102,49 @@ def test_a_build_of_other_sources_is_not_used(tmp_path, monkeypatch):
     (where / "manifest.json").write_text(json.dumps({"digest": native.sources_digest()}))
     monkeypatch.setenv("GPUQUOTA_ENGINE", "python")
     assert native.usable() is None and not native.activate([])
+
+
+def test_a_build_is_taken_from_the_cache_of_builds_for_the_same_sources_only(tmp_path, monkeypatch):
+    package = _fake_package(tmp_path, monkeypatch)
+    calls: list[str] = []
+    monkeypatch.setattr(native.subprocess, "run", _compiler(calls))
+    where = native.build()
+    assert len(calls) == 1 and native.usable() == where
+
+    # Another checkout of the same sources (here: this one's build gone) takes it without compiling.
+    shutil.rmtree(where)
+    assert native.usable() is None
+    assert native.build() == where and len(calls) == 1
+    assert native.usable() == where and "from_cache" in json.loads((where / "manifest.json").read_text())
+
+    # Other sources are compiled, never taken from the cache; only CACHE_KEPT builds are kept.
+    for n in range(native.CACHE_KEPT + 1):
+        (package / "rules.py").write_text(f"# rules, edit {n}\n")
+        native.build()
+    assert len(calls) == 2 + native.CACHE_KEPT
+    assert (
+        len([p for p in (tmp_path / "cache").iterdir() if (p / "manifest.json").exists()])
+        == native.CACHE_KEPT
+    )
+
+    # A cache entry that says it is of other sources is not used, even under the right key.
+    (package / "rules.py").write_text("# rules, once more\n")
+    entry = native._cache_entry(native.sources_digest())
+    entry.mkdir(parents=True)
+    (entry / "manifest.json").write_text(json.dumps({"digest": "of something else"}))
+    native.build()
+    assert len(calls) == 3 + native.CACHE_KEPT
+
+
+def test_no_cache_of_builds_when_it_is_turned_off(tmp_path, monkeypatch):
+    _fake_package(tmp_path, monkeypatch)
+    monkeypatch.setenv("GPUQUOTA_ENGINE_CACHE", "off")
+    calls: list[str] = []
+    monkeypatch.setattr(native.subprocess, "run", _compiler(calls))
+    where = native.build()
+    shutil.rmtree(where)
+    native.build()
+    assert len(calls) == 2 and native.cache_dir() is None
 
 
 def _written_out_inits() -> list[tuple[str, ast.ClassDef]]:
