@@ -80,6 +80,9 @@ def test_podman_killed_under_a_running_container_stops_it_as_a_host_fault_with_o
     assert start(runner, image, script) == "started"
     copies = Copies(podman, runner.node)
     wait_until(lambda: "up" in reports.log_of(1), timeout=30, runner=runner, what="the job up")
+    # The sampler has seen the one copy run before podman is killed (its podman calls are slow on a busy
+    # host: once it listed nothing until the agent had already stopped the container, and saw 0 copies).
+    wait_until(lambda: copies.most == 1, timeout=30, what="the sampler to see the container run")
     proc = runner._procs[1]
     uid, hold = proc.user.uid, proc.checkpoint_hold.path
     # What happens: conmon keeps the container running after its podman died.
