@@ -36,7 +36,10 @@ class Timeline:
 
     def set_value(self, key: tuple[str, str, str], t: int, value: float) -> None:
         """The series `key` holds `value` from `t` on (t at or after its last change)."""
-        times, values = self.series.setdefault(key, ([], []))
+        held = self.series.get(key)
+        if held is None:  # (not setdefault: it would make two lists and a tuple at every call)
+            held = self.series[key] = ([], [])
+        times, values = held
         if values and values[-1] == value:
             return
         if times and times[-1] == t:
