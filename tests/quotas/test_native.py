@@ -1,5 +1,7 @@
 """The engine compiled (quotas/engine/native.py) is the same engine: a replay gives the very same result
-JSON compiled and as Python, and a build is used only for the sources it was made from."""
+JSON compiled and as Python, a build is used only for the sources it was made from (taken from the cache
+of builds only for those too), and the classes whose __init__ is written out to be compiled say their
+fields again exactly."""
 
 from __future__ import annotations
 
@@ -63,11 +65,12 @@ def test_a_replay_gives_the_same_result_json_compiled_and_as_python(tmp_path):
         assert a == b, f"{path.name}: the compiled engine decided otherwise than the engine as Python"
 
 
-def _fake_package(tmp_path: Path, monkeypatch, text: str = "") -> Path:
+def _fake_package(tmp_path: Path, monkeypatch) -> Path:
+    """An engine package of placeholder modules, with its own build folder and cache of builds."""
     package = tmp_path / "quotas" / "engine"
-    package.mkdir(parents=True, exist_ok=True)
+    package.mkdir(parents=True)
     for name in native.MODULES:
-        (package / f"{name}.py").write_text(f"# {name}{text}\n")
+        (package / f"{name}.py").write_text(f"# {name}\n")
     monkeypatch.setattr(native, "PACKAGE", package)
     monkeypatch.setattr(native, "ROOT", tmp_path)
     monkeypatch.delenv("GPUQUOTA_ENGINE", raising=False)
