@@ -166,15 +166,14 @@ def build() -> Path:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     entry = _cache_entry(digest)
-    if entry is not None and _manifest(entry).get("digest") == digest:
+    cached = _manifest(entry) if entry is not None else {}
+    if entry is not None and cached.get("digest") == digest:
         try:
             shutil.copytree(entry, work / "lib")
         except OSError:
             shutil.rmtree(work / "lib", ignore_errors=True)  # (a cache it cannot read: compiled below)
         else:
-            manifest = _manifest(work / "lib")
-            manifest["from_cache"] = str(entry)
-            (work / "lib" / "manifest.json").write_text(json.dumps(manifest))
+            (work / "lib" / "manifest.json").write_text(json.dumps({**cached, "from_cache": str(entry)}))
             return _put_in_place(work, where)
     paths = [str((PACKAGE / f"{m}.py").relative_to(ROOT)) for m in MODULES]
     started = time.monotonic()
