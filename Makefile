@@ -12,7 +12,7 @@ $(STAMP): requirements.txt
 	$(BIN)/pip install --quiet -r requirements.txt
 	touch $(STAMP)
 
-# The engine compiled (quotas/engine/native.py): the same sources, ~2x faster replays. Where no C
+# The engine compiled (quotas/engine/native.py): the same sources, 2-3x faster replays. Where no C
 # compiler is at hand it says so and the engine runs as Python (the same decisions). Built again only
 # when its sources change; GPUQUOTA_ENGINE=python turns it off for a process.
 engine: $(STAMP)

@@ -5,18 +5,31 @@ this process (--jobs 1) and in a pool of 2 processes; per run the replays, the s
 mean of the one-process run) and the total, and whether the two answers are identical.
 
 `holdout` (needs ../shared/data/msft-itp-2021.csv): advise on an ITP fortnight (bench 10's scenario,
-days 14-28 by default), then replay the **next** week (days 28-35) with today's layout and with the
-recommended one, and compare utilisation, owners' p95 wait and lost GPU-hours (quotas.advise.evaluate).
---quick advises on days 14-17 and holds out days 17-19.
+days 14-28 by default; --start D: days D to D+14), then replay the **next** week (days 28-35, or D+14
+to D+21; --hold-days N: N days) with today's layout and with the recommended one, and compare
+utilisation, owners' p95 wait and lost GPU-hours (quotas.advise.evaluate). --quick advises on days 14-17
+and holds out days 17-19.
+
+`celery` (item 3, needs PostgreSQL and Redis): one advice run over a week of seed_history (--history N
+jobs) on real Celery workers of the `whatif` queue, first 1, then 2, ... (--workers 1,2), each worker one
+thread and one replay process (ADVICE_PROCESSES=1), started fresh for each run with the cache emptied
+(no replay read back); per run the seconds from start() to the advice, the replays, and a sha256 of
+the advice (the same whatever the number of workers). Its own database (--database-url, a name ending
+in `_bench`: it is dropped and made afresh) and Redis database (--redis-url: emptied).
 
     python bench/bench_advise.py speed --jobs 2000
-    python bench/bench_advise.py holdout [--quick] [--pool 2]
+    python bench/bench_advise.py holdout [--quick] [--pool 2] [--start 14] [--hold-days 7]
+    python bench/bench_advise.py celery [--history 5000] [--workers 1,2]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import io
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -68,9 +81,9 @@ def speed(args) -> None:
 def holdout(args) -> None:
     from bench.bench_itp import itp_scenario
 
-    start = 14 * DAY
+    start = args.start * DAY
     train = (start, start + (3 if args.quick else 14) * DAY)
-    test = (train[1], train[1] + (2 if args.quick else 7) * DAY)
+    test = (train[1], train[1] + (2 if args.quick else args.hold_days) * DAY)
     advised = itp_scenario(train)
     window = train[1] - train[0]
     t0 = time.perf_counter()
@@ -126,6 +139,109 @@ def _held_out(window: tuple[int, int], *, today: list[dict]):
     return sc.parse(itp_data(window, layout=layout, top=8))
 
 
+def celery_workers(args) -> None:
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+
+    root = Path(__file__).resolve().parent.parent
+    name = urlsplit(args.database_url).path.lstrip("/")
+    if not name.endswith("_bench"):
+        print(
+            f"--database-url: {name!r} is dropped and made afresh: its name must end in _bench",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    server = urlunsplit(urlsplit(args.database_url)._replace(path="/postgres"))
+    with psycopg.connect(server, autocommit=True) as conn:  # its own database, made afresh
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    env = {
+        **os.environ,
+        "DATABASE_URL": args.database_url,
+        "REDIS_URL": args.redis_url,
+        "GPUQUOTA_VAR_DIR": str(root / "var" / "bench-advise"),
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "ADVICE_PROCESSES": "1",
+    }
+    os.environ.update(env)
+    import django
+
+    django.setup()
+    import redis
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    from quotas import advice
+
+    call_command("migrate", verbosity=0)
+    call_command("seed_history", jobs=args.history, stdout=io.StringIO())
+    now = timezone.now()
+    rows = []
+    for n in [int(w) for w in args.workers.split(",")]:
+        redis.Redis.from_url(args.redis_url).flushdb()  # no replay read back, no message left over
+        workers = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "config",
+                    "worker",
+                    "-Q",
+                    "whatif",
+                    "-P",
+                    "threads",
+                    "-c",
+                    "1",
+                    "-n",
+                    f"bench-advise-{i}@%h",
+                    "--without-gossip",
+                    "--without-mingle",
+                    "--without-heartbeat",
+                    "-l",
+                    "WARNING",
+                ],
+                cwd=root,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for i in range(n)
+        ]
+        try:
+            from config.celery import app
+
+            deadline = time.monotonic() + 60
+            while len(app.control.ping(timeout=0.5) or []) < n:  # every worker listens before the run
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"{n} workers did not start within 60 s")
+            t0 = time.perf_counter()
+            run_id = advice.start(weeks=1, now=now)
+            while not (state := advice.status(run_id))["finished"]:
+                time.sleep(0.05)
+            seconds = time.perf_counter() - t0
+        finally:
+            for w in workers:
+                w.terminate()
+            for w in workers:
+                w.wait(timeout=60)
+        if state["state"] != advice.DONE:
+            raise SystemExit(f"the run ended {state['state']}: {state['errors']}")
+        digest = hashlib.sha256(json.dumps(state["advice"], sort_keys=True).encode()).hexdigest()[:16]
+        rows.append((n, state["replays_done"], seconds, state["replay_seconds_mean"], digest))
+        print(
+            f"{n} worker(s): {state['replays_done']} replays of {state['window']['jobs']} jobs in {seconds:.1f} s "
+            f"(a replay {state['replay_seconds_mean']} s on its worker), advice sha256 {digest}",
+            flush=True,
+        )
+    first = rows[0][2]
+    for n, _, seconds, _, _ in rows[1:]:
+        print(f"{n} workers: {first / seconds:.2f}x sooner than 1")
+    print("identical advice whatever the number of workers:", len({r[4] for r in rows}) == 1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -134,8 +250,15 @@ def main() -> None:
     h = sub.add_parser("holdout")
     h.add_argument("--quick", action="store_true")
     h.add_argument("--pool", type=int, default=1)
+    h.add_argument("--start", type=int, default=14, help="the first day advised on (the trace's day 0 first)")
+    h.add_argument("--hold-days", type=int, default=7, help="the days held out, after the fortnight")
+    c = sub.add_parser("celery")
+    c.add_argument("--history", type=int, default=5000, help="seed_history jobs (a week)")
+    c.add_argument("--workers", default="1,2", help="the numbers of workers, one run each")
+    c.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/gpuquota_advise_bench")
+    c.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
     args = parser.parse_args()
-    {"speed": speed, "holdout": holdout}[args.what](args)
+    {"speed": speed, "holdout": holdout, "celery": celery_workers}[args.what](args)
 
 
 if __name__ == "__main__":
