@@ -29,7 +29,6 @@ import hashlib
 import io
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import celery_worker, spawn, stop, wait_for  # noqa: E402
 from quotas import advise  # noqa: E402
 from quotas.engine import measures, tracegen  # noqa: E402
 from quotas.engine import scenario as sc  # noqa: E402
@@ -180,53 +180,24 @@ def celery_workers(args) -> None:
     rows = []
     for n in [int(w) for w in args.workers.split(",")]:
         redis.Redis.from_url(args.redis_url).flushdb()  # no replay read back, no message left over
+        log = Path(env["GPUQUOTA_VAR_DIR"]) / "workers.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
         workers = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "config",
-                    "worker",
-                    "-Q",
-                    "whatif",
-                    "-P",
-                    "threads",
-                    "-c",
-                    "1",
-                    "-n",
-                    f"bench-advise-{i}@%h",
-                    "--without-gossip",
-                    "--without-mingle",
-                    "--without-heartbeat",
-                    "-l",
-                    "WARNING",
-                ],
-                cwd=root,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            for i in range(n)
+            spawn(celery_worker("whatif", f"bench-advise-{i}", concurrency=1), log, env) for i in range(n)
         ]
         try:
             from config.celery import app
 
-            deadline = time.monotonic() + 60
-            while len(app.control.ping(timeout=0.5) or []) < n:  # every worker listens before the run
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"{n} workers did not start within 60 s")
+            # every worker listens before the run
+            wait_for(lambda n=n: len(app.control.ping(timeout=0.5) or []) >= n, 60, f"{n} workers to start")
             t0 = time.perf_counter()
             run_id = advice.start(weeks=1, now=now)
-            while not (state := advice.status(run_id))["finished"]:
-                time.sleep(0.05)
+            state = wait_for(
+                lambda r=run_id: (s := advice.status(r)) and s["finished"] and s, 3600, "the advice"
+            )
             seconds = time.perf_counter() - t0
         finally:
-            for w in workers:
-                w.terminate()
-            for w in workers:
-                w.wait(timeout=60)
+            stop(workers)
         if state["state"] != advice.DONE:
             raise SystemExit(f"the run ended {state['state']}: {state['errors']}")
         digest = hashlib.sha256(json.dumps(state["advice"], sort_keys=True).encode()).hexdigest()[:16]

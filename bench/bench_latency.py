@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import PYTHON, pct, row, setup_django, spawn, stop, wait_for, wipe
+from bench.common import PYTHON, celery_worker, pct, row, setup_django, spawn, stop, wait_for, wipe
 
 NODES, GPUS = 2, 4
 # The jobs run as uids of their own (a root agent): an interpreter they may execute, not the checkout's.
@@ -46,32 +46,7 @@ def _cluster(tmp: Path) -> list:
         "SCHEDULER_INTERVAL_S": "3600",  # beat is not started anyway
         "LOG_LEVEL": "WARNING",
     }
-    procs = [
-        spawn(
-            [
-                PYTHON,
-                "-m",
-                "celery",
-                "-A",
-                "config",
-                "worker",
-                "-Q",
-                "control",
-                "-P",
-                "threads",
-                "-c",
-                "4",
-                "-n",
-                "bench-control@%h",
-                "--without-gossip",
-                "--without-mingle",
-                "-l",
-                "WARNING",
-            ],
-            tmp / "control.log",
-            env,
-        )
-    ]
+    procs = [spawn(celery_worker("control", "bench-control", concurrency=4), tmp / "control.log", env)]
     for i in range(NODES):
         name = f"bench-node-{i}"
         procs.append(

@@ -158,3 +158,12 @@ def wait_for(predicate, timeout: float, what: str, every: float = 0.05):
 
 
 PYTHON = sys.executable
+
+
+def celery_worker(queue: str, name: str, *, pool: str = "threads", concurrency: int = 1) -> list[str]:
+    """The command line of a Celery worker of `queue` named `name`@host (no gossip or mingle: the
+    benchmarks start and stop their workers themselves)."""
+    return [
+        PYTHON, "-m", "celery", "-A", "config", "worker", "-Q", queue, "-P", pool, "-c", str(concurrency),
+        "-n", f"{name}@%h", "--without-gossip", "--without-mingle", "-l", "WARNING",
+    ]  # fmt: skip
