@@ -469,6 +469,13 @@ class Engine:
         at = self._due.pop(attempt_id, None)
         return self.running[attempt_id] if at is None else self.checkpoint(attempt_id, at)
 
+    def release(self) -> None:
+        """For an engine no longer used (the simulator's, at the end of its run): its type states let go
+        of the engine (each held it to apply the checkpoints told for later), so that reference counting
+        frees both, not the cyclic collector."""
+        for base in self._bases.values():
+            base.before_victims = None
+
     def _apply_checkpoints(self) -> None:
         if self._due:
             due, self._due = self._due, {}
