@@ -14,12 +14,12 @@ and holds out days 17-19.
 jobs) on real Celery workers of the `whatif` queue, first 1, then 2, ... (--workers 1,2), each worker one
 thread and one replay process (ADVICE_PROCESSES=1), started fresh for each run with the cache emptied
 (no replay read back); per run the seconds from start() to the advice, the replays, and a sha256 of
-the advice (the same whatever the number of workers). Its own database (--database-url, a name ending
-in `_bench`: it is dropped and made afresh) and Redis database (--redis-url: emptied).
+the advice (the same whatever the number of workers). As `make bench`'s database parts: DATABASE_URL
+(a database named `*_bench`: it is emptied) and REDIS_URL (emptied before each run).
 
     python bench/bench_advise.py speed --jobs 2000
     python bench/bench_advise.py holdout [--quick] [--pool 2] [--start 14] [--hold-days 7]
-    python bench/bench_advise.py celery [--history 5000] [--workers 1,2]
+    DATABASE_URL=... REDIS_URL=... python bench/bench_advise.py celery [--history 5000] [--workers 1,2]
 """
 
 from __future__ import annotations
@@ -36,7 +36,17 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import celery_worker, spawn, stop, wait_for  # noqa: E402
+from bench.common import (  # noqa: E402
+    ROOT,
+    celery_worker,
+    database_problem,
+    redis_problem,
+    setup_django,
+    spawn,
+    stop,
+    wait_for,
+    wipe,
+)
 from quotas import advise  # noqa: E402
 from quotas.engine import measures, tracegen  # noqa: E402
 from quotas.engine import scenario as sc  # noqa: E402
@@ -140,48 +150,31 @@ def _held_out(window: tuple[int, int], *, today: list[dict]):
 
 
 def celery_workers(args) -> None:
-    from urllib.parse import urlsplit, urlunsplit
-
-    import psycopg
-
-    root = Path(__file__).resolve().parent.parent
-    name = urlsplit(args.database_url).path.lstrip("/")
-    if not name.endswith("_bench"):
-        print(
-            f"--database-url: {name!r} is dropped and made afresh: its name must end in _bench",
-            file=sys.stderr,
-        )
+    problem = database_problem() or redis_problem()
+    if problem:
+        print(f"celery: {problem}", file=sys.stderr)
         raise SystemExit(2)
-    server = urlunsplit(urlsplit(args.database_url)._replace(path="/postgres"))
-    with psycopg.connect(server, autocommit=True) as conn:  # its own database, made afresh
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"')
     env = {
         **os.environ,
-        "DATABASE_URL": args.database_url,
-        "REDIS_URL": args.redis_url,
-        "GPUQUOTA_VAR_DIR": str(root / "var" / "bench-advise"),
+        "GPUQUOTA_VAR_DIR": str(ROOT / "var" / "bench-advise"),
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "ADVICE_PROCESSES": "1",
     }
     os.environ.update(env)
-    import django
-
-    django.setup()
-    import redis
+    setup_django()
+    wipe()
+    from django.core.cache import cache
     from django.core.management import call_command
     from django.utils import timezone
 
     from quotas import advice
 
-    call_command("migrate", verbosity=0)
     call_command("seed_history", jobs=args.history, stdout=io.StringIO())
     now = timezone.now()
     rows = []
+    log = Path(env["GPUQUOTA_VAR_DIR"]) / "workers.log"
     for n in [int(w) for w in args.workers.split(",")]:
-        redis.Redis.from_url(args.redis_url).flushdb()  # no replay read back, no message left over
-        log = Path(env["GPUQUOTA_VAR_DIR"]) / "workers.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
+        cache.clear()  # the Redis database: no replay read back, no message left over
         workers = [
             spawn(celery_worker("whatif", f"bench-advise-{i}", concurrency=1), log, env) for i in range(n)
         ]
@@ -226,8 +219,6 @@ def main() -> None:
     c = sub.add_parser("celery")
     c.add_argument("--history", type=int, default=5000, help="seed_history jobs (a week)")
     c.add_argument("--workers", default="1,2", help="the numbers of workers, one run each")
-    c.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/gpuquota_advise_bench")
-    c.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
     args = parser.parse_args()
     {"speed": speed, "holdout": holdout, "celery": celery_workers}[args.what](args)
 
