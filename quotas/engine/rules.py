@@ -14,7 +14,6 @@ PassOutput that becomes the Plan."""
 from __future__ import annotations
 
 import heapq
-import weakref
 from bisect import bisect_left
 from collections.abc import Hashable, Mapping
 from typing import Any
@@ -91,11 +90,7 @@ def run_pass(
         # collector (a pass's garbage is thousands of lists and cells; collecting it was ~15 % of a run).
         out.later = []
         for base in readers:
-            # Only a plan still read (alive, with reasons left) needs the lists it saw kept: the others'
-            # references go here, or they piled up under a live one (250k in a 100k-job replay).
-            base._readers = [r for r in base._readers if (w := r()) is not None and w._later]
-            base._readers.append(weakref.ref(waiting))
-            base._fresh.clear()
+            base.add_reader(waiting)
     return Plan(
         admissions=tuple(out.admissions),
         preemptions=tuple(out.preemptions),

@@ -221,6 +221,12 @@ def _job_key(job: QueuedView) -> tuple:
 KEY_MAX = (math.inf,)  # after every _job_key
 
 
+def _still_read(reader: weakref.ref) -> bool:
+    """A plan that may still read a type state's queue lists: alive, with reasons left to write."""
+    w = reader()
+    return w is not None and bool(w._later)
+
+
 class TypeState:
     """One GPU type's scheduling state as it stands between passes, kept up to date by events
     (`add_run`, `remove_run`, `add_job`, `remove_job`) instead of being rebuilt from a snapshot for
@@ -651,14 +657,21 @@ class TypeState:
             return f"needs {g} GPUs on one node; no schedulable {self.t} node has that many"
         return None
 
+    def add_reader(self, waiting: Any) -> None:
+        """A plan's waiting reasons left for later (LazyWaiting) will read these queue lists: while it
+        lives, an event copies a list before changing it (_own_lists). Only plans still read are kept
+        (the others piled up under a live one: 250k in a 100k-job replay)."""
+        self._readers = [r for r in self._readers if _still_read(r)]
+        self._readers.append(weakref.ref(waiting))
+        self._fresh.clear()
+
     def _own_lists(self, s: int) -> tuple[list[tuple], list[QueuedView]]:
         """Share s's key and job lists, safe to change in place: copies while a plan may still read
         the old ones for its reasons."""
         readers = self._readers
         if s not in self._fresh:
             while readers:
-                w = readers[-1]()
-                if w is not None and w._later:
+                if _still_read(readers[-1]):
                     self.keys[s] = self.keys[s].copy()
                     self.q[s] = self.q[s].copy()
                     self._fresh.add(s)  # a copy no plan has seen: changed in place until the next plan
