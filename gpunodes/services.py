@@ -289,6 +289,7 @@ def node_heartbeat(
     address: str = "",
     unhealthy: dict[int, GpuFault] | None = None,
     rechecked: dict[int, int] | None = None,
+    believed: str = "",
 ) -> dict:
     """Register or refresh a node from its agent's heartbeat, and reconcile what it runs:
 
@@ -438,8 +439,12 @@ def node_heartbeat(
         gpu_failed = apply_gpu_health(node, unhealthy or {}, rechecked or {}, now)
         if came_back or lost:
             transaction.on_commit(lambda: request_pass("node ready" if came_back else "node restarted"))
-        if came_back or node.state != NodeState.READY:
-            tell_agent(name, NodeState.READY if came_back else node.state)
+        # Told again where the agent believes another state (`believed`, what it was last told; "" from
+        # an agent that does not say): a heartbeat that read the state before an un-cordon committed may
+        # have told it CORDONED after the un-cordon told it READY, and it would refuse every start.
+        told = NodeState.READY if came_back else node.state
+        if came_back or node.state != NodeState.READY or (believed and believed != told):
+            tell_agent(name, told)
     return {
         "state": NodeState.READY if came_back else node.state,
         "lost": lost,

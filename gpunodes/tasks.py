@@ -40,6 +40,7 @@ def node_heartbeat(
     address: str | None = None,
     unhealthy: list[dict] | None = None,
     rechecked: list[list[int]] | None = None,
+    node_state: str = "",
     **newer: object,
 ) -> dict:
     """`newer`: fields of an agent newer than this control side (a rolling upgrade reaches the hosts
@@ -48,6 +49,7 @@ def node_heartbeat(
     a field out of bounds (services.parse_heartbeat) is refused whole, and logged."""
     from django.core.exceptions import ValidationError
 
+    from gpunodes.choices import NodeState
     from gpunodes.models import node_name_validator
     from gpunodes.signing import refused
     from quotas.models import gpu_type_validator
@@ -72,6 +74,8 @@ def node_heartbeat(
         faults, tokens = services.parse_gpu_health(unhealthy, rechecked, gpus)
         if not isinstance(join_token, str) or not all(isinstance(x or [], list) for x in (outbox, finished)):
             raise services.Malformed("join_token must be a string, outbox and finished lists")
+        if node_state not in ("", *NodeState.values):
+            raise services.Malformed(f"node_state must be a node state, got {node_state!r:.40}")
     except services.Malformed as e:
         refused(f"node {name}", "malformed heartbeat", str(e))
         return {"refused": True}
@@ -87,7 +91,6 @@ def node_heartbeat(
     reports = list(outbox or []) + [{"name": FINISHED, "kwargs": r} for r in finished or ()]
     recorded, relog = [], []
     if reports:
-        from gpunodes.choices import NodeState
         from gpunodes.models import Node
 
         # Before the reconciliation (a restarted host's reports are its last word on what ended); only
@@ -108,6 +111,7 @@ def node_heartbeat(
         address=address,
         unhealthy=faults,
         rechecked=tokens,
+        believed=node_state,
     )
     if (recorded or relog) and isinstance(outbox_epoch, str) and outbox_epoch:
         # Applied (each report committed on its own): the agent may forget them. A lost ack costs only

@@ -219,6 +219,9 @@ class Agent:
                 # The GPUs found broken (sticky until a re-check), and the re-checks done.
                 "unhealthy": self.health.unhealthy(),
                 "rechecked": [[i, token] for i, token in sorted(self.health.rechecked().items())],
+                # The state this agent was last told (it starts work only while READY): the control side
+                # tells it again where the two differ (a message of an older state may land last).
+                "node_state": self.runner.node_state,
             },
         )
         if took and self.watchdog is not None:

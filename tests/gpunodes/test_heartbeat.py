@@ -105,3 +105,33 @@ def test_a_heartbeat_from_a_newer_agent_is_applied_and_its_unknown_fields_logged
     assert Node.objects.get(name="node-9").state == NodeState.READY
     warned = [r.getMessage() for r in caplog.records if "does not know" in r.getMessage()]
     assert len(warned) == 1 and "future, gpu_temperatures" in warned[0]
+
+
+@pytest.mark.parametrize(
+    ("state", "believed", "told"),
+    [
+        (NodeState.READY, "CORDONED", [NodeState.READY]),  # a stale CORDONED landed after the un-cordon
+        (NodeState.READY, "READY", []),
+        (NodeState.READY, "", []),  # an agent that does not say: as before
+        (NodeState.CORDONED, "CORDONED", [NodeState.CORDONED]),  # (not READY: told at every heartbeat)
+    ],
+)
+def test_an_agent_that_believes_another_state_is_told_its_state_again(
+    db, sent, django_capture_on_commit_callbacks, state, believed, told
+):
+    """An un-cordon tells the agent READY, but a heartbeat handled from the state before it may tell it
+    CORDONED after that, and an agent that believes CORDONED refuses every start: each heartbeat says
+    what its agent believes, and the control side tells it the node's state where the two differ."""
+    beat()
+    Node.objects.filter(name="node-9").update(state=state)
+    sent.clear()
+    inv = [g.__dict__ for g in fake_inventory("node-9", 4)]
+    with django_capture_on_commit_callbacks(execute=True):
+        node_heartbeat("node-9", "a10g", inv, [], "boot-1", node_state=believed)
+    assert [kw["kwargs"]["state"] for name, kw in sent if name.endswith("node_state")] == told
+
+
+def test_a_heartbeat_with_a_made_up_node_state_is_refused(db, sent):
+    beat()
+    inv = [g.__dict__ for g in fake_inventory("node-9", 4)]
+    assert node_heartbeat("node-9", "a10g", inv, [], "boot-1", node_state="ROOT") == {"refused": True}
